@@ -1,0 +1,89 @@
+"""The pass contract.
+
+A pass is a frozen dataclass: its fields are its options, ``name`` is its
+kebab-case registry name, and ``run`` maps a ClosedJaxpr to a ClosedJaxpr.
+
+What a pass may do: read its options and the ``PassContext``, return a new
+jaxpr, record results in ``ctx.results`` and counters in ``ctx.stats``.
+What it may not do: keep state between runs, mutate the jaxpr it was given
+(jaxprs are shared, e.g. by caches), or return an invalid jaxpr: the pipeline
+verifies after every pass.  A pass that changes nothing returns the very
+object it was given, so "did it change?" is an identity check.
+
+Ordering is declared, not positional: ``requires`` names passes that must run
+earlier (they are added to a pipeline that lacks them), ``after``/``before``
+order this pass relative to others only when both are present.  Subclasses
+register themselves by ``name`` when defined.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, ClassVar
+
+from varjax import _jax, errors
+
+REGISTRY: dict[str, type["Pass"]] = {}
+
+
+@dataclasses.dataclass
+class PassContext:
+    """What a pipeline run knows beyond the jaxpr itself.
+
+    ``variables`` maps ``(collection, path)`` to the ``VarType`` of every
+    variable given as input; ``mutable`` is the collection filter of writable
+    collections; ``rng_streams`` maps stream names to key avals; ``rng_mode``
+    is ``'explicit'`` (keys are inputs) or ``'implicit'`` (keys and counters
+    live in collection ``rngs``).  ``results`` carries pass outputs that are not
+    IR (the discharge signature); ``stats`` per-pass counters.
+    """
+
+    variables: dict = dataclasses.field(default_factory=dict)
+    mutable: Any = False
+    rng_streams: dict = dataclasses.field(default_factory=dict)
+    rng_mode: str = "explicit"
+    results: dict = dataclasses.field(default_factory=dict)
+    stats: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def count(self, pass_name: str, what: str, n: int = 1) -> None:
+        self.stats[f"{pass_name}.{what}"] += n
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """Base class of every pass; see the module docstring for the contract."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    requires: ClassVar[tuple[str, ...]] = ()
+    after: ClassVar[tuple[str, ...]] = ()
+    before: ClassVar[tuple[str, ...]] = ()
+    # True for passes after which no varjax primitive or effect may remain.
+    discharges: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.name:
+            raise errors.PipelineError(f"pass class {cls.__qualname__} has no `name`")
+        REGISTRY[cls.name] = cls
+
+    def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
+        raise NotImplementedError(f"pass {self.name} does not implement run()")
+
+    def spec(self) -> str:
+        """This pass as it appears in a pipeline string: ``cast-params{dtype=bfloat16}``."""
+        opts = [f"{f.name}={_option_text(getattr(self, f.name))}" for f in dataclasses.fields(self)]
+        return self.name + ("{" + ",".join(opts) + "}" if opts else "")
+
+
+def _option_text(value: Any) -> str:
+    return getattr(value, "name", None) or getattr(value, "__name__", None) or str(value)
+
+
+def get_pass(name: str) -> type[Pass]:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise errors.PipelineError(
+            f"unknown pass '{name}'; registered passes: {', '.join(sorted(REGISTRY))}",
+            fix="check the spelling, or import the module that defines the pass") from None

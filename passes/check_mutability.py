@@ -1,0 +1,42 @@
+"""check-mutability: reject writes to collections that are not mutable.
+
+An analysis pass: it walks every equation, nested bodies included, and raises
+``ImmutableCollectionError`` at the first ``var_set`` whose collection does
+not match ``ctx.mutable``, pointing at the user's line.  It never changes the
+IR, so it returns its input.  Collections starting with ``__`` are varjax's
+own scratch space (RNG loop counters) and always writable.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from varjax import _jax, errors, filters
+from varjax.passes.analysis import touches_variables
+from varjax.passes.base import Pass, PassContext
+from varjax.passes.walk import walk_eqns
+from varjax.primitives import var_set_p
+
+
+def is_internal(collection: str) -> bool:
+    return collection.startswith("__")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckMutability(Pass):
+    name = "check-mutability"
+    summary = "raise on writes to immutable collections"
+
+    def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
+        if not touches_variables(jaxpr.effects):
+            return jaxpr
+        for eqn, _ in walk_eqns(jaxpr):
+            if eqn.primitive is not var_set_p:
+                continue
+            col = eqn.params["collection"]
+            if not is_internal(col) and not filters.matches(ctx.mutable, col):
+                raise errors.ImmutableCollectionError(
+                    f"cannot write variable {errors.format_path(eqn.params['path'])}: collection "
+                    f"'{col}' is immutable in this call.", collection=col,
+                    path=eqn.params["path"], source=errors.source_text(eqn.source_info),
+                    fix=f"pass mutable=['{col}'] to apply")
+        return jaxpr

@@ -1,0 +1,425 @@
+"""discharge: functionalize variable effects, per collection.
+
+After this pass the jaxpr is pure.  Reads become inputs, writes become
+outputs, through every higher-order primitive:
+
+* top level: the jaxpr gains leading inputs for every variable whose value on
+  entry it needs, and trailing outputs for every variable it may write; the
+  layout is recorded as ``ctx.results['signature']`` (a ``Signature``);
+* ``jit`` / ``closed_call`` / ``checkpoint``: the body gets the same treatment
+  and the equation passes the extra values in and out;
+* ``scan`` / ``while``: variables read but never written in the body enter as
+  loop constants; written ones are carried (their value on entry must exist);
+* ``cond``: every branch takes the union of what any branch needs and returns
+  the union of what any branch writes; a branch that does not write a
+  variable passes it through unchanged;
+* ``custom_jvp`` / ``custom_vjp``: rebuilt with ``jax.custom_jvp`` /
+  ``jax.custom_vjp`` over the discharged primal, JVP and forward rules;
+  variables inside them are constants for differentiation (zero tangents,
+  zero cotangents), and written values carry no tangent.
+
+One rule per primitive handles reads and writes together.  Collections a
+region does not touch never appear in its signature.
+
+Sharp edges:
+  * A variable that does not exist before a loop and is written inside it
+    raises ``VariableCreationError``: the carry would have no initial value.
+  * A variable created in only some branches of a raw ``lax.cond`` raises
+    ``VariableCreationError`` naming the branches.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from varjax import _jax, errors
+from varjax.passes import hop
+from varjax.passes.analysis import key_of, touches_variables, traffic
+from varjax.passes.base import Pass, PassContext
+from varjax.passes.rewrite import Region, Rewriter
+from varjax.primitives import Key, rng_draw_p, var_get_p, var_set_p
+from varjax.scope import VarType
+
+ClosedJaxpr = _jax.ClosedJaxpr
+Env = dict  # Key -> (treedef, [leaves]) : the current value of each variable
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """Where variables sit in a discharged jaxpr: leading inputs, trailing outputs."""
+
+    inputs: tuple[tuple[Key, VarType], ...]
+    outputs: tuple[tuple[Key, VarType], ...]
+
+
+def _type(value: tuple) -> VarType:
+    tree, leaves = value
+    return VarType(tree, tuple(_jax.get_aval(x).update(weak_type=False) for x in leaves))
+
+
+def _leaves(env: Env, keys: Sequence[Key]) -> list[Any]:
+    return [x for k in keys for x in env[k][1]]
+
+
+def _split_vars(flat: Sequence[Any], types: Sequence[tuple[Key, VarType]]) -> tuple[Env, list]:
+    env, i = {}, 0
+    for k, vt in types:
+        n = len(vt.avals)
+        env[k] = (vt.tree, list(flat[i:i + n]))
+        i += n
+    return env, list(flat[i:])
+
+
+class Discharger(Rewriter):
+    """Evaluates effectful jaxprs with an explicit variable environment."""
+
+    def eqn(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
+        env: Env = region.state["env"]
+        prim = eqn.primitive
+        if prim is var_get_p:
+            return self.read(eqn, env)
+        if prim is var_set_p:
+            env[key_of(eqn)] = (eqn.params["tree"], list(invals))
+            return []
+        if prim is rng_draw_p:
+            raise errors.PassError(
+                f"rng_draw[{eqn.params['stream']}] reached discharge: run lower-rng first.",
+                source=errors.source_text(eqn.source_info))
+        if not touches_variables(eqn.effects):
+            return region.bind(eqn, invals)
+        rule = RULES.get(prim)
+        if rule is None:
+            raise hop.unsupported(eqn, "has variable effects but no discharge rule")
+        return rule(self, eqn, invals, env, region)
+
+    def read(self, eqn: _jax.JaxprEqn, env: Env) -> list[Any]:
+        k = key_of(eqn)
+        if k not in env:
+            raise errors.VariableCreationError(
+                "this variable is read where it has no value: it is created later in trace "
+                "order, or only on another path (another branch of a conditional).",
+                collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+                fix="create the variable before the control flow that reads it")
+        have, want = _type(env[k]), VarType(eqn.params["tree"], eqn.params["avals"])
+        if have != want:
+            raise errors.VariableStructureError(
+                f"this read expects {want.describe()} but the variable holds {have.describe()} "
+                "here (its structure changed inside control flow).", collection=k[0], path=k[1],
+                source=errors.source_text(eqn.source_info))
+        return list(env[k][1])
+
+    # -- building discharged bodies ---------------------------------------------------
+    def run_body(self, body: ClosedJaxpr, env: Env, args: Sequence[Any]) -> list[Any]:
+        """Evaluate ``body`` on ``args`` with variable environment ``env`` (mutated)."""
+        return self.eval(body, args, Region(self, state={"env": env}))
+
+    def body(self, body: ClosedJaxpr, in_types: Sequence[tuple[Key, VarType]],
+             out_keys: Sequence[Key]) -> tuple[ClosedJaxpr, list[VarType]]:
+        """``body`` as a pure jaxpr ``(var leaves..., args...) -> (outs..., var leaves...)``."""
+        out_types: list[VarType] = []
+
+        def fn(*flat):
+            env, args = _split_vars(flat, in_types)
+            outs = self.run_body(body, env, args)
+            out_types[:] = [_type(env[k]) for k in out_keys]
+            return outs + _leaves(env, out_keys)
+
+        avals = [a for _, vt in in_types for a in vt.avals] + list(body.in_avals)
+        return self.trace(fn, avals), out_types
+
+
+def _require(eqn: _jax.JaxprEqn, keys: Sequence[Key], env: Env, where: str) -> None:
+    for k in keys:
+        if k not in env:
+            raise errors.VariableCreationError(
+                f"this variable is first written inside {where} at this line, so it has no "
+                "value on entry to it.", collection=k[0], path=k[1],
+                source=errors.source_text(eqn.source_info),
+                fix="create (initialize) the variable before the loop or conditional; "
+                    "vj.scan can initialize carry variables inside its body")
+
+
+def _check_same(eqn, keys, before: Sequence[VarType], after: Sequence[VarType], where: str):
+    for k, b, a in zip(keys, before, after):
+        if a != b:
+            raise errors.VariableStructureError(
+                f"{where} changes this variable from {b.describe()} to {a.describe()}; a "
+                "carried variable must keep its structure, shapes and dtypes.",
+                collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+                fix="keep the variable's type fixed inside the loop (e.g. sow with a reduce_fn "
+                    "that accumulates instead of appending)")
+
+
+# --- call-like: jit, closed_call, checkpoint ---------------------------------------------
+
+def _call(d: Discharger, eqn, invals, env, region, body: ClosedJaxpr,
+          params_for: Callable[[ClosedJaxpr, int, int], dict]) -> list[Any]:
+    t = traffic(body)
+    in_keys, out_keys = sorted(t.needs), sorted(t.may_write)
+    _require(eqn, in_keys, env, f"'{eqn.primitive.name}'")
+    in_types = [(k, _type(env[k])) for k in in_keys]
+    new, out_types = d.body(body, in_types, out_keys)
+    var_in = _leaves(env, in_keys)
+    n_out = sum(len(vt.avals) for vt in out_types)
+    outs = region.bind(eqn, [*var_in, *invals], params_for(new, len(var_in), n_out))
+    return _store(env, out_keys, out_types, outs)
+
+
+def _jit(d, eqn, invals, env, region):
+    return _call(d, eqn, invals, env, region, eqn.params["jaxpr"],
+                 lambda new, n_in, n_out: _jax.jit_params_with(eqn.params, new, n_in, n_out))
+
+
+def _closed_call(d, eqn, invals, env, region):
+    return _call(d, eqn, invals, env, region, eqn.params["call_jaxpr"],
+                 lambda new, n_in, n_out: dict(eqn.params, call_jaxpr=new))
+
+
+def _remat(d, eqn, invals, env, region):
+    return _call(d, eqn, invals, env, region, hop.closed(eqn.params["jaxpr"]),
+                 lambda new, n_in, n_out: dict(eqn.params, jaxpr=hop.open_jaxpr(new)))
+
+
+# --- loops -------------------------------------------------------------------------------
+
+def _loop_keys(eqn, env, bodies: Sequence[ClosedJaxpr]) -> tuple[list[Key], list[Key]]:
+    ts = [traffic(b) for b in bodies]
+    written = frozenset().union(*(t.may_write for t in ts))
+    needed = frozenset().union(*(t.needs for t in ts))
+    carried, consts = sorted(written), sorted(needed - written)
+    _require(eqn, carried + consts, env, f"the body of '{eqn.primitive.name}' (a loop)")
+    return carried, consts
+
+
+def _scan(d: Discharger, eqn, invals, env, region):
+    p = eqn.params
+    body = p["jaxpr"]
+    carried, consts_k = _loop_keys(eqn, env, [body])
+    nc, nk = p["num_consts"], p["num_carry"]
+    consts, carry, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
+    types = [_type(env[k]) for k in carried]
+
+    def step(state, x):
+        var_leaves, c = state
+        benv = {k: env[k] for k in consts_k}
+        benv.update(_split_vars([v for vs in var_leaves for v in vs], list(zip(carried, types)))[0])
+        outs = d.run_body(body, benv, [*consts, *c, *x])
+        _check_same(eqn, carried, types, [_type(benv[k]) for k in carried], "this scan body")
+        return ([benv[k][1] for k in carried], outs[:nk]), outs[nk:]
+
+    with _jax.source_info_of(eqn):
+        (final_vars, final_carry), ys = jax.lax.scan(
+            step, ([env[k][1] for k in carried], list(carry)), list(xs), length=p["length"],
+            reverse=p["reverse"], unroll=p["unroll"])
+    for k, vt, leaves in zip(carried, types, final_vars):
+        env[k] = (vt.tree, list(leaves))
+    return [*final_carry, *ys]
+
+
+def _while(d: Discharger, eqn, invals, env, region):
+    p = eqn.params
+    cond_j, body_j = p["cond_jaxpr"], p["body_jaxpr"]
+    if traffic(cond_j).may_write:
+        k = sorted(traffic(cond_j).may_write)[0]
+        raise errors.VariableCreationError(
+            "a while_loop cond_fun writes this variable; cond_fun must be side-effect free.",
+            collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+            fix="move the write into body_fun")
+    carried, consts_k = _loop_keys(eqn, env, [cond_j, body_j])
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
+    types = [_type(env[k]) for k in carried]
+
+    def loop_env(var_leaves):
+        benv = {k: env[k] for k in consts_k}
+        benv.update(_split_vars([v for vs in var_leaves for v in vs], list(zip(carried, types)))[0])
+        return benv
+
+    def cond_fn(state):
+        var_leaves, c = state
+        return d.run_body(cond_j, loop_env(var_leaves), [*cconsts, *c])[0]
+
+    def body_fn(state):
+        var_leaves, c = state
+        benv = loop_env(var_leaves)
+        outs = d.run_body(body_j, benv, [*bconsts, *c])
+        _check_same(eqn, carried, types, [_type(benv[k]) for k in carried], "this while_loop body")
+        return [benv[k][1] for k in carried], outs
+
+    with _jax.source_info_of(eqn):
+        final_vars, final = jax.lax.while_loop(cond_fn, body_fn, ([env[k][1] for k in carried], list(init)))
+    for k, vt, leaves in zip(carried, types, final_vars):
+        env[k] = (vt.tree, list(leaves))
+    return list(final)
+
+
+# --- conditionals ------------------------------------------------------------------------
+
+def _cond(d: Discharger, eqn, invals, env, region):
+    branches = eqn.params["branches"]
+    ts = [traffic(b) for b in branches]
+    out_keys = sorted(frozenset().union(*(t.may_write for t in ts)))
+    needed = frozenset().union(*(t.needs | (frozenset(out_keys) - t.must_write) for t in ts))
+    for k in sorted(needed):
+        if k not in env:
+            makers = [i for i, t in enumerate(ts) if k in t.may_write]
+            others = [i for i, t in enumerate(ts) if k not in t.must_write]
+            raise errors.VariableCreationError(
+                f"this variable is created in branch {makers} of a conditional but not in "
+                f"branch {others}, so after the conditional it may have no value.",
+                collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+                fix="create it before the conditional, or in every branch")
+    in_keys = sorted(needed)
+    in_types = [(k, _type(env[k])) for k in in_keys]
+    built = [d.body(b, in_types, out_keys) for b in branches]
+    for i, (_, out_types) in enumerate(built[1:], start=1):
+        for k, a, b in zip(out_keys, built[0][1], out_types):
+            if a != b:
+                raise errors.VariableStructureError(
+                    f"branch 0 leaves this variable as {a.describe()} but branch {i} leaves it "
+                    f"as {b.describe()}.", collection=k[0], path=k[1],
+                    source=errors.source_text(eqn.source_info),
+                    fix="make every branch write the same structure, shapes and dtypes")
+    index, ops = invals[0], invals[1:]
+    params = dict(eqn.params, branches=tuple(b for b, _ in built))
+    outs = region.bind(eqn, [index, *_leaves(env, in_keys), *ops], params)
+    return _store(env, out_keys, built[0][1], outs)
+
+
+def _store(env: Env, keys: Sequence[Key], types: Sequence[VarType], outs: list[Any]) -> list[Any]:
+    """Split ``outs`` into (main outputs, trailing variable values); store the latter."""
+    n_var = sum(len(vt.avals) for vt in types)
+    main, rest = outs[:len(outs) - n_var], outs[len(outs) - n_var:]
+    new_env, _ = _split_vars(rest, list(zip(keys, types)))
+    env.update(new_env)
+    return main
+
+
+# --- custom derivatives ------------------------------------------------------------------
+
+def _custom_keys(eqn, env, bodies: Sequence[ClosedJaxpr]):
+    ts = [traffic(b) for b in bodies]
+    out_keys = sorted(frozenset().union(*(t.may_write for t in ts)))
+    must = frozenset.intersection(*(t.must_write for t in ts))
+    in_keys = sorted(frozenset().union(*(t.needs for t in ts)) | (frozenset(out_keys) - must))
+    _require(eqn, in_keys, env, f"'{eqn.primitive.name}'")
+    return in_keys, out_keys
+
+
+def _zeros(x):
+    """A zero tangent/cotangent for ``x`` (float0 for integer and key values)."""
+    aval = _jax.get_aval(x)
+    if jnp.issubdtype(aval.dtype, jnp.inexact):
+        return jnp.zeros(aval.shape, aval.dtype)
+    return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+def _custom_jvp(d: Discharger, eqn, invals, env, region):
+    p = eqn.params
+    call, nconst = p["call_jaxpr"], p["num_consts"]
+    n_args = len(call.in_avals) - nconst
+    jvp_jaxpr, jvp_consts, out_zeros = _jax.call_thunk(p["jvp_jaxpr_fun"], *([False] * n_args))
+    jvp_closed = ClosedJaxpr(jvp_jaxpr, jvp_consts)
+    in_keys, out_keys = _custom_keys(eqn, env, [call, jvp_closed])
+    in_types = [(k, _type(env[k])) for k in in_keys]
+    primal, out_types = d.body(call, in_types, out_keys)
+    rule, _ = d.body(jvp_closed, in_types, out_keys)
+    n_out = len(call.out_avals)
+    n_nonzero = sum(not z for z in out_zeros)
+
+    @jax.custom_jvp
+    def f(var_leaves, consts, args):
+        return _jax.jaxpr_as_fun(primal)(*var_leaves, *consts, *args)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        var_leaves, _, args = primals
+        outs = _jax.jaxpr_as_fun(rule)(*var_leaves, *args, *tangents[2])
+        p_out, nonzero, var_out = outs[:n_out], outs[n_out:n_out + n_nonzero], outs[n_out + n_nonzero:]
+        nz = iter(nonzero)
+        t_out = [_zeros(o) if z else next(nz) for o, z in zip(p_out, out_zeros)]
+        return [*p_out, *var_out], [*t_out, *map(_zeros, var_out)]
+
+    with _jax.source_info_of(eqn):
+        outs = f(_leaves(env, in_keys), list(invals[:nconst]), list(invals[nconst:]))
+    return _store(env, out_keys, out_types, list(outs))
+
+
+def _custom_vjp(d: Discharger, eqn, invals, env, region):
+    p = eqn.params
+    call, nconst = p["call_jaxpr"], p["num_consts"]
+    n_args = len(call.in_avals) - nconst
+    fwd_jaxpr, fwd_consts = _jax.call_thunk(p["fwd_jaxpr_thunk"], *([True] * n_args))
+    fwd_closed = ClosedJaxpr(fwd_jaxpr, fwd_consts)
+    forwards = p["out_trees"]()[2]
+    in_keys, out_keys = _custom_keys(eqn, env, [call, fwd_closed])
+    in_types = [(k, _type(env[k])) for k in in_keys]
+    primal, out_types = d.body(call, in_types, out_keys)
+    fwd, _ = d.body(fwd_closed, in_types, out_keys)
+    n_out = len(call.out_avals)
+    n_res = len(fwd_closed.out_avals) - n_out
+    bwd = p["bwd"]
+
+    @jax.custom_vjp
+    def f(var_leaves, consts, args):
+        return _jax.jaxpr_as_fun(primal)(*var_leaves, *consts, *args)
+
+    def f_fwd(var_leaves, consts, args):
+        outs = _jax.jaxpr_as_fun(fwd)(*var_leaves, *args)
+        pruned = iter(outs[:n_res])
+        res = [args[i] if i is not None else next(pruned) for i in forwards]
+        return outs[n_res:], (res, var_leaves, consts, args)
+
+    def f_bwd(saved, cts):
+        res, var_leaves, consts, args = saved
+        cts_in = _jax.call_thunk(bwd, *res, *cts[:n_out])
+        cts_in = [_zeros(a) if c is None or isinstance(c, _jax.Zero) else c
+                  for a, c in zip(args, cts_in)]
+        return list(map(_zeros, var_leaves)), list(map(_zeros, consts)), cts_in
+
+    f.defvjp(f_fwd, f_bwd)
+    with _jax.source_info_of(eqn):
+        outs = f(_leaves(env, in_keys), list(invals[:nconst]), list(invals[nconst:]))
+    return _store(env, out_keys, out_types, list(outs))
+
+
+RULES: dict[_jax.Primitive, Callable[..., list[Any]]] = {
+    _jax.jit_p: _jit,
+    _jax.closed_call_p: _closed_call,
+    _jax.remat_p: _remat,
+    _jax.scan_p: _scan,
+    _jax.while_p: _while,
+    _jax.cond_p: _cond,
+    _jax.custom_jvp_call_p: _custom_jvp,
+    _jax.custom_vjp_call_p: _custom_vjp,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Discharge(Pass):
+    """Reads become inputs and writes become outputs; the result is pure."""
+
+    name = "discharge"
+    summary = "functionalize variable effects: reads -> inputs, writes -> outputs"
+    requires = ("lower-rng",)
+    after = ("check-mutability", "forward-stores", "dead-reads")
+    discharges = True
+
+    def run(self, jaxpr: ClosedJaxpr, ctx: PassContext) -> ClosedJaxpr:
+        t = traffic(jaxpr)
+        in_keys = sorted(k for k in t.needs if k in ctx.variables)
+        out_keys = sorted(t.may_write)
+        in_types = [(k, ctx.variables[k]) for k in in_keys]
+        if not touches_variables(jaxpr.effects):
+            ctx.results["signature"] = Signature((), ())
+            return jaxpr
+        new, out_types = Discharger().body(jaxpr, in_types, out_keys)
+        ctx.results["signature"] = Signature(tuple(in_types), tuple(zip(out_keys, out_types)))
+        ctx.count(self.name, "inputs", len(in_keys))
+        ctx.count(self.name, "outputs", len(out_keys))
+        return new
+

@@ -1,0 +1,105 @@
+"""IR after every pass, on disk like XLA's ``--xla_dump_to`` or in memory.
+
+``Dump(dir)`` gives each pipeline run its own directory,
+``<dir>/<NNNN>-<label>/``, and writes ``00-input.txt`` (headed by the pipeline
+string, so the run can be repeated), then ``01-<pass>.txt``, ... each headed
+``// after <pass> (changed)`` or ``(unchanged)``.  "Changed" is the identity
+check of the pass contract: a pass that changed nothing returned its input.
+A pass that raises gets a file holding the IR it was given, so the crash can
+be reproduced from the dump alone.
+
+``Recorder`` keeps the same entries as ``(pass_name, text)`` pairs in
+memory, for tools that show the IR instead of writing it.
+
+Sharp edges:
+  * File numbers have two digits; past 99 passes, plain name order breaks.
+  * Run directories are numbered per process and skip numbers already on
+    disk, so runs never overwrite each other, but numbers are not contiguous
+    when several processes share a dump directory.
+  * Printing follows JAX's printer: ``jit`` bodies appear once, at the top,
+    as ``let name = {...} in``.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from pathlib import Path
+
+from varjax import _jax
+from varjax.passes.base import Pass, PassContext
+from varjax.passes.pipeline import Instrumentation
+
+_RUN_NUMBERS = itertools.count()
+
+
+class _Printer(Instrumentation):
+    """Renders the input and the IR after each pass; subclasses say where it goes."""
+
+    def before_pipeline(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
+        self._start(ctx)
+        pipeline = ctx.results.get("pipeline", "<unknown>")
+        self._emit("input", _render(f"// pipeline: {pipeline}\n// input", jaxpr))
+
+    def after_pass(self, p: Pass, before: _jax.ClosedJaxpr, after: _jax.ClosedJaxpr,
+                   ctx: PassContext) -> None:
+        change = "unchanged" if after is before else "changed"
+        self._emit(p.name, _render(f"// after {p.spec()} ({change})", after))
+
+    def pass_failed(self, p: Pass, jaxpr: _jax.ClosedJaxpr, exc: Exception,
+                    ctx: PassContext) -> None:
+        header = f"// {p.spec()} failed ({type(exc).__name__}); the IR it was given:"
+        self._emit(p.name, _render(header, jaxpr))
+
+    def _start(self, ctx: PassContext) -> None:
+        raise NotImplementedError
+
+    def _emit(self, name: str, text: str) -> None:
+        raise NotImplementedError
+
+
+class Recorder(_Printer):
+    """In-memory dump: ``entries`` is ``[('input', text), (pass_name, text), ...]``
+    for the latest run."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, str]] = []
+
+    def _start(self, ctx: PassContext) -> None:
+        self.entries = []
+
+    def _emit(self, name: str, text: str) -> None:
+        self.entries.append((name, text))
+
+
+class Dump(_Printer):
+    """Numbered text files under ``dump_dir``; ``run_dir`` is the latest run's directory.
+
+    The run is labelled by ``ctx.results['label']`` (``Pipeline.run(label=...)``).
+    """
+
+    def __init__(self, dump_dir: str | os.PathLike):
+        self.dump_dir = Path(dump_dir)
+        self.run_dir: Path | None = None
+        self._files = 0
+
+    def _start(self, ctx: PassContext) -> None:
+        label = re.sub(r"[^\w.-]+", "_", str(ctx.results.get("label") or "run"))
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            run_dir = self.dump_dir / f"{next(_RUN_NUMBERS):04d}-{label}"
+            try:
+                run_dir.mkdir()
+                break
+            except FileExistsError:  # left by an earlier process: take the next number
+                continue
+        self.run_dir = run_dir
+        self._files = 0
+
+    def _emit(self, name: str, text: str) -> None:
+        (self.run_dir / f"{self._files:02d}-{name}.txt").write_text(text)
+        self._files += 1
+
+
+def _render(header: str, jaxpr: _jax.ClosedJaxpr) -> str:
+    return f"{header}\n{_jax.pretty_print(jaxpr, source_info=True)}\n"

@@ -1,0 +1,370 @@
+"""Pipelines: ordered passes, run with verification, dumps and timing.
+
+A pipeline is text, ``"lower-rng,forward-stores,cast-params{dtype=bfloat16}"``,
+and ``str(pipeline)`` gives that text back with every option spelled out, so
+one log line reproduces a run.  Option values are parsed into the pass's
+dataclass fields by their annotations.
+
+Order comes from the passes' declarations, not from where the user happened
+to write them: ``requires`` adds missing passes (with default options) and
+runs them first, ``after``/``before`` order passes that are both present.
+Among passes nothing constrains, the written order is kept, so the result is
+deterministic and unsurprising.
+
+Everything that watches a run (verification, IR dumps, timing, your own
+counters) is an ``Instrumentation``: one hook list, as in MLIR's pass manager.
+``before_*`` hooks run in list order and ``after_*``/``pass_failed`` hooks in
+reverse, so instrumentations nest: timing, listed last, measures only the pass;
+the dump, listed before the verifier, writes a broken IR before the verifier
+rejects it.
+
+Sharp edges:
+  * Option values cannot contain ``,``, ``{``, ``}`` or ``=``.
+  * Constraints name passes, not instances: if a pass appears twice, every
+    copy of it is ordered by the constraints, which may move one copy.
+  * A pass that raises a ``VarjaxError`` is trusted to be reporting the user's
+    mistake, so the error reaches the user unwrapped; any other exception is a
+    pass bug and becomes a ``PassError``.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import re
+import time
+import types
+import typing
+from typing import Any, Iterable, Sequence, Union
+
+import jax.numpy as jnp
+import networkx as nx
+import numpy as np
+
+from varjax import _jax
+from varjax.errors import PassError, PipelineError, VarjaxError
+from varjax.passes.base import Pass, PassContext, get_pass
+
+DUMP_DIR_ENV = "VARJAX_DUMP_DIR"
+
+
+class Instrumentation:
+    """Hooks around a pipeline run; override the ones you need.
+
+    Hooks observe: they must not change the jaxprs they are shown.  They may
+    raise to stop the run (the verifier does).
+    """
+
+    def before_pipeline(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
+        pass
+
+    def before_pass(self, p: Pass, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
+        pass
+
+    def after_pass(self, p: Pass, before: _jax.ClosedJaxpr, after: _jax.ClosedJaxpr,
+                   ctx: PassContext) -> None:
+        """``after is before`` when the pass changed nothing."""
+
+    def pass_failed(self, p: Pass, jaxpr: _jax.ClosedJaxpr, exc: Exception,
+                    ctx: PassContext) -> None:
+        """The pass raised ``exc`` on ``jaxpr``; the pipeline re-raises after the hooks."""
+
+    def after_pipeline(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
+        """Called only when every pass succeeded."""
+
+
+class Timing(Instrumentation):
+    """Wall-clock seconds per pass name (repeats summed), in first-run order."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._start = 0.0
+
+    def before_pipeline(self, jaxpr, ctx):
+        self.seconds = {}
+
+    def before_pass(self, p, jaxpr, ctx):
+        self._start = time.perf_counter()
+
+    def after_pass(self, p, before, after, ctx):
+        self._stop(p)
+
+    def pass_failed(self, p, jaxpr, exc, ctx):
+        self._stop(p)
+
+    def _stop(self, p: Pass) -> None:
+        self.seconds[p.name] = self.seconds.get(p.name, 0.0) + time.perf_counter() - self._start
+
+
+class Pipeline:
+    """An ordered, verified sequence of passes; see the module docstring.
+
+    ``passes`` entries are ``Pass`` instances or pipeline strings.  The
+    resolved order is ``self.passes``.  Dumps go to ``dump_dir``, else to
+    ``$VARJAX_DUMP_DIR`` read at each run, else nowhere.
+    """
+
+    def __init__(self, passes: Sequence[Pass | str], *, verify: bool = True,
+                 dump_dir: str | os.PathLike | None = None,
+                 instrumentations: Sequence[Instrumentation] = ()):
+        given: list[Pass] = []
+        for entry in passes:
+            if isinstance(entry, str):
+                given.extend(_parse(entry))
+            elif isinstance(entry, Pass):
+                given.append(entry)
+            else:
+                raise PipelineError(
+                    f"pipeline entries are Pass instances or pipeline strings, got {entry!r}")
+        self.passes: tuple[Pass, ...] = _order(given)
+        self.verify = verify
+        self.dump_dir = dump_dir
+        self.instrumentations = tuple(instrumentations)
+        self.last_timings: dict[str, float] = {}
+
+    @classmethod
+    def parse(cls, text: str, **kwargs: Any) -> "Pipeline":
+        """``Pipeline.parse("a,b{opt=1}", verify=False)``; keywords go to the constructor."""
+        return cls([text], **kwargs)
+
+    def __str__(self) -> str:
+        return ",".join(p.spec() for p in self.passes)
+
+    def __repr__(self) -> str:
+        return f"Pipeline({str(self)!r})"
+
+    def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext, *,
+            label: str | None = None) -> _jax.ClosedJaxpr:
+        """Run every pass in order and return the final jaxpr.
+
+        Records ``ctx.results['pipeline']`` (this pipeline's text) and, if
+        given, ``ctx.results['label']`` (names the dump directory), so that
+        instrumentations and later readers of ``ctx`` know what produced it.
+        Seconds per pass land in ``self.last_timings``, also after a failure.
+        """
+        ctx.results["pipeline"] = str(self)
+        if label is not None:
+            ctx.results["label"] = label
+        timing = Timing()
+        hooks = [*self._builtin_instrumentations(), *self.instrumentations, timing]
+        try:
+            return self._run(jaxpr, ctx, hooks)
+        finally:
+            self.last_timings = timing.seconds
+
+    def _builtin_instrumentations(self) -> list[Instrumentation]:
+        # Local imports: verify.py and dump.py subclass Instrumentation from this module.
+        from varjax.passes.dump import Dump
+        from varjax.passes.verify import Verify
+        dump_dir = self.dump_dir or os.environ.get(DUMP_DIR_ENV) or None
+        return ([Verify()] if self.verify else []) + ([Dump(dump_dir)] if dump_dir else [])
+
+    def _run(self, jaxpr, ctx, hooks: list[Instrumentation]) -> _jax.ClosedJaxpr:
+        for h in hooks:
+            h.before_pipeline(jaxpr, ctx)
+        done: list[str] = []
+        for p in self.passes:
+            for h in hooks:
+                h.before_pass(p, jaxpr, ctx)
+            try:
+                out = p.run(jaxpr, ctx)
+                if not isinstance(out, _jax.ClosedJaxpr):
+                    raise TypeError(f"run() returned {type(out).__name__}, not a ClosedJaxpr")
+            except Exception as exc:
+                for h in reversed(hooks):
+                    h.pass_failed(p, jaxpr, exc, ctx)
+                if isinstance(exc, VarjaxError):
+                    raise
+                raise PassError(
+                    f"pass '{p.spec()}' failed after passes [{', '.join(done)}]: "
+                    f"{type(exc).__name__}: {exc}",
+                    fix=f"this is a bug in the pass; set {DUMP_DIR_ENV}=<dir> to dump "
+                        "the IR it was given") from exc
+            for h in reversed(hooks):
+                h.after_pass(p, jaxpr, out, ctx)
+            done.append(p.spec())
+            jaxpr = out
+        for h in reversed(hooks):
+            h.after_pipeline(jaxpr, ctx)
+        return jaxpr
+
+
+# --- ordering ----------------------------------------------------------------------
+
+def _order(given: list[Pass]) -> tuple[Pass, ...]:
+    passes = _with_requirements(given)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(passes)))
+    positions = collections.defaultdict(list)
+    for i, p in enumerate(passes):
+        positions[p.name].append(i)
+    for i, p in enumerate(passes):
+        for relation, names in (("requires", p.requires), ("after", p.after),
+                                ("before", p.before)):
+            for name in names:
+                for j in positions.get(name, ()):
+                    if j != i:
+                        edge = (i, j) if relation == "before" else (j, i)
+                        graph.add_edge(*edge, why=f"{p.name} {relation} {name}")
+    try:
+        # Ties broken by position: unconstrained passes keep the written order.
+        order = nx.lexicographical_topological_sort(graph, key=lambda i: i)
+        return tuple(passes[i] for i in order)
+    except nx.NetworkXUnfeasible:
+        cycle = nx.find_cycle(graph)
+    names = " -> ".join([passes[u].name for u, _ in cycle] + [passes[cycle[0][0]].name])
+    reasons = "; ".join(graph.edges[u, v]["why"] for u, v in cycle)
+    raise PipelineError(f"pass ordering cycle: {names} ({reasons})",
+                        fix="drop one of these passes, or one of their ordering constraints")
+
+
+def _with_requirements(given: list[Pass]) -> list[Pass]:
+    """``given`` plus missing required passes, each placed before its first requirer."""
+    present = {p.name for p in given}
+    out: list[Pass] = []
+
+    def add_requirements(p: Pass) -> None:
+        for name in p.requires:
+            if name not in present:
+                present.add(name)
+                req = _instantiate(get_pass(name), {}, why=f"required by '{p.name}'")
+                add_requirements(req)
+                out.append(req)
+
+    for p in given:
+        add_requirements(p)
+        out.append(p)
+    return out
+
+
+# --- pipeline strings ----------------------------------------------------------------
+
+_SPEC = re.compile(r"\s*([\w.-]+)\s*(?:\{(.*)\})?\s*", re.DOTALL)
+
+
+def _parse(text: str) -> list[Pass]:
+    """Passes of a pipeline string, in written order (not yet ordered)."""
+    if not text.strip():
+        return []
+    passes = []
+    for item in _split_top_level(text):
+        match = _SPEC.fullmatch(item)
+        if match is None:
+            raise PipelineError(f"cannot parse pass spec {item.strip()!r} in pipeline {text!r}",
+                                fix="write name or name{option=value,...}")
+        name, body = match.groups()
+        passes.append(_instantiate(get_pass(name), _parse_options(name, body or ""),
+                                   why=f"in pipeline {text!r}"))
+    return passes
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "{}":
+            depth += 1 if ch == "{" else -1
+            if depth not in (0, 1):
+                raise PipelineError(f"unbalanced or nested braces at column {i} of {text!r}")
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise PipelineError(f"unclosed '{{' in pipeline {text!r}")
+    return items + [text[start:]]
+
+
+def _parse_options(name: str, body: str) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for item in filter(str.strip, body.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise PipelineError(f"pass '{name}': option {item.strip()!r} is not key=value")
+        if key in options:
+            raise PipelineError(f"pass '{name}': option '{key}' given twice")
+        options[key] = value.strip()
+    return options
+
+
+def _instantiate(cls: type[Pass], options: dict[str, str], *, why: str) -> Pass:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    valid = ", ".join(fields) or "none"
+    for key in options:
+        if key not in fields:
+            raise PipelineError(f"pass '{cls.name}' has no option '{key}' ({why})",
+                                fix=f"valid options: {valid}")
+    kwargs = {key: _convert(cls, fields[key], text, valid) for key, text in options.items()}
+    missing = [n for n, f in fields.items() if n not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise PipelineError(f"pass '{cls.name}' needs option(s) {', '.join(missing)} ({why})",
+                            fix=f"write {cls.name}{{{missing[0]}=...}}; valid options: {valid}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise PipelineError(f"pass '{cls.name}' rejected options {options} ({why}): {exc}",
+                            fix=f"valid options: {valid}") from exc
+
+
+def _convert(cls: type[Pass], field: dataclasses.Field, text: str, valid: str) -> Any:
+    kind = _annotation(cls, field)
+    try:
+        return _from_text(kind, text)
+    except (TypeError, ValueError) as exc:
+        raise PipelineError(
+            f"pass '{cls.name}': bad value {text!r} for option '{field.name}' "
+            f"(expects {_describe(kind)}): {exc}", fix=f"valid options: {valid}") from None
+
+
+def _annotation(cls: type[Pass], field: dataclasses.Field) -> Any:
+    """The field's resolved annotation; the default's type if it cannot be resolved."""
+    try:
+        kind = typing.get_type_hints(cls).get(field.name, field.type)
+    except (NameError, TypeError):  # annotation names something not importable here
+        kind = field.type
+    if isinstance(kind, str):
+        return str if field.default is dataclasses.MISSING else type(field.default)
+    return kind
+
+
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+
+
+def _from_text(kind: Any, text: str) -> Any:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any or kind is str:
+        return text
+    if kind is bool:
+        if text.lower() in _TRUE | _FALSE:
+            return text.lower() in _TRUE
+        raise ValueError("not a boolean (true/false)")
+    if origin is typing.Literal:
+        for choice in args:
+            if str(choice) == text:
+                return choice
+        raise ValueError(f"not one of {', '.join(map(str, args))}")
+    if origin in (Union, types.UnionType):
+        if text == "None" and type(None) in args:
+            return None
+        # str accepts anything, so it is tried last (``DTypeLike`` lists it first).
+        members = sorted((a for a in args if a is not type(None)), key=lambda a: a is str)
+        return _first_conversion(members, text)
+    if isinstance(kind, type) and issubclass(kind, np.dtype):
+        return jnp.dtype(text)
+    if origin is None and callable(kind):
+        return kind(text)
+    raise TypeError(f"options of type {kind!r} cannot be given as text")
+
+
+def _first_conversion(kinds: Iterable[Any], text: str) -> Any:
+    problems = []
+    for kind in kinds:
+        try:
+            return _from_text(kind, text)
+        except (TypeError, ValueError) as exc:
+            problems.append(str(exc))
+    raise ValueError("; ".join(problems))
+
+
+def _describe(kind: Any) -> str:
+    return getattr(kind, "__name__", None) or str(kind)

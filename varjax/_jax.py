@@ -1,0 +1,191 @@
+"""The one door to JAX internals.
+
+varjax rewrites jaxprs, so it needs pieces of JAX that are not public API: the
+effect registries, the higher-order primitives it must discharge through, the
+source-info machinery that points errors at the user's line, and the jit cache
+key.  Every ``jax._src`` import in varjax and varjax.passes lives in this file,
+so a JAX upgrade touches this file alone.  Pinned to the jax 0.10 series.
+
+Sharp edges:
+  * Parameter *names* of JAX's higher-order primitives (``jaxpr``,
+    ``num_consts``, ``branches``...) are read in ``passes/hop.py``; they are
+    plain dict keys, but a rename in JAX shows up there.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+from jax._src import api_util
+from jax._src import config as _config
+from jax._src import core
+from jax._src import custom_derivatives as _cd
+from jax._src import effects
+from jax._src import linear_util as lu
+from jax._src import pretty_printer as pp
+from jax._src import source_info_util
+from jax._src.ad_checkpoint import remat_p
+from jax._src.interpreters import ad, batching
+from jax._src.interpreters import partial_eval as pe
+from jax._src.lax.control_flow.conditionals import cond_p
+from jax._src.lax.control_flow.loops import scan_p, while_p
+from jax._src.named_sharding import UNSPECIFIED
+from jax._src.pjit import jit_p
+
+Primitive = core.Primitive
+ClosedJaxpr = core.ClosedJaxpr
+Jaxpr = core.Jaxpr
+JaxprEqn = core.JaxprEqn
+Var = core.Var
+Literal = core.Literal
+ShapedArray = core.ShapedArray
+AbstractValue = core.AbstractValue
+Effect = effects.Effect
+SourceInfo = source_info_util.SourceInfo
+Tracer = core.Tracer
+PyTreeDef = Any
+
+custom_jvp_call_p = _cd.custom_jvp_call_p
+custom_vjp_call_p = _cd.custom_vjp_call_p
+closed_call_p = core.closed_call_p
+
+jaxpr_as_fun = core.jaxpr_as_fun
+eval_jaxpr = core.eval_jaxpr
+check_jaxpr = core.check_jaxpr
+primitive_jvps = ad.primitive_jvps
+primitive_batchers = batching.primitive_batchers
+dce_rules = pe.dce_rules
+dce_jaxpr = pe.dce_jaxpr
+convert_constvars_jaxpr = pe.convert_constvars_jaxpr
+Zero = ad.Zero
+instantiate_zeros = ad.instantiate_zeros
+
+
+def register_effect_type(effect_type: type) -> None:
+    """Let an effect type through control flow, custom derivatives and remat."""
+    effects.control_flow_allowed_effects.add_type(effect_type)
+    effects.custom_derivatives_allowed_effects.add_type(effect_type)
+    effects.remat_allowed_effects.add_type(effect_type)
+
+
+def exclude_from_user_frames(path: str) -> None:
+    """Frames under ``path`` are library frames: source lines skip them."""
+    source_info_util.register_exclusion(path)
+
+
+def user_frame_text(source_info: SourceInfo | None) -> str | None:
+    """``file:line (function)`` of the first user frame, or None."""
+    if source_info is None:
+        return None
+    frame = source_info_util.user_frame(source_info.traceback)
+    if frame is None:
+        return None
+    return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+
+
+def current_source_info() -> SourceInfo:
+    return source_info_util.current()
+
+
+@contextlib.contextmanager
+def source_info_of(eqn: JaxprEqn) -> Iterator[None]:
+    """Equations bound inside inherit ``eqn``'s traceback, name stack and context."""
+    si = eqn.source_info
+    name_stack = source_info_util.current_name_stack() + si.name_stack
+    with source_info_util.user_context(si.traceback, name_stack=name_stack), eqn.ctx.manager:
+        yield
+
+
+def name_stack_text(source_info: SourceInfo) -> str:
+    return str(source_info.name_stack)
+
+
+def extend_name_stack(name: str):
+    return source_info_util.extend_name_stack(name)
+
+
+def new_jaxpr_eqn(invars, outvars, primitive, params, effs, source_info):
+    return core.new_jaxpr_eqn(invars, outvars, primitive, params, effs, source_info)
+
+
+def trace_to_jaxpr(fun: Callable, in_avals: list[AbstractValue], name: str = "varjax") -> ClosedJaxpr:
+    """Trace flat ``fun(*in_avals) -> list`` to a ClosedJaxpr, nothing else.
+
+    This is ``jax.make_jaxpr`` without pytree handling, static-argument
+    hashing or debug-info plumbing, which matters because passes re-trace
+    every jaxpr they rewrite.
+    """
+    dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
+    wrapped = lu.wrap_init(fun, debug_info=dbg)
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, tuple(in_avals))
+    return ClosedJaxpr(jaxpr, consts)
+
+
+def get_aval(x: Any) -> AbstractValue:
+    return core.typeof(x)
+
+
+def is_top_level() -> bool:
+    """True when no JAX transformation or staging trace is active."""
+    return core.trace_state_clean()
+
+
+def jit_key_state(name: str):
+    """A thread-local config value that JAX folds into every jit cache key.
+
+    varjax stores a fingerprint of the active tracing context in it, so a
+    ``jax.jit``-decorated function called inside varjax-traced code is never
+    served a trace made under a different variable context.
+    """
+    return _config.config_ext.Config(name, None, include_in_jit_key=True,
+                                     include_in_trace_context=True)
+
+
+def call_thunk(thunk: Any, *args: Any) -> Any:
+    """Call a JAX ``lu.WrappedFun`` thunk stored in an equation's params."""
+    return thunk.call_wrapped(*args)
+
+
+def map_thunk_output(thunk: Any, fn: Callable[[Any], Any]) -> Any:
+    """A thunk like ``thunk`` whose result is passed through ``fn``."""
+    def wrapped(*args):
+        return fn(thunk.call_wrapped(*args))
+    return lu.wrap_init(wrapped, debug_info=thunk.debug_info)
+
+
+def bind_primitive(prim: Primitive, args: list[Any], params: dict[str, Any]) -> list[Any]:
+    """``prim.bind`` from equation-style params; always returns a list."""
+    out = prim.bind(*args, **prim.get_bind_params(params))
+    return list(out) if prim.multiple_results else [out]
+
+
+def register_print_name(prim: Primitive, text_of: Callable[[JaxprEqn], str]) -> None:
+    """Print ``prim``'s equations as ``outs = text_of(eqn) ins`` instead of all params."""
+    def rule(eqn, context, settings):
+        annotation = source_info_util.summarize(eqn.source_info) if settings.source_info else None
+        stack = f"[{eqn.source_info.name_stack}]" if settings.name_stack else None
+        rhs = [pp.text(text_of(eqn), annotation=stack)]
+        if eqn.invars:
+            rhs.append(pp.text(" ") + core.pp_vars(eqn.invars, context))
+        if not eqn.outvars:
+            return pp.concat(rhs)
+        lhs = core.pp_vars(eqn.outvars, context, print_shapes=settings.print_shapes,
+                           is_binder=True)
+        return pp.concat([lhs, pp.text(" = ", annotation=annotation), *rhs])
+    core.pp_eqn_rules[prim] = rule
+
+
+def pretty_print(jaxpr: ClosedJaxpr, *, source_info: bool = False, name_stack: bool = False) -> str:
+    return jaxpr.pretty_print(source_info=source_info, name_stack=name_stack,
+                              print_effects=True)
+
+
+def jit_params_with(params: dict, jaxpr: ClosedJaxpr, n_in_front: int, n_out_back: int) -> dict:
+    """``jit`` equation params for a body that gained leading inputs and trailing outputs."""
+    new = dict(params, jaxpr=jaxpr)
+    new["in_shardings"] = (UNSPECIFIED,) * n_in_front + tuple(params["in_shardings"])
+    new["out_shardings"] = tuple(params["out_shardings"]) + (UNSPECIFIED,) * n_out_back
+    new["in_layouts"] = (None,) * n_in_front + tuple(params["in_layouts"])
+    new["out_layouts"] = tuple(params["out_layouts"]) + (None,) * n_out_back
+    new["donated_invars"] = (False,) * n_in_front + tuple(params["donated_invars"])
+    return new

@@ -1,0 +1,85 @@
+"""JAX effects that make variable traffic visible in the IR.
+
+Every variable read or write carries a ``VariableEffect(collection)``, every
+RNG draw an ``RngEffect(stream)``.  JAX propagates effects from equations to
+their enclosing jaxprs and through every higher-order primitive, so the effect
+set on any (sub-)jaxpr header says which collections and streams it touches
+without walking it.  Passes use that to skip work: a ``scan`` whose effects
+name no collection is bound unchanged.
+
+The effects are registered as allowed in control flow, custom derivatives and
+remat, so effectful code stages through ``jax.jit``, ``lax.scan``,
+``lax.while_loop``, ``lax.cond``, ``jax.checkpoint`` and ``jax.custom_jvp`` /
+``custom_vjp``.  They are deliberately *not* lowerable: a varjax effect that
+reaches XLA is a bug (the discharge pass removes them all).
+
+Sharp edges:
+  * Effects are unordered: JAX may not reorder equations of a jaxpr, but
+    nothing here relies on ordering between different collections.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from varjax import _jax
+
+
+class VariableEffect(_jax.Effect):
+    """The equation reads or writes variables of ``collection``."""
+
+    __slots__ = ("collection",)
+
+    def __init__(self, collection: str):
+        self.collection = collection
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is VariableEffect and other.collection == self.collection
+
+    def __hash__(self) -> int:
+        return hash((VariableEffect, self.collection))
+
+    def __repr__(self) -> str:
+        return f"Var[{self.collection}]"
+
+
+class RngEffect(_jax.Effect):
+    """The equation draws a key from RNG ``stream``."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: str):
+        self.stream = stream
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RngEffect and other.stream == self.stream
+
+    def __hash__(self) -> int:
+        return hash((RngEffect, self.stream))
+
+    def __repr__(self) -> str:
+        return f"Rng[{self.stream}]"
+
+
+_jax.register_effect_type(VariableEffect)
+_jax.register_effect_type(RngEffect)
+
+
+def is_varjax_effect(effect: object) -> bool:
+    return type(effect) in (VariableEffect, RngEffect)
+
+
+def varjax_effects(effs: Iterable[object]) -> set:
+    return {e for e in effs if is_varjax_effect(e)}
+
+
+def collections_of(effs: Iterable[object]) -> set[str]:
+    return {e.collection for e in effs if type(e) is VariableEffect}
+
+
+def streams_of(effs: Iterable[object]) -> set[str]:
+    return {e.stream for e in effs if type(e) is RngEffect}
+
+
+def strip(effs: Iterable[object]) -> set:
+    """The effects that are not varjax's."""
+    return {e for e in effs if not is_varjax_effect(e)}

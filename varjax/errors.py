@@ -1,0 +1,106 @@
+"""Every error varjax raises on purpose.
+
+A varjax error answers four questions in a fixed layout: what happened, which
+variable (collection and path), where in the user's code (``file:line``, read
+from the equation's source info or the current traceback), and how to fix it.
+Catch ``VarjaxError`` to catch them all.
+
+Sharp edges:
+  * The source line is the first frame outside JAX and varjax.  Code called
+    through a library you wrote yourself points at that library.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from varjax import _jax
+
+__all__ = [
+    "VarjaxError", "ScopeError", "ImmutableCollectionError", "MissingVariableError",
+    "MissingRngError", "VariableShapeError", "VariableCreationError",
+    "VariableStructureError", "TransformError", "UnsupportedPrimitiveError",
+    "PipelineError", "PassError", "VerificationError", "format_path", "source_text",
+]
+
+
+def format_path(path: Sequence[str] | None) -> str:
+    return "/".join(str(p) for p in path) if path else "<none>"
+
+
+def source_text(source_info: _jax.SourceInfo | None = None) -> str:
+    """``file:line (function)`` of the user's code; the current frame if not given."""
+    if source_info is None:
+        source_info = _jax.current_source_info()
+    return _jax.user_frame_text(source_info) or "<unknown source>"
+
+
+class VarjaxError(Exception):
+    """Base class. ``collection``, ``path`` and ``source`` are also attributes."""
+
+    def __init__(self, what: str, *, collection: str | None = None,
+                 path: Sequence[str] | None = None, source: str | None = None,
+                 fix: str | None = None):
+        self.what = what
+        self.collection = collection
+        self.path = tuple(path) if path is not None else None
+        self.source = source
+        self.fix = fix
+        lines = [what]
+        if collection is not None:
+            lines.append(f"  collection: {collection}")
+        if path is not None:
+            lines.append(f"  variable:   {format_path(path)}")
+        if source is not None:
+            lines.append(f"  at:         {source}")
+        if fix is not None:
+            lines.append(f"  fix:        {fix}")
+        super().__init__("\n".join(lines))
+
+
+class ScopeError(VarjaxError):
+    """A variable API was used outside a functionalized function."""
+
+
+class ImmutableCollectionError(VarjaxError):
+    """A variable was written in a collection that is not mutable."""
+
+
+class MissingVariableError(VarjaxError):
+    """A variable was read that neither exists nor can be created here."""
+
+
+class MissingRngError(VarjaxError):
+    """An RNG stream was drawn from that the caller did not provide."""
+
+
+class VariableShapeError(VarjaxError):
+    """A variable's given value does not have the shape/dtype the code expects."""
+
+
+class VariableCreationError(VarjaxError):
+    """A variable is created where its value before creation would be needed
+    (inside a loop body, in only some branches of a conditional)."""
+
+
+class VariableStructureError(VarjaxError):
+    """A variable's pytree structure or avals disagree across a loop or branches."""
+
+
+class TransformError(VarjaxError):
+    """A raw JAX transformation was applied to stateful code it cannot handle."""
+
+
+class UnsupportedPrimitiveError(VarjaxError, NotImplementedError):
+    """A higher-order primitive carries variable effects varjax cannot discharge."""
+
+
+class PipelineError(VarjaxError):
+    """A pass pipeline is malformed: unknown pass, bad option, dependency cycle."""
+
+
+class PassError(VarjaxError):
+    """A pass raised; the message names the pass and the passes run before it."""
+
+
+class VerificationError(VarjaxError):
+    """The IR after a pass violates JAX's type rules or varjax's invariants."""

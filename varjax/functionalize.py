@@ -1,0 +1,265 @@
+"""``vj.functionalize``: a stateful function as ``init`` / ``apply`` over variable dicts.
+
+``apply(variables, *args, rngs=, mutable=)`` does, on a cache miss:
+
+1. split the arguments: arrays are traced, everything else is static;
+2. trace the function with a ``TraceContext`` that knows the given
+   variables' types, the mutable collections and the RNG streams, giving the
+   *effectful* jaxpr (``.jaxpr(...)`` returns it);
+3. run the pass pipeline (``check-mutability, lower-rng, forward-stores,
+   dead-reads, discharge`` plus any user passes), giving a pure jaxpr
+   (``.functional_jaxpr(...)``) and the discharge ``Signature``;
+4. wrap the pure jaxpr in ``jax.jit``.
+
+The cache key is everything the trace depended on: argument structure,
+avals and static values; the given variables' paths and types; the mutable
+filter; the RNG stream names and key types; whether this is ``init``.  On a
+hit nothing is traced and no pass runs: the cached jitted function is called.
+Under an enclosing JAX trace that stages one ``jit`` equation; outside any
+trace it runs compiled.
+
+``init(rngs, *args)`` is ``apply({}, *args, rngs=rngs, mutable=True)[1]``
+(with ``is_initializing()`` true) and produces bitwise the same variables.
+
+Sharp edges:
+  * A static argument must be hashable; an unhashable non-array argument
+    raises ``TypeError`` naming its position.
+  * Variable leaves keep their dtype exactly; weak types are dropped when a
+    value is stored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from varjax import _jax, errors, filters, scope
+from varjax.passes import Pass, PassContext, Pipeline
+from varjax.passes.discharge import Signature
+from varjax.passes.lower_rng import RNG_COLLECTION
+from varjax.primitives import Key
+from varjax.scope import VarType
+
+DEFAULT_PASSES = ("check-mutability", "lower-rng", "forward-stores", "dead-reads", "discharge")
+
+_CONCRETIZATION_HINT = (
+    "varjax: the function is traced once per argument shape/dtype, so Python control flow "
+    "cannot depend on array values. Pass the value as a Python scalar (non-array arguments "
+    "are static) or use jax.lax.cond / jax.lax.while_loop, which varjax discharges.")
+
+
+# --- variables dicts <-> flat (collection, path) entries ---------------------------------
+
+def flatten_variables(variables: Mapping[str, Any]) -> dict[Key, tuple[Any, list[Any]]]:
+    """``{collection: {scope: {name: value}}}`` -> ``{(collection, path): (tree, leaves)}``.
+
+    Dicts are scopes; anything else (array, tuple from ``sow``...) is a variable.
+    """
+    flat: dict[Key, tuple[Any, list[Any]]] = {}
+
+    def visit(col: str, path: tuple[str, ...], node: Any) -> None:
+        if isinstance(node, Mapping):
+            for name in node:
+                visit(col, path + (str(name),), node[name])
+        else:
+            leaves, tree = jax.tree.flatten(node)
+            flat[(col, path)] = (tree, leaves)
+
+    for col in variables:
+        node = variables[col]
+        if not isinstance(node, Mapping):
+            raise TypeError(f"variables['{col}'] must be a dict of variables, got {type(node).__name__}")
+        visit(col, (), node)
+    return flat
+
+
+def unflatten_variables(flat: Mapping[Key, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (col, path), value in flat.items():
+        node = out.setdefault(col, {})
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = value
+    return out
+
+
+def _var_type(tree: Any, leaves: Sequence[Any]) -> VarType:
+    return VarType(tree, tuple(_jax.get_aval(x).update(weak_type=False) for x in leaves))
+
+
+# --- arguments ---------------------------------------------------------------------------
+
+def _is_traced(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _split_args(args: tuple, kwargs: dict):
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    traced, static = [], []
+    for i, leaf in enumerate(leaves):
+        if _is_traced(leaf):
+            traced.append(leaf)
+        else:
+            try:
+                hash(leaf)
+            except TypeError:
+                raise TypeError(f"argument leaf {i} ({type(leaf).__name__}) is neither an array "
+                                "nor hashable, so it can be neither traced nor static") from None
+            static.append((i, leaf))
+    return tree, leaves, traced, tuple(static)
+
+
+def _normalize_rngs(rngs: Any) -> dict[str, Any]:
+    if rngs is None:
+        return {}
+    if isinstance(rngs, Mapping):
+        return dict(rngs)
+    if _is_traced(rngs):
+        return {scope.PARAMS_STREAM: rngs}
+    raise TypeError(f"rngs must be a key or a dict of stream name -> key, got {type(rngs).__name__}")
+
+
+# --- the cache entry ---------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Traced:
+    """One cache entry: both jaxprs, the variable layout, and the compiled call."""
+
+    effectful: _jax.ClosedJaxpr
+    pure: _jax.ClosedJaxpr
+    signature: Signature
+    out_tree: Any
+    call: Callable[..., Any]
+    stats: dict
+
+
+class Functionalized:
+    """A stateful function with Flax Linen's ``init`` / ``apply`` interface."""
+
+    def __init__(self, fn: Callable[..., Any], *, passes: Sequence[str | Pass] | str = (),
+                 dump_dir: str | None = None, verify: bool = True):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        extra = [passes] if isinstance(passes, str) else list(passes)
+        self.pipeline = Pipeline([*DEFAULT_PASSES, *extra], verify=verify, dump_dir=dump_dir)
+        self._cache: dict[Any, Traced] = {}
+        self.trace_count = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Inside another functionalized function, just run the code (same variables)."""
+        scope.current(f"{self.__name__}()")
+        return self.fn(*args, **kwargs)
+
+    # -- public API -----------------------------------------------------------------
+    def init(self, rngs: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Create every variable: ``apply({}, *args, rngs=rngs, mutable=True)[1]``."""
+        return self._apply({}, args, kwargs, rngs, True, initializing=True)[1]
+
+    def init_with_output(self, rngs: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict]:
+        return self._apply({}, args, kwargs, rngs, True, initializing=True)
+
+    def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None,
+              mutable: Any = False, **kwargs: Any) -> Any:
+        """Run with ``variables``; returns ``out``, or ``(out, updated)`` if anything is mutable."""
+        out, updated = self._apply(variables, args, kwargs, rngs, mutable, initializing=False)
+        return (out, updated) if mutable is not False else out
+
+    def jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
+              mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
+        """The effectful jaxpr, as traced (before any pass)."""
+        return self._lookup(variables or {}, args, kwargs, rngs, mutable, False)[0].effectful
+
+    def functional_jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None,
+                         rngs: Any = None, mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
+        """The pure jaxpr after the pass pipeline: ``(var inputs, args) -> (outs, var outputs)``."""
+        return self._lookup(variables or {}, args, kwargs, rngs, mutable, False)[0].pure
+
+    def traced(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
+               mutable: Any = False, **kwargs: Any) -> Traced:
+        """The whole cache entry (jaxprs, signature, pass statistics) for these arguments."""
+        return self._lookup(variables or {}, args, kwargs, rngs, mutable, False)[0]
+
+    # -- machinery ------------------------------------------------------------------
+    def _lookup(self, variables, args, kwargs, rngs, mutable, initializing):
+        flat_vars = flatten_variables(variables)
+        rngs = _normalize_rngs(rngs)
+        tree, leaves, traced, static = _split_args(args, kwargs)
+        var_types = {k: _var_type(t, ls) for k, (t, ls) in flat_vars.items()}
+        rng_avals = {s: _jax.get_aval(k) for s, k in rngs.items()}
+        mutable_key = filters.freeze(mutable)
+        key = (tree, static, tuple(_jax.get_aval(x) for x in traced),
+               tuple(sorted(var_types.items())), mutable_key,
+               tuple(sorted(rng_avals.items())), initializing)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = self._trace(tree, leaves, traced, var_types, mutable_key,
+                                                   rng_avals, initializing)
+        return entry, flat_vars, rngs, traced
+
+    def _trace(self, tree, leaves, traced, var_types, mutable, rng_avals, initializing) -> Traced:
+        self.trace_count += 1
+        ctx = scope.TraceContext(var_types, mutable, rng_avals, initializing)
+        positions = [i for i, x in enumerate(leaves) if _is_traced(x)]
+        out_tree_box: list[Any] = []
+
+        def flat_fn(*arrays):
+            full = list(leaves)
+            for i, a in zip(positions, arrays):
+                full[i] = a
+            args, kwargs = jax.tree.unflatten(tree, full)
+            out = self.fn(*args, **kwargs)
+            out_leaves, out_tree = jax.tree.flatten(out)
+            out_tree_box.append(out_tree)
+            return out_leaves
+
+        avals = [_jax.get_aval(x) for x in traced]
+        with scope.activate(ctx):
+            try:
+                effectful = _jax.trace_to_jaxpr(flat_fn, avals, name=self.__name__)
+            except jax.errors.ConcretizationTypeError as e:
+                e.add_note(_CONCRETIZATION_HINT)
+                raise
+            given = dict(var_types)
+            given.update({(RNG_COLLECTION, (s,)): VarType(jax.tree.structure(0), (a,))
+                          for s, a in rng_avals.items()})
+            pctx = PassContext(variables=given, mutable=mutable, rng_streams=rng_avals)
+            pure = self.pipeline.run(effectful, pctx, label=self.__name__)
+        signature = pctx.results["signature"]
+        name = self.__name__
+
+        def run_pure(*flat):
+            return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *flat)
+        run_pure.__name__ = run_pure.__qualname__ = name
+        return Traced(effectful, pure, signature, out_tree_box[-1], jax.jit(run_pure), dict(pctx.stats))
+
+    def _apply(self, variables, args, kwargs, rngs, mutable, *, initializing: bool):
+        entry, flat_vars, rngs, traced = self._lookup(variables, args, kwargs, rngs, mutable,
+                                                      initializing)
+        inputs: list[Any] = []
+        for (col, path), _ in entry.signature.inputs:
+            inputs.extend([rngs[path[0]]] if col == RNG_COLLECTION else flat_vars[(col, path)][1])
+        outs = entry.call(*inputs, *traced)
+        n_main = entry.out_tree.num_leaves
+        out = jax.tree.unflatten(entry.out_tree, outs[:n_main])
+        if mutable is False:
+            return out, None
+        updated = {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flat_vars.items()
+                   if filters.matches(mutable, k[0])}
+        pos = n_main
+        for (col, path), vt in entry.signature.outputs:
+            n = len(vt.avals)
+            if col != RNG_COLLECTION and filters.matches(mutable, col):
+                updated[(col, path)] = jax.tree.unflatten(vt.tree, outs[pos:pos + n])
+            pos += n
+        return out, unflatten_variables(dict(sorted(updated.items())))
+
+
+def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),
+                  dump_dir: str | None = None, verify: bool = True) -> Any:
+    """Decorator: ``@vj.functionalize`` or ``@vj.functionalize(passes="cast-params{...}")``."""
+    if fn is None:
+        return lambda f: Functionalized(f, passes=passes, dump_dir=dump_dir, verify=verify)
+    return Functionalized(fn, passes=passes, dump_dir=dump_dir, verify=verify)

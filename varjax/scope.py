@@ -1,0 +1,319 @@
+"""Tracing: turning ``vj.param`` / ``vj.variable`` / ``vj.make_rng`` / ``vj.sow``
+into variable effects in the jaxpr being traced.
+
+While ``functionalize`` traces a function, a ``TraceContext`` is active.  It
+knows, at trace time, which variables exist and with which structure and
+avals, which collections are mutable and which RNG streams were given.  The
+free functions below consult it and bind ``var_get`` / ``var_set`` /
+``rng_draw``; they never hold values, so the same code traces for ``init`` and
+``apply``.
+
+Existence is tracked in trace order.  Code under raw JAX control flow is traced
+once per branch/body, so a variable created in branch 0 of a raw ``lax.cond``
+is seen as existing by branch 1; the discharge pass then reports which branch
+failed to create it.  Lifted transforms (``vj.cond``…) snapshot the context per
+branch instead.
+
+The context's fingerprint goes into JAX's jit cache key (see
+``_jax.jit_key_state``), so an inner ``jax.jit`` function is re-traced whenever
+the variables it could see have changed.
+
+Sharp edges:
+  * ``param`` on an existing variable evaluates ``init_fn`` abstractly
+    (``jax.eval_shape``) to check the shape, as Flax does; a slow init function
+    costs trace time once per cache miss.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from typing import Any, Callable, Sequence
+
+import jax
+
+from varjax import _jax, errors, filters
+from varjax.primitives import Key, Path, bind_draw, bind_get, bind_set, leaf_aval
+
+# The stream used to initialise parameters, as in Flax.
+PARAMS_STREAM = "params"
+
+
+@dataclasses.dataclass
+class VarType:
+    """What the IR knows about a variable: pytree structure and leaf avals."""
+
+    tree: Any
+    avals: tuple
+
+    @staticmethod
+    def of(value: Any) -> "VarType":
+        leaves, tree = jax.tree.flatten(value)
+        return VarType(tree, tuple(leaf_aval(x) for x in leaves))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VarType) and self.tree == other.tree and self.avals == other.avals
+
+    def __hash__(self) -> int:
+        return hash((self.tree, self.avals))
+
+    def describe(self) -> str:
+        shapes = ", ".join(a.str_short() for a in self.avals)
+        return shapes if self.tree.num_leaves == 1 and not self.tree.children() else f"{self.tree} [{shapes}]"
+
+
+_fingerprints = itertools.count()
+
+
+class TraceContext:
+    """The variable view of one functionalize trace."""
+
+    def __init__(self, variables: dict[Key, VarType], mutable: Any,
+                 rng_streams: dict[str, Any], initializing: bool):
+        self.variables = dict(variables)
+        self.mutable = mutable
+        self.rng_streams = dict(rng_streams)
+        self.initializing = initializing
+        self.path_prefix: Path = ()
+        self.fingerprint = next(_fingerprints)
+
+    def bump(self) -> None:
+        """The set of visible variables changed: stale inner jit traces must not be reused."""
+        self.fingerprint = next(_fingerprints)
+        _JIT_KEY.set_local(("varjax", self.fingerprint))
+
+    def is_mutable(self, collection: str) -> bool:
+        return filters.matches(self.mutable, collection)
+
+    def full_path(self, name: str | Sequence[str]) -> Path:
+        tail = (name,) if isinstance(name, str) else tuple(name)
+        return self.path_prefix + tail
+
+
+_JIT_KEY = _jax.jit_key_state("varjax_trace_context")
+_local = threading.local()
+
+
+def _stack() -> list[TraceContext]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def current(api: str = "this function") -> TraceContext:
+    stack = _stack()
+    if not stack:
+        raise errors.ScopeError(
+            f"{api} was called outside a functionalized function: there is no variable "
+            "store to read from or write to.", source=errors.source_text(),
+            fix="decorate the enclosing function with @vj.functionalize and call .init/.apply")
+    return stack[-1]
+
+
+def active() -> TraceContext | None:
+    stack = _stack()
+    return stack[-1] if stack else None
+
+
+class _Activation:
+    def __init__(self, ctx: TraceContext):
+        self.ctx = ctx
+
+    def __enter__(self) -> TraceContext:
+        _stack().append(self.ctx)
+        self.previous_key = _JIT_KEY.swap_local(("varjax", self.ctx.fingerprint))
+        return self.ctx
+
+    def __exit__(self, *exc) -> None:
+        _stack().pop()
+        _JIT_KEY.set_local(self.previous_key)
+
+
+def activate(ctx: TraceContext) -> _Activation:
+    return _Activation(ctx)
+
+
+# --- the free-function API -------------------------------------------------------------
+
+def _read(ctx: TraceContext, collection: str, path: Path) -> Any:
+    vt = ctx.variables[(collection, path)]
+    return jax.tree.unflatten(vt.tree, bind_get(collection, path, vt.tree, vt.avals))
+
+
+def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
+    leaves, tree = jax.tree.flatten(value)
+    leaves = [jax.numpy.asarray(x) for x in leaves]
+    vt = VarType(tree, tuple(leaf_aval(x) for x in leaves))
+    if ctx.variables.get((collection, path)) != vt:
+        ctx.variables[(collection, path)] = vt
+        ctx.bump()
+    bind_set(collection, path, leaves, tree)
+
+
+def _missing(collection: str, path: Path, why: str) -> errors.MissingVariableError:
+    return errors.MissingVariableError(
+        f"variable {errors.format_path(path)!s} of collection '{collection}' does not exist "
+        f"and {why}.", collection=collection, path=path, source=errors.source_text(),
+        fix=f"pass it in the variables dict, or run init / apply with mutable=['{collection}'] "
+            "so it can be created")
+
+
+def has_variable(collection: str, name: str | Sequence[str]) -> bool:
+    """Whether the variable exists at this point of the trace."""
+    ctx = current("vj.has_variable")
+    return (collection, ctx.full_path(name)) in ctx.variables
+
+
+def is_initializing() -> bool:
+    """True while tracing for ``init`` (Flax's ``Module.is_initializing``)."""
+    return current("vj.is_initializing").initializing
+
+
+def is_mutable_collection(collection: str) -> bool:
+    return current("vj.is_mutable_collection").is_mutable(collection)
+
+
+def make_rng(name: str = PARAMS_STREAM) -> jax.Array:
+    """A fresh key from RNG stream ``name``: different on every call, same for same inputs."""
+    ctx = current("vj.make_rng")
+    if name not in ctx.rng_streams:
+        raise errors.MissingRngError(
+            f"RNG stream '{name}' was requested but not provided.", collection=name,
+            path=ctx.path_prefix or None, source=errors.source_text(),
+            fix=f"pass rngs={{'{name}': jax.random.key(0)}} to init/apply")
+    return bind_draw(name, ctx.rng_streams[name])
+
+
+_expected: dict[Any, VarType] = {}
+
+
+def _memo_key(init_fn: Callable, args: tuple, needs_key: bool) -> Any:
+    """Initializers are usually fresh closures (``lecun_normal()``): key them by code and
+    captured values, which determine the result's type.  None when not hashable."""
+    code = getattr(init_fn, "__code__", None)
+    try:
+        cells = tuple(c.cell_contents for c in getattr(init_fn, "__closure__", None) or ())
+        key = (code, cells, getattr(init_fn, "__defaults__", None)) if code else (init_fn,)
+        key += (args, needs_key)
+        hash(key)
+        return key
+    except (TypeError, ValueError):
+        return None
+
+
+def _expected_type(init_fn: Callable, args: tuple, needs_key: bool) -> VarType:
+    """The type ``init_fn`` would produce, computed abstractly (nothing runs)."""
+    memo = _memo_key(init_fn, args, needs_key)
+    if memo is not None and memo in _expected:
+        return _expected[memo]
+    if needs_key:
+        out = jax.eval_shape(lambda k: init_fn(k, *args), jax.ShapeDtypeStruct((), _key_dtype()))
+    else:
+        out = jax.eval_shape(lambda: init_fn(*args))
+    found = VarType(jax.tree.structure(out), tuple(
+        _jax.ShapedArray(x.shape, x.dtype) for x in jax.tree.leaves(out)))
+    if memo is not None:
+        _expected[memo] = found
+    return found
+
+
+def _key_dtype() -> Any:
+    return jax.eval_shape(lambda: jax.random.key(0)).dtype
+
+
+def _check_type(collection: str, path: Path, have: VarType, want: VarType) -> None:
+    if have.tree != want.tree or [(a.shape, a.dtype) for a in have.avals] != \
+            [(a.shape, a.dtype) for a in want.avals]:
+        raise errors.VariableShapeError(
+            f"the given value of variable {errors.format_path(path)} has type "
+            f"{have.describe()}, but the code expects {want.describe()}.",
+            collection=collection, path=path, source=errors.source_text(),
+            fix="re-initialize the variables for these input shapes, or fix the init function")
+
+
+def param(name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
+    """Read parameter ``name``, creating it with ``init_fn(make_rng('params'), *init_args)``.
+
+    An existing parameter is checked against the abstract result of ``init_fn``
+    and a mismatch raises ``VariableShapeError``.
+    """
+    ctx = current("vj.param")
+    path = ctx.full_path(name)
+    key = ("params", path)
+    if key in ctx.variables:
+        _check_type("params", path, ctx.variables[key], _expected_type(init_fn, init_args, True))
+        return _read(ctx, "params", path)
+    if not ctx.is_mutable("params"):
+        raise _missing("params", path, "collection 'params' is immutable, so it cannot be created")
+    if PARAMS_STREAM not in ctx.rng_streams:
+        raise errors.MissingRngError(
+            f"creating parameter {errors.format_path(path)} needs the '{PARAMS_STREAM}' RNG "
+            "stream, which was not provided.", collection="params", path=path,
+            source=errors.source_text(), fix="call init with a key: fn.init(jax.random.key(0), ...)")
+    value = init_fn(make_rng(PARAMS_STREAM), *init_args)
+    _write(ctx, "params", path, value)
+    return value
+
+
+class Variable:
+    """A handle on one variable: ``.value`` reads it, ``.value = x`` writes it.
+
+    Every access goes through the IR, so a read after a write inside a
+    ``lax.scan`` body sees the carried value, not a Python-side cache.
+    """
+
+    __slots__ = ("collection", "path")
+
+    def __init__(self, collection: str, path: Path):
+        self.collection = collection
+        self.path = path
+
+    @property
+    def value(self) -> Any:
+        ctx = current("Variable.value")
+        if (self.collection, self.path) not in ctx.variables:
+            raise _missing(self.collection, self.path, "it was never created in this trace")
+        return _read(ctx, self.collection, self.path)
+
+    @value.setter
+    def value(self, new: Any) -> None:
+        _write(current("Variable.value"), self.collection, self.path, new)
+
+    def __repr__(self) -> str:
+        return f"Variable({self.collection}:{errors.format_path(self.path)})"
+
+
+def variable(collection: str, name: str | Sequence[str], init_fn: Callable[..., Any] | None = None,
+             *init_args: Any) -> Variable:
+    """A handle on variable ``name`` of ``collection``, created with ``init_fn(*init_args)``
+    if it does not exist and the collection is mutable."""
+    ctx = current("vj.variable")
+    path = ctx.full_path(name)
+    if (collection, path) not in ctx.variables:
+        if init_fn is None:
+            raise _missing(collection, path, "no init_fn was given to create it")
+        if not ctx.is_mutable(collection):
+            raise _missing(collection, path,
+                           f"collection '{collection}' is immutable, so it cannot be created")
+        _write(ctx, collection, path, init_fn(*init_args))
+    return Variable(collection, path)
+
+
+def _append(xs: tuple, x: Any) -> tuple:
+    return tuple(xs) + (x,)
+
+
+def sow(collection: str, name: str | Sequence[str], value: Any,
+        reduce_fn: Callable[[Any, Any], Any] = _append,
+        init_fn: Callable[[], Any] = tuple) -> bool:
+    """Store ``value`` in ``collection`` if it is mutable; a no-op (returning False) if not.
+
+    By default values accumulate in a tuple, as in Flax.
+    """
+    ctx = current("vj.sow")
+    if not ctx.is_mutable(collection):
+        return False
+    path = ctx.full_path(name)
+    old = _read(ctx, collection, path) if (collection, path) in ctx.variables else init_fn()
+    _write(ctx, collection, path, reduce_fn(old, value))
+    return True
