@@ -29,6 +29,7 @@ Sharp edges:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -36,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from varjax import _jax, errors
+from varjax import _jax, errors, scope
 from varjax.passes import hop
 from varjax.passes.analysis import key_of, touches_variables, traffic
 from varjax.passes.base import Pass, PassContext
@@ -300,15 +301,11 @@ def _store(env: Env, keys: Sequence[Key], types: Sequence[VarType], outs: list[A
 
 
 # --- custom derivatives ------------------------------------------------------------------
-
-def _custom_keys(eqn, env, bodies: Sequence[ClosedJaxpr]):
-    ts = [traffic(b) for b in bodies]
-    out_keys = sorted(frozenset().union(*(t.may_write for t in ts)))
-    must = frozenset.intersection(*(t.must_write for t in ts))
-    in_keys = sorted(frozenset().union(*(t.needs for t in ts)) | (frozenset(out_keys) - must))
-    _require(eqn, in_keys, env, f"'{eqn.primitive.name}'")
-    return in_keys, out_keys
-
+#
+# The primal body is discharged now; the user's JVP / forward rule only when JAX
+# differentiates (rules may call the custom function itself, so forcing them eagerly
+# would recurse forever -- JAX traces them lazily for the same reason).  The trace
+# context is re-activated then, because the rule may call vj.* functions.
 
 def _zeros(x):
     """A zero tangent/cotangent for ``x`` (float0 for integer and key values)."""
@@ -318,73 +315,101 @@ def _zeros(x):
     return np.zeros(aval.shape, jax.dtypes.float0)
 
 
-def _custom_jvp(d: Discharger, eqn, invals, env, region):
-    p = eqn.params
-    call, nconst = p["call_jaxpr"], p["num_consts"]
-    n_args = len(call.in_avals) - nconst
-    jvp_jaxpr, jvp_consts, out_zeros = _jax.call_thunk(p["jvp_jaxpr_fun"], *([False] * n_args))
-    jvp_closed = ClosedJaxpr(jvp_jaxpr, jvp_consts)
-    in_keys, out_keys = _custom_keys(eqn, env, [call, jvp_closed])
+@dataclasses.dataclass
+class _Custom:
+    """The discharged primal of a custom_jvp/vjp call and what its rules need later."""
+
+    d: Discharger
+    in_types: list
+    out_keys: list
+    out_types: list
+    primal: ClosedJaxpr
+    n_out: int
+    context: Any
+
+    def call(self, var_leaves, consts, args) -> list:
+        return _jax.jaxpr_as_fun(self.primal)(*var_leaves, *consts, *args)
+
+    def run_rule(self, thunk, flags, var_leaves, args) -> tuple[list, tuple]:
+        """Force the rule thunk and evaluate it; its own writes are discarded (the
+        primal's writes are the call's writes)."""
+        with _reactivated(self.context):
+            jaxpr, consts, *extra = _jax.call_thunk(thunk, *flags)
+            env, _ = _split_vars(var_leaves, self.in_types)
+            return self.d.run_body(ClosedJaxpr(jaxpr, consts), env, args), tuple(extra)
+
+
+def _reactivated(context):
+    return scope.activate(context) if context is not None else contextlib.nullcontext()
+
+
+def _custom(d: Discharger, eqn, env, thunk, flags) -> tuple[_Custom, list]:
+    call = eqn.params["call_jaxpr"]
+    c_traffic = traffic(call)
+    # Tracing the rule (unlike discharging it) never recurses: read its variable traffic
+    # now so the values it reads are passed in.  JAX memoises the thunk.
+    rule_jaxpr, *_ = _jax.call_thunk(thunk, *flags)
+    rule_needs = {k for k in traffic(rule_jaxpr).needs if k in env}
+    in_keys, out_keys = sorted(c_traffic.needs | rule_needs), sorted(c_traffic.may_write)
+    _require(eqn, in_keys, env, f"'{eqn.primitive.name}'")
     in_types = [(k, _type(env[k])) for k in in_keys]
     primal, out_types = d.body(call, in_types, out_keys)
-    rule, _ = d.body(jvp_closed, in_types, out_keys)
-    n_out = len(call.out_avals)
-    n_nonzero = sum(not z for z in out_zeros)
+    c = _Custom(d, in_types, out_keys, out_types, primal, len(call.out_avals), scope.active())
+    return c, _leaves(env, in_keys)
+
+
+def _custom_jvp(d: Discharger, eqn, invals, env, region):
+    nconst, thunk = eqn.params["num_consts"], eqn.params["jvp_jaxpr_fun"]
+    n_args = len(eqn.params["call_jaxpr"].in_avals) - nconst
+    c, var_in = _custom(d, eqn, env, thunk, [False] * n_args)
 
     @jax.custom_jvp
     def f(var_leaves, consts, args):
-        return _jax.jaxpr_as_fun(primal)(*var_leaves, *consts, *args)
+        return c.call(var_leaves, consts, args)
 
     @f.defjvp
     def f_jvp(primals, tangents):
-        var_leaves, _, args = primals
-        outs = _jax.jaxpr_as_fun(rule)(*var_leaves, *args, *tangents[2])
-        p_out, nonzero, var_out = outs[:n_out], outs[n_out:n_out + n_nonzero], outs[n_out + n_nonzero:]
-        nz = iter(nonzero)
-        t_out = [_zeros(o) if z else next(nz) for o, z in zip(p_out, out_zeros)]
+        var_leaves, consts, args = primals
+        outs, (out_zeros,) = c.run_rule(thunk, [False] * len(args), var_leaves,
+                                        [*args, *tangents[2]])
+        p_out, nonzero = outs[:c.n_out], iter(outs[c.n_out:])
+        t_out = [_zeros(o) if z else next(nonzero) for o, z in zip(p_out, out_zeros)]
+        var_out = c.call(var_leaves, consts, args)[c.n_out:]
         return [*p_out, *var_out], [*t_out, *map(_zeros, var_out)]
 
     with _jax.source_info_of(eqn):
-        outs = f(_leaves(env, in_keys), list(invals[:nconst]), list(invals[nconst:]))
-    return _store(env, out_keys, out_types, list(outs))
+        outs = f(var_in, list(invals[:nconst]), list(invals[nconst:]))
+    return _store(env, c.out_keys, c.out_types, list(outs))
 
 
 def _custom_vjp(d: Discharger, eqn, invals, env, region):
     p = eqn.params
-    call, nconst = p["call_jaxpr"], p["num_consts"]
-    n_args = len(call.in_avals) - nconst
-    fwd_jaxpr, fwd_consts = _jax.call_thunk(p["fwd_jaxpr_thunk"], *([True] * n_args))
-    fwd_closed = ClosedJaxpr(fwd_jaxpr, fwd_consts)
-    forwards = p["out_trees"]()[2]
-    in_keys, out_keys = _custom_keys(eqn, env, [call, fwd_closed])
-    in_types = [(k, _type(env[k])) for k in in_keys]
-    primal, out_types = d.body(call, in_types, out_keys)
-    fwd, _ = d.body(fwd_closed, in_types, out_keys)
-    n_out = len(call.out_avals)
-    n_res = len(fwd_closed.out_avals) - n_out
-    bwd = p["bwd"]
+    nconst, thunk, bwd, out_trees = p["num_consts"], p["fwd_jaxpr_thunk"], p["bwd"], p["out_trees"]
+    c, var_in = _custom(d, eqn, env, thunk, [True] * (len(p["call_jaxpr"].in_avals) - nconst))
 
     @jax.custom_vjp
     def f(var_leaves, consts, args):
-        return _jax.jaxpr_as_fun(primal)(*var_leaves, *consts, *args)
+        return c.call(var_leaves, consts, args)
 
     def f_fwd(var_leaves, consts, args):
-        outs = _jax.jaxpr_as_fun(fwd)(*var_leaves, *args)
+        outs, _ = c.run_rule(thunk, [True] * len(args), var_leaves, args)
+        n_res = len(outs) - c.n_out
         pruned = iter(outs[:n_res])
-        res = [args[i] if i is not None else next(pruned) for i in forwards]
-        return outs[n_res:], (res, var_leaves, consts, args)
+        res = [args[i] if i is not None else next(pruned) for i in out_trees()[2]]
+        var_out = c.call(var_leaves, consts, args)[c.n_out:]
+        return [*outs[n_res:], *var_out], (res, var_leaves, consts, args)
 
     def f_bwd(saved, cts):
         res, var_leaves, consts, args = saved
-        cts_in = _jax.call_thunk(bwd, *res, *cts[:n_out])
-        cts_in = [_zeros(a) if c is None or isinstance(c, _jax.Zero) else c
-                  for a, c in zip(args, cts_in)]
+        cts_in = _jax.call_thunk(bwd, *res, *cts[:c.n_out])
+        cts_in = [_zeros(a) if ct is None or isinstance(ct, _jax.Zero) else ct
+                  for a, ct in zip(args, cts_in)]
         return list(map(_zeros, var_leaves)), list(map(_zeros, consts)), cts_in
 
     f.defvjp(f_fwd, f_bwd)
     with _jax.source_info_of(eqn):
-        outs = f(_leaves(env, in_keys), list(invals[:nconst]), list(invals[nconst:]))
-    return _store(env, out_keys, out_types, list(outs))
+        outs = f(var_in, list(invals[:nconst]), list(invals[nconst:]))
+    return _store(env, c.out_keys, c.out_types, list(outs))
 
 
 RULES: dict[_jax.Primitive, Callable[..., list[Any]]] = {

@@ -1,0 +1,41 @@
+# Every target creates .venv and installs what it needs; nothing else is required.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check
+
+.PHONY: install test demo bench fuzz dump lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed-%: pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[$*]'
+	touch $@
+
+install: $(VENV)/.installed-test
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -n 2 tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+
+fuzz: $(VENV)/.installed-test
+	VARJAX_FUZZ_EXAMPLES=10000 $(BIN)/python -m pytest -s -p no:xdist tests/test_fuzz.py
+
+demo: $(VENV)/.installed-test
+	$(BIN)/python examples/demo.py
+
+bench: $(VENV)/.installed-bench
+	$(BIN)/python -m bench
+
+dump: $(VENV)/.installed-test
+	rm -rf dumps && VARJAX_DUMP_DIR=dumps $(BIN)/python examples/demo.py > /dev/null
+	find dumps -type f | sort
+
+lint: $(VENV)/.installed-test
+	$(BIN)/python -m ruff check varjax passes tests bench examples
+	@test "$$(git grep -l 'jax\._src' -- varjax passes)" = "varjax/_jax.py" || \
+	  (echo "jax._src imported outside varjax/_jax.py:"; git grep -l 'jax\._src' -- varjax passes; exit 1)
+
+clean:
+	rm -rf $(VENV) dumps .pytest_cache .hypothesis

@@ -1,0 +1,14 @@
+"""Test configuration that makes silent bugs loud.
+
+Strict dtype promotion and rank-promotion errors catch accidental upcasts and
+broadcasts in rewritten jaxprs; two host devices let sharding tests run on CPU.
+"""
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
