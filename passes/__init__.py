@@ -20,3 +20,4 @@ from varjax.passes.lower_rng import LowerRng as LowerRng
 from varjax.passes.forward_stores import ForwardStores as ForwardStores
 from varjax.passes.dead_reads import DeadReads as DeadReads
 from varjax.passes.discharge import Discharge as Discharge, Signature as Signature
+from varjax.passes.cast_params import CastParams as CastParams

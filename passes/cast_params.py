@@ -1,0 +1,69 @@
+"""cast-params: compute with ``params`` in a lower precision (mixed precision).
+
+The worked example of ``notes/writing-passes.md``.  Parameters stay stored in
+their own dtype; every floating ``params`` read is cast to ``dtype`` (one
+``Rule``), and the rewriter is taught autocasting, because lax-level
+equations do not promote: an equation mixing float dtypes computes in the
+narrowest one, and every region (the function, a loop body, a branch)
+returns the dtypes it declared, so loop carries and outputs keep their types.
+Use as ``vj.functionalize(fn, passes="cast-params{dtype=bfloat16}")``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from varjax import _jax
+from varjax.passes import hop
+from varjax.passes.base import Pass, PassContext
+from varjax.passes.rewrite import Region, Rewriter, Rule
+from varjax.primitives import var_get_p
+
+
+@dataclasses.dataclass(frozen=True)
+class CastRead(Rule):
+    primitive = var_get_p
+    dtype: Any
+
+    def match(self, eqn: _jax.JaxprEqn) -> bool:
+        return eqn.params["collection"] == "params"
+
+    def rewrite(self, eqn: _jax.JaxprEqn, invals: list, region: Region) -> list:
+        return [_cast(x, self.dtype) for x in region.bind(eqn, invals)]
+
+
+def _cast(x: Any, dtype: Any) -> Any:
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    return x.astype(dtype) if floating and x.dtype != dtype else x
+
+
+class Autocast(Rewriter):
+    """Narrowest float dtype per first-order equation; declared dtypes at region edges."""
+
+    def eqn(self, eqn: _jax.JaxprEqn, invals: list, region: Region) -> list:
+        if hop.bodies(eqn):   # bodies keep their signatures: hand them declared dtypes
+            invals = [_cast(x, v.aval.dtype) for x, v in zip(invals, eqn.invars)]
+        elif self.rule_for(eqn) is None:
+            floats = {x.dtype for x in invals if jnp.issubdtype(jnp.result_type(x), jnp.floating)}
+            if len(floats) > 1:
+                low = min(floats, key=lambda d: jnp.finfo(d).bits)
+                invals = [_cast(jnp.asarray(x), low) if jnp.result_type(x) in floats else x
+                          for x in invals]
+        return super().eqn(eqn, invals, region)
+
+    def eval(self, closed: _jax.ClosedJaxpr, args, region: Region) -> list:
+        outs = super().eval(closed, args, region)
+        return [_cast(o, a.dtype) for o, a in zip(outs, closed.out_avals)]
+
+
+@dataclasses.dataclass(frozen=True)
+class CastParams(Pass):
+    name = "cast-params"
+    summary = "compute with floating params cast to `dtype`"
+    before = ("discharge",)
+    dtype: str = "bfloat16"
+
+    def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
+        return Autocast([CastRead(jnp.dtype(self.dtype))]).run(jaxpr)
