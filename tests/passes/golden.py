@@ -1,0 +1,33 @@
+"""Golden comparison of printed IR: on mismatch, print the new text so it can be pasted in."""
+import jax
+import textwrap
+
+import varjax as vj
+from varjax.functionalize import _var_type, flatten_variables
+from varjax.passes import PassContext, get_pass
+from varjax.passes.lower_rng import RNG_COLLECTION
+from varjax.scope import VarType
+
+
+def context(variables=None, rngs=None, mutable=True) -> PassContext:
+    """The PassContext functionalize would build for these inputs."""
+    types = {k: _var_type(t, ls) for k, (t, ls) in flatten_variables(variables or {}).items()}
+    rng_avals = {s: jax.typeof(k) for s, k in (rngs or {}).items()}
+    types.update({(RNG_COLLECTION, (s,)): VarType(jax.tree.structure(0), (a,))
+                  for s, a in rng_avals.items()})
+    return PassContext(variables=types, mutable=mutable, rng_streams=rng_avals)
+
+
+def run_pass(name, fn, *args, variables=None, rngs=None, mutable=True, **options):
+    """(effectful jaxpr of fn, the same after pass `name`)."""
+    before = vj.functionalize(fn).jaxpr(*args, variables=variables or {}, rngs=rngs, mutable=mutable)
+    ctx = context(variables, rngs, mutable)
+    return before, get_pass(name)(**options).run(before, ctx)
+
+
+def assert_ir(jaxpr, expected: str) -> None:
+    found = str(jaxpr).strip()
+    want = textwrap.dedent(expected).strip()
+    if found != want:
+        print("Found:\n" + found)
+    assert found == want
