@@ -10,6 +10,9 @@ across region boundaries:
 * ``must_write``: variables written on every path (loops may run zero times,
   so they contribute nothing; a scan of static length >= 1 does).
 
+varjax's own scratch variables (collections ``__*``) that a region sets
+before reading are local to that region and appear in none of the three.
+
 Summaries are memoised per jaxpr object: jaxprs are immutable and shared.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ import weakref
 from varjax import _jax
 from varjax.effects import VariableEffect
 from varjax.passes import hop
-from varjax.primitives import Key, var_get_p, var_set_p
+from varjax.primitives import Key, is_internal, var_get_p, var_set_p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +73,10 @@ def _summarise(jaxpr: _jax.Jaxpr) -> Traffic:
             needs |= t.needs - must
             may |= t.may_write
             must |= t.must_write
-    return Traffic(frozenset(needs), frozenset(may), frozenset(must))
+    # varjax scratch variables (RNG loop keys/counters) set before use in this region are
+    # dead outside it: they are neither carried, passed through nor returned.
+    local = {k for k in may if is_internal(k[0]) and k not in needs}
+    return Traffic(frozenset(needs), frozenset(may - local), frozenset(must - local))
 
 
 def eqn_traffic(eqn: _jax.JaxprEqn) -> Traffic:

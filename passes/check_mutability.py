@@ -4,7 +4,7 @@ An analysis pass: it walks every equation, nested bodies included, and raises
 ``ImmutableCollectionError`` at the first ``var_set`` whose collection does
 not match ``ctx.mutable``, pointing at the user's line.  It never changes the
 IR, so it returns its input.  Collections starting with ``__`` are varjax's
-own scratch space (RNG loop counters) and always writable.
+own scratch space (RNG keys and loop counters) and always writable.
 """
 from __future__ import annotations
 
@@ -14,11 +14,7 @@ from varjax import _jax, errors, filters
 from varjax.passes.analysis import touches_variables
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.walk import walk_eqns
-from varjax.primitives import var_set_p
-
-
-def is_internal(collection: str) -> bool:
-    return collection.startswith("__")
+from varjax.primitives import is_internal, var_set_p
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from varjax import _jax, errors, scope
+from varjax.effects import strip as strip_effects
 from varjax.passes import hop
 from varjax.passes.analysis import key_of, touches_variables, traffic
 from varjax.passes.base import Pass, PassContext
@@ -98,20 +99,7 @@ class Discharger(Rewriter):
         return rule(self, eqn, invals, env, region)
 
     def read(self, eqn: _jax.JaxprEqn, env: Env) -> list[Any]:
-        k = key_of(eqn)
-        if k not in env:
-            raise errors.VariableCreationError(
-                "this variable is read where it has no value: it is created later in trace "
-                "order, or only on another path (another branch of a conditional).",
-                collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
-                fix="create the variable before the control flow that reads it")
-        have, want = _type(env[k]), VarType(eqn.params["tree"], eqn.params["avals"])
-        if have != want:
-            raise errors.VariableStructureError(
-                f"this read expects {want.describe()} but the variable holds {have.describe()} "
-                "here (its structure changed inside control flow).", collection=k[0], path=k[1],
-                source=errors.source_text(eqn.source_info))
-        return list(env[k][1])
+        return _checked_read(eqn, env, _type)
 
     # -- building discharged bodies ---------------------------------------------------
     def run_body(self, body: ClosedJaxpr, env: Env, args: Sequence[Any]) -> list[Any]:
@@ -131,6 +119,25 @@ class Discharger(Rewriter):
 
         avals = [a for _, vt in in_types for a in vt.avals] + list(body.in_avals)
         return self.trace(fn, avals), out_types
+
+
+def _checked_read(eqn: _jax.JaxprEqn, env: Env, type_of: Callable[[tuple], VarType]) -> list:
+    """The current value of the variable ``eqn`` reads, after checking it exists and has
+    the type the read expects."""
+    k = key_of(eqn)
+    if k not in env:
+        raise errors.VariableCreationError(
+            "this variable is read where it has no value: it is created later in trace "
+            "order, or only on another path (another branch of a conditional).",
+            collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+            fix="create the variable before the control flow that reads it")
+    have, want = type_of(env[k]), VarType(eqn.params["tree"], eqn.params["avals"])
+    if have != want:
+        raise errors.VariableStructureError(
+            f"this read expects {want.describe()} but the variable holds {have.describe()} "
+            "here (its structure changed inside control flow).", collection=k[0], path=k[1],
+            source=errors.source_text(eqn.source_info))
+    return list(env[k][1])
 
 
 def _require(eqn: _jax.JaxprEqn, keys: Sequence[Key], env: Env, where: str) -> None:
@@ -347,14 +354,19 @@ def _custom(d: Discharger, eqn, env, thunk, flags) -> tuple[_Custom, list]:
     call = eqn.params["call_jaxpr"]
     c_traffic = traffic(call)
     # Tracing the rule (unlike discharging it) never recurses: read its variable traffic
-    # now so the values it reads are passed in.  JAX memoises the thunk.
-    rule_jaxpr, *_ = _jax.call_thunk(thunk, *flags)
+    # now so the values it reads are passed in.  JAX memoises the thunk.  User code in
+    # the rule must see variables as they are here, not at the end of the trace.
+    context = scope.active()
+    if context is not None:
+        context = context.snapshot({k: _type(v) for k, v in env.items()})
+    with _reactivated(context):
+        rule_jaxpr, *_ = _jax.call_thunk(thunk, *flags)
     rule_needs = {k for k in traffic(rule_jaxpr).needs if k in env}
     in_keys, out_keys = sorted(c_traffic.needs | rule_needs), sorted(c_traffic.may_write)
     _require(eqn, in_keys, env, f"'{eqn.primitive.name}'")
     in_types = [(k, _type(env[k])) for k in in_keys]
     primal, out_types = d.body(call, in_types, out_keys)
-    c = _Custom(d, in_types, out_keys, out_types, primal, len(call.out_avals), scope.active())
+    c = _Custom(d, in_types, out_keys, out_types, primal, len(call.out_avals), context)
     return c, _leaves(env, in_keys)
 
 
@@ -412,6 +424,51 @@ def _custom_vjp(d: Discharger, eqn, invals, env, region):
     return _store(env, c.out_keys, c.out_types, list(outs))
 
 
+# --- the common case, without re-tracing --------------------------------------------------
+
+def _atom_type(value: tuple) -> VarType:
+    tree, atoms = value
+    return VarType(tree, tuple(a.aval.update(weak_type=False) for a in atoms))
+
+
+def _is_flat(jaxpr: _jax.Jaxpr) -> bool:
+    """All variable traffic is top-level var_get/var_set: no body carries any."""
+    return not any(touches_variables(e.effects) for e in jaxpr.eqns
+                   if e.primitive is not var_get_p and e.primitive is not var_set_p)
+
+
+def discharge_flat(closed: ClosedJaxpr, in_types: Sequence[tuple[Key, VarType]],
+                   out_keys: Sequence[Key]) -> tuple[ClosedJaxpr, list[VarType]]:
+    """``Discharger.body`` for a flat jaxpr, by editing binders instead of re-tracing:
+    a read's outputs are renamed to the value's variables, a write drops out."""
+    jaxpr = closed.jaxpr
+    env: Env = {}
+    new_invars = []
+    for k, vt in in_types:
+        atoms = [_jax.new_var(a) for a in vt.avals]
+        env[k] = (vt.tree, atoms)
+        new_invars += atoms
+    rename: dict = {}
+
+    def sub(a):
+        return rename.get(a, a) if isinstance(a, _jax.Var) else a
+
+    eqns = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is var_get_p:
+            rename.update(zip(eqn.outvars, _checked_read(eqn, env, _atom_type)))
+        elif eqn.primitive is var_set_p:
+            env[key_of(eqn)] = (eqn.params["tree"], [sub(a) for a in eqn.invars])
+        elif rename and any(isinstance(a, _jax.Var) and a in rename for a in eqn.invars):
+            eqns.append(eqn.replace(invars=[sub(a) for a in eqn.invars]))
+        else:
+            eqns.append(eqn)
+    outvars = [sub(a) for a in jaxpr.outvars] + _leaves(env, out_keys)
+    new = _jax.rebuild_jaxpr(jaxpr, invars=new_invars + list(jaxpr.invars), outvars=outvars,
+                             eqns=eqns, effects=strip_effects(jaxpr.effects))
+    return ClosedJaxpr(new, closed.consts), [_atom_type(env[k]) for k in out_keys]
+
+
 RULES: dict[_jax.Primitive, Callable[..., list[Any]]] = {
     _jax.jit_p: _jit,
     _jax.closed_call_p: _closed_call,
@@ -442,7 +499,10 @@ class Discharge(Pass):
         if not touches_variables(jaxpr.effects):
             ctx.results["signature"] = Signature((), ())
             return jaxpr
-        new, out_types = Discharger().body(jaxpr, in_types, out_keys)
+        if _is_flat(jaxpr.jaxpr):
+            new, out_types = discharge_flat(jaxpr, in_types, out_keys)
+        else:
+            new, out_types = Discharger().body(jaxpr, in_types, out_keys)
         ctx.results["signature"] = Signature(tuple(in_types), tuple(zip(out_keys, out_types)))
         ctx.count(self.name, "inputs", len(in_keys))
         ctx.count(self.name, "outputs", len(out_keys))

@@ -8,6 +8,8 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+os.environ.setdefault("VARJAX_VERIFY", "1")
+
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")

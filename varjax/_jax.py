@@ -22,6 +22,7 @@ from jax._src import core
 from jax._src import custom_derivatives as _cd
 from jax._src import effects
 from jax._src import linear_util as lu
+from jax._src import mesh as mesh_lib
 from jax._src import pretty_printer as pp
 from jax._src import source_info_util
 from jax._src.ad_checkpoint import remat_p
@@ -189,3 +190,24 @@ def jit_params_with(params: dict, jaxpr: ClosedJaxpr, n_in_front: int, n_out_bac
     new["out_layouts"] = tuple(params["out_layouts"]) + (None,) * n_out_back
     new["donated_invars"] = (False,) * n_in_front + tuple(params["donated_invars"])
     return new
+
+
+def new_var(aval: AbstractValue) -> Var:
+    return core.Var(aval)
+
+
+def rebuild_jaxpr(jaxpr: Jaxpr, *, invars, outvars, eqns, effects) -> Jaxpr:
+    """``jaxpr`` with new binders/equations; argument names are dropped (arity changed)."""
+    return jaxpr.replace(invars=list(invars), outvars=list(outvars), eqns=list(eqns),
+                         effects=effects, debug_info=jaxpr.debug_info.with_unknown_names())
+
+
+def jit_call(jaxpr: ClosedJaxpr, name: str) -> Callable[..., list]:
+    """Stage ``jaxpr`` as one ``jit`` equation, without re-tracing it."""
+    n_in, n_out = len(jaxpr.in_avals), len(jaxpr.out_avals)
+    params = dict(jaxpr=jaxpr, in_shardings=(UNSPECIFIED,) * n_in,
+                  out_shardings=(UNSPECIFIED,) * n_out, in_layouts=(None,) * n_in,
+                  out_layouts=(None,) * n_out, donated_invars=(False,) * n_in,
+                  ctx_mesh=mesh_lib.get_abstract_mesh(), name=name, keep_unused=False,
+                  inline=False, compiler_options_kvs=())
+    return lambda *args: jit_p.bind(*args, **params)

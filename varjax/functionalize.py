@@ -11,6 +11,9 @@
    (``.functional_jaxpr(...)``) and the discharge ``Signature``;
 4. wrap the pure jaxpr in ``jax.jit``.
 
+The pipeline verifies the IR after every pass when ``verify=True`` or the
+environment variable ``VARJAX_VERIFY`` is set (the test suite sets it).
+
 The cache key is everything the trace depended on: argument structure,
 avals and static values; the given variables' paths and types; the mutable
 filter; the RNG stream names and key types; whether this is ``init``.  On a
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -44,6 +48,9 @@ from varjax.primitives import Key
 from varjax.scope import VarType
 
 DEFAULT_PASSES = ("check-mutability", "lower-rng", "forward-stores", "dead-reads", "discharge")
+# Verification after every pass costs about as much as tracing the model; it is on in
+# the test suite and whenever this is set, like a debug build's verifier.
+VERIFY_ENV = "VARJAX_VERIFY"
 
 _CONCRETIZATION_HINT = (
     "varjax: the function is traced once per argument shape/dtype, so Python control flow "
@@ -140,10 +147,12 @@ class Functionalized:
     """A stateful function with Flax Linen's ``init`` / ``apply`` interface."""
 
     def __init__(self, fn: Callable[..., Any], *, passes: Sequence[str | Pass] | str = (),
-                 dump_dir: str | None = None, verify: bool = True):
+                 dump_dir: str | None = None, verify: bool | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         extra = [passes] if isinstance(passes, str) else list(passes)
+        if verify is None:
+            verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
         self.pipeline = Pipeline([*DEFAULT_PASSES, *extra], verify=verify, dump_dir=dump_dir)
         self._cache: dict[Any, Traced] = {}
         self.trace_count = 0
@@ -233,7 +242,13 @@ class Functionalized:
         def run_pure(*flat):
             return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *flat)
         run_pure.__name__ = run_pure.__qualname__ = name
-        return Traced(effectful, pure, signature, out_tree_box[-1], jax.jit(run_pure), dict(pctx.stats))
+        compiled, staged = jax.jit(run_pure), _jax.jit_call(pure, name)
+
+        def call(*flat):
+            # Eagerly: jax.jit's compiled fast path.  Under a trace: one jit equation of
+            # the cached jaxpr, bound directly (jax.jit would re-trace it once).
+            return compiled(*flat) if _jax.is_top_level() else staged(*flat)
+        return Traced(effectful, pure, signature, out_tree_box[-1], call, dict(pctx.stats))
 
     def _apply(self, variables, args, kwargs, rngs, mutable, *, initializing: bool):
         entry, flat_vars, rngs, traced = self._lookup(variables, args, kwargs, rngs, mutable,
@@ -258,7 +273,7 @@ class Functionalized:
 
 
 def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),
-                  dump_dir: str | None = None, verify: bool = True) -> Any:
+                  dump_dir: str | None = None, verify: bool | None = None) -> Any:
     """Decorator: ``@vj.functionalize`` or ``@vj.functionalize(passes="cast-params{...}")``."""
     if fn is None:
         return lambda f: Functionalized(f, passes=passes, dump_dir=dump_dir, verify=verify)

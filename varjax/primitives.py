@@ -42,6 +42,12 @@ rng_draw_p = _jax.Primitive("rng_draw")
 VARJAX_PRIMITIVES = (var_get_p, var_set_p, rng_draw_p)
 
 
+def is_internal(collection: str) -> bool:
+    """Collections named ``__*`` are varjax's scratch space (RNG keys and loop counters):
+    always writable, never returned to the user."""
+    return collection.startswith("__")
+
+
 def _get_abstract_eval(*, collection, path, tree, avals):
     return list(avals), {VariableEffect(collection)}
 

@@ -14,9 +14,10 @@ is seen as existing by branch 1; the discharge pass then reports which branch
 failed to create it.  Lifted transforms (``vj.cond``…) snapshot the context per
 branch instead.
 
-The context's fingerprint goes into JAX's jit cache key (see
-``_jax.jit_key_state``), so an inner ``jax.jit`` function is re-traced whenever
-the variables it could see have changed.
+The context's fingerprint (a hash of variable types, mutability, streams,
+init flag and scope) goes into JAX's jit cache key (see
+``_jax.jit_key_state``), so an inner ``jax.jit`` function is re-traced exactly
+when the variables it could see have changed, and reused otherwise.
 
 Sharp edges:
   * ``param`` on an existing variable evaluates ``init_fn`` abstractly
@@ -26,7 +27,6 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import threading
 from typing import Any, Callable, Sequence
 
@@ -62,9 +62,6 @@ class VarType:
         return shapes if self.tree.num_leaves == 1 and not self.tree.children() else f"{self.tree} [{shapes}]"
 
 
-_fingerprints = itertools.count()
-
-
 class TraceContext:
     """The variable view of one functionalize trace."""
 
@@ -75,12 +72,42 @@ class TraceContext:
         self.rng_streams = dict(rng_streams)
         self.initializing = initializing
         self.path_prefix: Path = ()
-        self.fingerprint = next(_fingerprints)
+        self._base = hash((filters.freeze(mutable), tuple(sorted(self.rng_streams.items())),
+                           initializing))
+        self._vars_hash = 0
+        for item in self.variables.items():
+            self._vars_hash ^= hash(item)
 
-    def bump(self) -> None:
-        """The set of visible variables changed: stale inner jit traces must not be reused."""
-        self.fingerprint = next(_fingerprints)
-        _JIT_KEY.set_local(("varjax", self.fingerprint))
+    @property
+    def fingerprint(self) -> tuple:
+        """Everything a trace made under this context can depend on, hashed.
+
+        Equal fingerprints mean an inner ``jax.jit`` trace can be reused safely, so
+        JAX's caches keep working for library functions (``jax.nn.relu``...).
+        """
+        return ("varjax", self._base, self._vars_hash, self.path_prefix)
+
+    def snapshot(self, variables: dict[Key, VarType]) -> "TraceContext":
+        """A copy that sees ``variables`` as they are at one point of the program.
+
+        Passes re-trace user code after the trace has ended (custom_jvp/vjp rules are
+        traced lazily); they must see variable types as of the call site, not the end.
+        """
+        ctx = TraceContext({**self.variables, **variables}, self.mutable, self.rng_streams,
+                           self.initializing)
+        ctx.path_prefix = self.path_prefix
+        return ctx
+
+    def set_type(self, key: Key, vt: VarType) -> None:
+        """Record a variable's new type; inner jit traces made before must not be reused."""
+        old = self.variables.get(key)
+        if old == vt:
+            return
+        if old is not None:
+            self._vars_hash ^= hash((key, old))
+        self.variables[key] = vt
+        self._vars_hash ^= hash((key, vt))
+        _JIT_KEY.set_local(self.fingerprint)
 
     def is_mutable(self, collection: str) -> bool:
         return filters.matches(self.mutable, collection)
@@ -121,7 +148,7 @@ class _Activation:
 
     def __enter__(self) -> TraceContext:
         _stack().append(self.ctx)
-        self.previous_key = _JIT_KEY.swap_local(("varjax", self.ctx.fingerprint))
+        self.previous_key = _JIT_KEY.swap_local(self.ctx.fingerprint)
         return self.ctx
 
     def __exit__(self, *exc) -> None:
@@ -143,10 +170,7 @@ def _read(ctx: TraceContext, collection: str, path: Path) -> Any:
 def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
     leaves, tree = jax.tree.flatten(value)
     leaves = [jax.numpy.asarray(x) for x in leaves]
-    vt = VarType(tree, tuple(leaf_aval(x) for x in leaves))
-    if ctx.variables.get((collection, path)) != vt:
-        ctx.variables[(collection, path)] = vt
-        ctx.bump()
+    ctx.set_type((collection, path), VarType(tree, tuple(leaf_aval(x) for x in leaves)))
     bind_set(collection, path, leaves, tree)
 
 

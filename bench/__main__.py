@@ -1,0 +1,53 @@
+"""``python -m bench [SUITE ...] [--results]``: run benchmark suites, print markdown tables.
+
+Each suite is a module with ``run() -> list[Table]``; its tables print as soon as
+it finishes, because the whole run takes minutes.  ``--results`` also appends
+them to ``bench/RESULTS.md`` under the command line and machine that produced
+them, so a number there can always be reproduced.  A MISS against a target is
+reported, not raised: these are benchmarks, not tests.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from bench import bench_pipeline, bench_trace, harness
+
+SUITES = {
+    "trace": bench_trace.run,
+    "pipeline": bench_pipeline.run,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[1])
+    parser.add_argument("suites", nargs="*", metavar="SUITE",
+                        help=f"suites to run (default: all): {', '.join(SUITES)}")
+    parser.add_argument("--results", action="store_true",
+                        help=f"append the tables to {harness.RESULTS.name}")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+
+    print(f"# varjax benchmarks\n\n{harness.environment()}\n", flush=True)
+    start = time.perf_counter()
+    tables = []
+    for name in args.suites or SUITES:
+        for table in SUITES[name]():
+            print(table.markdown(), flush=True)
+            tables.append(table)
+    verdicts = [(t.title, row, ok) for t in tables for row, ok in t.verdicts()]
+    misses = [f"{row} ({title})" for title, row, ok in verdicts if not ok]
+    print(f"{len(verdicts) - len(misses)} PASS, {len(misses)} MISS"
+          + (f": {'; '.join(misses)}" if misses else "")
+          + f" -- {time.perf_counter() - start:.0f} s in all")
+    if args.results:
+        harness.append_results(tables, " ".join(["python -m bench", *argv]))
+        print(f"appended to {harness.RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""IR dumps: numbered files, changed/unchanged headers, the env var, in-memory recording."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.extend.core as jex
+import jax.numpy as jnp
+import pytest
+
+from varjax.errors import PassError, VerificationError
+from varjax.passes.base import Pass, PassContext
+from varjax.passes.dump import Dump, Recorder
+from varjax.passes.pipeline import DUMP_DIR_ENV, Pipeline
+
+
+def _jaxpr():
+    return jax.make_jaxpr(lambda x: jnp.sin(x) + 1.0)(jnp.ones(2, jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class Negate(Pass):
+    name = "td-negate"
+
+    def run(self, jaxpr, ctx):
+        return jax.make_jaxpr(lambda x: [-y for y in jex.jaxpr_as_fun(jaxpr)(x)])(
+            jnp.ones(2, jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class Noop(Pass):
+    name = "td-noop"
+
+    def run(self, jaxpr, ctx):
+        return jaxpr
+
+
+@dataclasses.dataclass(frozen=True)
+class Crash(Pass):
+    name = "td-crash"
+
+    def run(self, jaxpr, ctx):
+        raise ValueError("bad")
+
+
+@dataclasses.dataclass(frozen=True)
+class Corrupt(Pass):
+    name = "td-corrupt"
+
+    def run(self, jaxpr, ctx):
+        eqns = jaxpr.jaxpr.eqns
+        return jaxpr.replace(jaxpr=jaxpr.jaxpr.replace(eqns=eqns[1:]))
+
+
+@pytest.fixture(autouse=True)
+def no_env_dump_dir(monkeypatch):
+    monkeypatch.delenv(DUMP_DIR_ENV, raising=False)
+
+
+def run_dirs(root):
+    return sorted(p for p in root.iterdir() if p.is_dir())
+
+
+def test_files_are_numbered_and_headed_changed_or_unchanged(tmp_path):
+    pipeline = Pipeline.parse("td-negate,td-noop", dump_dir=tmp_path)
+    pipeline.run(_jaxpr(), PassContext())
+    (run_dir,) = run_dirs(tmp_path)
+    files = sorted(p.name for p in run_dir.iterdir())
+    assert files == ["00-input.txt", "01-td-negate.txt", "02-td-noop.txt"]
+    first = (run_dir / "00-input.txt").read_text()
+    assert first.startswith("// pipeline: td-negate,td-noop\n// input\n{ lambda")
+    assert "sin" in first and "test_dump.py" in first  # the user's source line is printed
+    assert (run_dir / "01-td-negate.txt").read_text().startswith("// after td-negate (changed)\n")
+    assert "neg" in (run_dir / "01-td-negate.txt").read_text()
+    assert (run_dir / "02-td-noop.txt").read_text().startswith("// after td-noop (unchanged)\n")
+
+
+def test_env_var_is_read_at_each_run(tmp_path, monkeypatch):
+    pipeline = Pipeline.parse("td-noop")
+    monkeypatch.setenv(DUMP_DIR_ENV, str(tmp_path / "dumps"))
+    pipeline.run(_jaxpr(), PassContext())
+    (run_dir,) = run_dirs(tmp_path / "dumps")
+    assert (run_dir / "01-td-noop.txt").exists()
+    monkeypatch.delenv(DUMP_DIR_ENV)
+    pipeline.run(_jaxpr(), PassContext())
+    assert run_dirs(tmp_path / "dumps") == [run_dir]
+
+
+def test_argument_overrides_env_var(tmp_path, monkeypatch):
+    monkeypatch.setenv(DUMP_DIR_ENV, str(tmp_path / "from-env"))
+    Pipeline.parse("td-noop", dump_dir=tmp_path / "from-arg").run(_jaxpr(), PassContext())
+    assert len(run_dirs(tmp_path / "from-arg")) == 1
+    assert not (tmp_path / "from-env").exists()
+
+
+def test_repeated_runs_get_distinct_labelled_directories(tmp_path):
+    pipeline = Pipeline.parse("td-noop", dump_dir=tmp_path)
+    pipeline.run(_jaxpr(), PassContext(), label="encoder/step 1")
+    pipeline.run(_jaxpr(), PassContext(), label="encoder/step 1")
+    pipeline.run(_jaxpr(), PassContext(results={"label": "decoder"}))
+    pipeline.run(_jaxpr(), PassContext())
+    dirs = [p.name for p in run_dirs(tmp_path)]
+    assert len(set(dirs)) == 4
+    assert sum(d.endswith("-encoder_step_1") for d in dirs) == 2
+    assert sum(d.endswith("-decoder") for d in dirs) == 1
+    assert sum(d.endswith("-run") for d in dirs) == 1
+
+
+def test_existing_directory_is_never_reused(tmp_path):
+    dump = Dump(tmp_path)
+    Pipeline.parse("td-noop", instrumentations=[dump]).run(_jaxpr(), PassContext())
+    taken = dump.run_dir
+    number = int(taken.name.split("-")[0])
+    (tmp_path / f"{number + 1:04d}-run").mkdir()  # as another process would leave it
+    Pipeline.parse("td-noop", instrumentations=[dump]).run(_jaxpr(), PassContext())
+    assert dump.run_dir not in (taken, tmp_path / f"{number + 1:04d}-run")
+    assert (dump.run_dir / "01-td-noop.txt").exists()
+
+
+def test_failing_pass_dumps_the_ir_it_was_given(tmp_path):
+    with pytest.raises(PassError):
+        Pipeline.parse("td-negate,td-crash", dump_dir=tmp_path).run(_jaxpr(), PassContext())
+    (run_dir,) = run_dirs(tmp_path)
+    text = (run_dir / "02-td-crash.txt").read_text()
+    assert text.startswith("// td-crash failed (ValueError); the IR it was given:\n")
+    assert "neg" in text
+
+
+def test_broken_ir_is_dumped_before_verification_fails(tmp_path):
+    with pytest.raises(VerificationError):
+        Pipeline.parse("td-corrupt", dump_dir=tmp_path).run(_jaxpr(), PassContext())
+    (run_dir,) = run_dirs(tmp_path)
+    text = (run_dir / "01-td-corrupt.txt").read_text()
+    assert text.startswith("// after td-corrupt (changed)") and "sin" not in text
+
+
+def test_recorder_keeps_entries_in_memory(tmp_path):
+    recorder = Recorder()
+    pipeline = Pipeline.parse("td-negate,td-noop", instrumentations=[recorder])
+    pipeline.run(_jaxpr(), PassContext())
+    assert [name for name, _ in recorder.entries] == ["input", "td-negate", "td-noop"]
+    assert recorder.entries[1][1].startswith("// after td-negate (changed)\n{ lambda")
+    pipeline.run(_jaxpr(), PassContext())
+    assert len(recorder.entries) == 3  # the latest run only
