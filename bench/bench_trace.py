@@ -46,7 +46,9 @@ def run() -> list[Table]:
     def stage_init(model: Any) -> Any:
         return jax.make_jaxpr(lambda k, x: model.init(k, x))(key, x)
 
-    fresh = lambda: (models.varjax_mlp(),)
+    def fresh():
+        return (models.varjax_mlp(),)
+
     warm = models.varjax_mlp()
     stage_apply(warm)  # the cache miss that fills `warm`'s cache
     apply_cases = {

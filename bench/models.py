@@ -96,7 +96,9 @@ def check_same_model(key: jax.Array, x: jax.Array) -> dict[str, jax.Array]:
     params = pure_init(key, x)
     model = varjax_mlp()
     variables = model.init(key, x)
-    shapes = lambda tree: jax.tree.map(lambda a: (a.shape, a.dtype), tree)
+    def shapes(tree):
+        return jax.tree.map(lambda a: (a.shape, a.dtype), tree)
+
     if shapes(variables) != shapes({"params": params}):
         raise AssertionError("varjax init and pure JAX init disagree on parameter names/shapes")
     np.testing.assert_allclose(model.apply({"params": params}, x), pure_apply(params, x),

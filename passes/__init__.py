@@ -4,20 +4,29 @@ Importing this package registers the built-in passes by name, so pipeline
 strings such as ``"lower-rng,forward-stores,cast-params{dtype=bfloat16}"``
 resolve.
 """
-from varjax.passes.base import REGISTRY as REGISTRY, Pass as Pass, PassContext as PassContext
+from varjax.passes.analysis import Traffic as Traffic
+from varjax.passes.analysis import traffic as traffic
+from varjax.passes.base import REGISTRY as REGISTRY
+from varjax.passes.base import Pass as Pass
+from varjax.passes.base import PassContext as PassContext
 from varjax.passes.base import get_pass as get_pass
-from varjax.passes.pipeline import DUMP_DIR_ENV as DUMP_DIR_ENV
-from varjax.passes.pipeline import Instrumentation as Instrumentation
-from varjax.passes.pipeline import Pipeline as Pipeline, Timing as Timing
-from varjax.passes.rewrite import Region as Region, Rewriter as Rewriter, Rule as Rule
-from varjax.passes.verify import Verify as Verify, verify as verify
-from varjax.passes.dump import Dump as Dump, Recorder as Recorder
-from varjax.passes.analysis import Traffic as Traffic, traffic as traffic
+from varjax.passes.cast_params import CastParams as CastParams
 
 # Built-in passes (self-registering).
 from varjax.passes.check_mutability import CheckMutability as CheckMutability
-from varjax.passes.lower_rng import LowerRng as LowerRng
-from varjax.passes.forward_stores import ForwardStores as ForwardStores
 from varjax.passes.dead_reads import DeadReads as DeadReads
-from varjax.passes.discharge import Discharge as Discharge, Signature as Signature
-from varjax.passes.cast_params import CastParams as CastParams
+from varjax.passes.discharge import Discharge as Discharge
+from varjax.passes.discharge import Signature as Signature
+from varjax.passes.dump import Dump as Dump
+from varjax.passes.dump import Recorder as Recorder
+from varjax.passes.forward_stores import ForwardStores as ForwardStores
+from varjax.passes.lower_rng import LowerRng as LowerRng
+from varjax.passes.pipeline import DUMP_DIR_ENV as DUMP_DIR_ENV
+from varjax.passes.pipeline import Instrumentation as Instrumentation
+from varjax.passes.pipeline import Pipeline as Pipeline
+from varjax.passes.pipeline import Timing as Timing
+from varjax.passes.rewrite import Region as Region
+from varjax.passes.rewrite import Rewriter as Rewriter
+from varjax.passes.rewrite import Rule as Rule
+from varjax.passes.verify import Verify as Verify
+from varjax.passes.verify import verify as verify

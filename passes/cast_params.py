@@ -14,11 +14,11 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
-
-from varjax import _jax
 from varjax.passes import hop
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter, Rule
+
+from varjax import _jax
 from varjax.primitives import var_get_p
 
 

@@ -36,13 +36,13 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from varjax import _jax, errors, scope
-from varjax.effects import strip as strip_effects
 from varjax.passes import hop
 from varjax.passes.analysis import key_of, touches_variables, traffic
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
+
+from varjax import _jax, errors, scope
+from varjax.effects import strip as strip_effects
 from varjax.primitives import Key, rng_draw_p, var_get_p, var_set_p
 from varjax.scope import VarType
 

@@ -34,12 +34,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-from varjax import _jax, errors
-from varjax.effects import streams_of
 from varjax.passes import hop
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
+
+from varjax import _jax, errors
+from varjax.effects import streams_of
 from varjax.primitives import Path, bind_get, bind_set, rng_draw_p
 
 RNG_COLLECTION = "__rng__"
@@ -133,7 +133,8 @@ class _Lowerer(Rewriter):
             for s in sorted(used):
                 st = streams[s]
                 base: Path = (s, f"loop{loop}")
-                dyn = _Dynamic((RNG_COLLECTION, base + ("key",)), (RNG_COLLECTION, base + ("count",)), st.aval)
+                dyn = _Dynamic((RNG_COLLECTION, base + ("key",)),
+                               (RNG_COLLECTION, base + ("count",)), st.aval)
                 _set(dyn.key, self.draw(st))
                 _set(dyn.count, jnp.zeros((), jnp.uint32))
                 inner[s] = dyn

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Sequence
 
-from varjax import _jax
 from varjax.passes import hop
+
+from varjax import _jax
 
 ClosedJaxpr = _jax.ClosedJaxpr
 

@@ -14,24 +14,23 @@ Sharp edges:
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Callable, Iterator
 
-from jax._src import api_util
+from jax._src import api_util, core, effects, source_info_util
 from jax._src import config as _config
-from jax._src import core
 from jax._src import custom_derivatives as _cd
-from jax._src import effects
 from jax._src import linear_util as lu
 from jax._src import mesh as mesh_lib
 from jax._src import pretty_printer as pp
-from jax._src import source_info_util
-from jax._src.ad_checkpoint import remat_p
+from jax._src.ad_checkpoint import remat_p as remat_p
 from jax._src.interpreters import ad, batching
 from jax._src.interpreters import partial_eval as pe
-from jax._src.lax.control_flow.conditionals import cond_p
-from jax._src.lax.control_flow.loops import scan_p, while_p
+from jax._src.lax.control_flow.conditionals import cond_p as cond_p
+from jax._src.lax.control_flow.loops import scan_p as scan_p
+from jax._src.lax.control_flow.loops import while_p as while_p
 from jax._src.named_sharding import UNSPECIFIED
-from jax._src.pjit import jit_p
+from jax._src.pjit import jit_p as jit_p
 
 Primitive = core.Primitive
 ClosedJaxpr = core.ClosedJaxpr
@@ -211,3 +210,9 @@ def jit_call(jaxpr: ClosedJaxpr, name: str) -> Callable[..., list]:
                   ctx_mesh=mesh_lib.get_abstract_mesh(), name=name, keep_unused=False,
                   inline=False, compiler_options_kvs=())
     return lambda *args: jit_p.bind(*args, **params)
+
+
+# Source lines in errors and dumps point at user code, never at varjax itself.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+exclude_from_user_frames(_HERE)
+exclude_from_user_frames(os.path.join(os.path.dirname(_HERE), "passes"))

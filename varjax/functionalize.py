@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from varjax import _jax, errors, filters, scope
+from varjax import _jax, filters, scope
 from varjax.passes import Pass, PassContext, Pipeline
 from varjax.passes.discharge import Signature
 from varjax.passes.lower_rng import RNG_COLLECTION
