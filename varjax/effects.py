@@ -24,40 +24,43 @@ from typing import Iterable
 from varjax import _jax
 
 
-class VariableEffect(_jax.Effect):
+class _TaggedEffect(_jax.Effect):
+    """An effect identified by its class and one name (a collection or a stream)."""
+
+    __slots__ = ("name",)
+    label = ""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.name))
+
+    def __repr__(self) -> str:
+        return f"{self.label}[{self.name}]"
+
+
+class VariableEffect(_TaggedEffect):
     """The equation reads or writes variables of ``collection``."""
 
-    __slots__ = ("collection",)
+    label = "Var"
 
-    def __init__(self, collection: str):
-        self.collection = collection
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is VariableEffect and other.collection == self.collection
-
-    def __hash__(self) -> int:
-        return hash((VariableEffect, self.collection))
-
-    def __repr__(self) -> str:
-        return f"Var[{self.collection}]"
+    @property
+    def collection(self) -> str:
+        return self.name
 
 
-class RngEffect(_jax.Effect):
+class RngEffect(_TaggedEffect):
     """The equation draws a key from RNG ``stream``."""
 
-    __slots__ = ("stream",)
+    label = "Rng"
 
-    def __init__(self, stream: str):
-        self.stream = stream
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is RngEffect and other.stream == self.stream
-
-    def __hash__(self) -> int:
-        return hash((RngEffect, self.stream))
-
-    def __repr__(self) -> str:
-        return f"Rng[{self.stream}]"
+    @property
+    def stream(self) -> str:
+        return self.name
 
 
 _jax.register_effect_type(VariableEffect)
