@@ -294,3 +294,36 @@ def test_custom_jvp_and_custom_vjp_rules_are_kept_after_discharge():
     assert float(upd["state"]["c"]) == 2.0
     g = jax.grad(lambda x: f.apply(v, x, mutable="state")[0])(x)
     np.testing.assert_allclose(g, 13.0)
+
+
+def test_jaxpr_only_traces_so_it_works_when_a_pass_would_fail():
+    @vj.functionalize
+    def f(x):
+        vj.variable("s", "a", jnp.zeros, (3,)).value = x
+        return x
+
+    v = {"s": {"a": jnp.zeros(3)}}
+    assert "var_set[s:a]" in str(f.jaxpr(X[0], variables=v))   # immutable 's': apply would raise
+    with pytest.raises(vj.errors.ImmutableCollectionError):
+        f.apply(v, X[0])
+    assert f.trace_count == 1   # apply reused the trace
+
+
+def test_functionalized_functions_compose_inside_each_other():
+    @vj.functionalize
+    def layer(x):
+        return x * vj.param("w", jax.nn.initializers.ones, (3,))[None]
+
+    @vj.functionalize
+    def model(x):
+        return layer(layer(x))
+
+    v = model.init(jax.random.key(0), X)
+    assert list(v["params"]) == ["w"]       # same scope: one shared parameter
+    with pytest.raises(vj.errors.ScopeError):
+        layer(X)
+
+
+def test_init_with_output_returns_output_and_variables():
+    y, v = spec_model.init_with_output(jax.random.key(0), X)
+    np.testing.assert_allclose(y, X @ v["params"]["w"], rtol=1e-6)

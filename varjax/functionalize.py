@@ -116,7 +116,7 @@ def _split_args(args: tuple, kwargs: dict):
                 raise TypeError(f"argument leaf {i} ({type(leaf).__name__}) is neither an array "
                                 "nor hashable, so it can be neither traced nor static") from None
             static.append((i, leaf))
-    return tree, leaves, traced, tuple(static)
+    return tree, traced, tuple(static)
 
 
 def _normalize_rngs(rngs: Any) -> dict[str, Any]:
@@ -130,6 +130,30 @@ def _normalize_rngs(rngs: Any) -> dict[str, Any]:
 
 
 # --- the cache entry ---------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Key:
+    """Everything a trace depends on: argument structure, static leaves (with their
+    positions), array avals, variable types, mutable filter, RNG streams, init flag."""
+
+    tree: Any
+    static: tuple
+    avals: tuple
+    variables: tuple
+    mutable: Any
+    rngs: tuple
+    initializing: bool
+
+
+@dataclasses.dataclass
+class _Effectful:
+    """A traced, not yet compiled, function: what ``.jaxpr()`` needs."""
+
+    jaxpr: _jax.ClosedJaxpr
+    out_tree: Any
+    context: scope.TraceContext
+    key: _Key
+
 
 @dataclasses.dataclass
 class Traced:
@@ -154,7 +178,8 @@ class Functionalized:
         if verify is None:
             verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
         self.pipeline = Pipeline([*DEFAULT_PASSES, *extra], verify=verify, dump_dir=dump_dir)
-        self._cache: dict[Any, Traced] = {}
+        self._traces: dict[_Key, _Effectful] = {}
+        self._cache: dict[_Key, Traced] = {}
         self.trace_count = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -178,65 +203,77 @@ class Functionalized:
 
     def jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
               mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
-        """The effectful jaxpr, as traced (before any pass)."""
-        return self._lookup(variables or {}, args, kwargs, rngs, mutable, False)[0].effectful
+        """The effectful jaxpr, as traced; no pass runs, so this works even when one fails."""
+        key, _, _, _ = self._key(variables or {}, args, kwargs, rngs, mutable, False)
+        return self._effectful(key).jaxpr
 
     def functional_jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None,
                          rngs: Any = None, mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
         """The pure jaxpr after the pass pipeline: ``(var inputs, args) -> (outs, var outputs)``."""
-        return self._lookup(variables or {}, args, kwargs, rngs, mutable, False)[0].pure
+        return self.traced(*args, variables=variables, rngs=rngs, mutable=mutable, **kwargs).pure
 
     def traced(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
                mutable: Any = False, **kwargs: Any) -> Traced:
         """The whole cache entry (jaxprs, signature, pass statistics) for these arguments."""
-        return self._lookup(variables or {}, args, kwargs, rngs, mutable, False)[0]
+        key, _, _, _ = self._key(variables or {}, args, kwargs, rngs, mutable, False)
+        return self._compiled(key)
 
     # -- machinery ------------------------------------------------------------------
-    def _lookup(self, variables, args, kwargs, rngs, mutable, initializing):
+    def _key(self, variables, args, kwargs, rngs, mutable, initializing):
+        """The cache key: everything a trace depends on (see the module docstring)."""
         flat_vars = flatten_variables(variables)
         rngs = _normalize_rngs(rngs)
-        tree, leaves, traced, static = _split_args(args, kwargs)
-        var_types = {k: _var_type(t, ls) for k, (t, ls) in flat_vars.items()}
-        rng_avals = {s: _jax.get_aval(k) for s, k in rngs.items()}
-        mutable_key = filters.freeze(mutable)
-        key = (tree, static, tuple(_jax.get_aval(x) for x in traced),
-               tuple(sorted(var_types.items())), mutable_key,
-               tuple(sorted(rng_avals.items())), initializing)
-        entry = self._cache.get(key)
-        if entry is None:
-            entry = self._cache[key] = self._trace(tree, leaves, traced, var_types, mutable_key,
-                                                   rng_avals, initializing)
-        return entry, flat_vars, rngs, traced
+        tree, traced, static = _split_args(args, kwargs)
+        var_types = tuple(sorted((k, _var_type(t, ls)) for k, (t, ls) in flat_vars.items()))
+        rng_avals = tuple(sorted((s, _jax.get_aval(k)) for s, k in rngs.items()))
+        key = _Key(tree, static, tuple(_jax.get_aval(x) for x in traced), var_types,
+                   filters.freeze(mutable), rng_avals, initializing)
+        return key, flat_vars, rngs, traced
 
-    def _trace(self, tree, leaves, traced, var_types, mutable, rng_avals, initializing) -> Traced:
+    def _effectful(self, key: "_Key") -> _Effectful:
+        found = self._traces.get(key)
+        if found is None:
+            found = self._traces[key] = self._trace(key)
+        return found
+
+    def _compiled(self, key: "_Key") -> Traced:
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = self._compile(self._effectful(key))
+        return found
+
+    def _trace(self, key: "_Key") -> _Effectful:
         self.trace_count += 1
-        ctx = scope.TraceContext(var_types, mutable, rng_avals, initializing)
-        positions = [i for i, x in enumerate(leaves) if _is_traced(x)]
+        ctx = scope.TraceContext(dict(key.variables), key.mutable, dict(key.rngs), key.initializing)
+        static = dict(key.static)
+        positions = [i for i in range(key.tree.num_leaves) if i not in static]
         out_tree_box: list[Any] = []
 
         def flat_fn(*arrays):
-            full = list(leaves)
+            full = [static.get(i) for i in range(key.tree.num_leaves)]
             for i, a in zip(positions, arrays):
                 full[i] = a
-            args, kwargs = jax.tree.unflatten(tree, full)
-            out = self.fn(*args, **kwargs)
-            out_leaves, out_tree = jax.tree.flatten(out)
+            args, kwargs = jax.tree.unflatten(key.tree, full)
+            out_leaves, out_tree = jax.tree.flatten(self.fn(*args, **kwargs))
             out_tree_box.append(out_tree)
             return out_leaves
 
-        avals = [_jax.get_aval(x) for x in traced]
         with scope.activate(ctx):
             try:
-                effectful = _jax.trace_to_jaxpr(flat_fn, avals, name=self.__name__)
+                jaxpr = _jax.trace_to_jaxpr(flat_fn, list(key.avals), name=self.__name__)
             except jax.errors.ConcretizationTypeError as e:
                 e.add_note(_CONCRETIZATION_HINT)
                 raise
-            given = dict(var_types)
-            given.update({(RNG_COLLECTION, (s,)): VarType(jax.tree.structure(0), (a,))
-                          for s, a in rng_avals.items()})
-            pctx = PassContext(variables=given, mutable=mutable, rng_streams=rng_avals)
-            pure = self.pipeline.run(effectful, pctx, label=self.__name__)
-        signature = pctx.results["signature"]
+        return _Effectful(jaxpr, out_tree_box[-1], ctx, key)
+
+    def _compile(self, traced: _Effectful) -> Traced:
+        key = traced.key
+        given = dict(key.variables)
+        given.update({(RNG_COLLECTION, (s,)): VarType(jax.tree.structure(0), (a,))
+                      for s, a in key.rngs})
+        pctx = PassContext(variables=given, mutable=key.mutable, rng_streams=dict(key.rngs))
+        with scope.activate(traced.context):  # passes may re-trace user code (custom rules)
+            pure = self.pipeline.run(traced.jaxpr, pctx, label=self.__name__)
         name = self.__name__
 
         def run_pure(*flat):
@@ -248,11 +285,12 @@ class Functionalized:
             # Eagerly: jax.jit's compiled fast path.  Under a trace: one jit equation of
             # the cached jaxpr, bound directly (jax.jit would re-trace it once).
             return compiled(*flat) if _jax.is_top_level() else staged(*flat)
-        return Traced(effectful, pure, signature, out_tree_box[-1], call, dict(pctx.stats))
+        return Traced(traced.jaxpr, pure, pctx.results["signature"], traced.out_tree, call,
+                      dict(pctx.stats))
 
     def _apply(self, variables, args, kwargs, rngs, mutable, *, initializing: bool):
-        entry, flat_vars, rngs, traced = self._lookup(variables, args, kwargs, rngs, mutable,
-                                                      initializing)
+        key, flat_vars, rngs, traced = self._key(variables, args, kwargs, rngs, mutable, initializing)
+        entry = self._compiled(key)
         inputs: list[Any] = []
         for (col, path), _ in entry.signature.inputs:
             inputs.extend([rngs[path[0]]] if col == RNG_COLLECTION else flat_vars[(col, path)][1])
