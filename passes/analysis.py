@@ -20,10 +20,9 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
-from varjax.passes import hop
-
 from varjax import _jax
 from varjax.effects import VariableEffect
+from varjax.passes import hop
 from varjax.primitives import Key, is_internal, var_get_p, var_set_p
 
 

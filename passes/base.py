@@ -13,7 +13,8 @@ object it was given, so "did it change?" is an identity check.
 Ordering is declared, not positional: ``requires`` names passes that must run
 earlier (they are added to a pipeline that lacks them), ``after``/``before``
 order this pass relative to others only when both are present.  Subclasses
-register themselves by ``name`` when defined.
+register themselves by ``name`` when defined; a subclass that does not set its
+own ``name`` is not registered, and a name taken by another class raises.
 """
 from __future__ import annotations
 
@@ -32,16 +33,14 @@ class PassContext:
 
     ``variables`` maps ``(collection, path)`` to the ``VarType`` of every
     variable given as input; ``mutable`` is the collection filter of writable
-    collections; ``rng_streams`` maps stream names to key avals; ``rng_mode``
-    is ``'explicit'`` (keys are inputs) or ``'implicit'`` (keys and counters
-    live in collection ``rngs``).  ``results`` carries pass outputs that are not
+    collections; ``rng_streams`` maps stream names to key avals.  ``results``
+    carries pass outputs that are not
     IR (the discharge signature); ``stats`` per-pass counters.
     """
 
     variables: dict = dataclasses.field(default_factory=dict)
     mutable: Any = False
     rng_streams: dict = dataclasses.field(default_factory=dict)
-    rng_mode: str = "explicit"
     results: dict = dataclasses.field(default_factory=dict)
     stats: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
@@ -63,8 +62,15 @@ class Pass:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:   # a subclass of a pass that keeps its name: no entry
+            return
         if not cls.name:
-            raise errors.PipelineError(f"pass class {cls.__qualname__} has no `name`")
+            raise errors.PipelineError(f"pass class {cls.__qualname__} has an empty `name`")
+        old = REGISTRY.get(cls.name)
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise errors.PipelineError(
+                f"pass name '{cls.name}' is taken by {old.__module__}.{old.__qualname__}",
+                fix=f"give {cls.__qualname__} another `name`")
         REGISTRY[cls.name] = cls
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:

@@ -14,11 +14,11 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+
+from varjax import _jax
 from varjax.passes import hop
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter, Rule
-
-from varjax import _jax
 from varjax.primitives import var_get_p
 
 
@@ -48,7 +48,7 @@ class Autocast(Rewriter):
         elif self.rule_for(eqn) is None:
             floats = {x.dtype for x in invals if jnp.issubdtype(jnp.result_type(x), jnp.floating)}
             if len(floats) > 1:
-                low = min(floats, key=lambda d: jnp.finfo(d).bits)
+                low = min(floats, key=lambda d: (jnp.finfo(d).bits, d.name))
                 invals = [_cast(jnp.asarray(x), low) if jnp.result_type(x) in floats else x
                           for x in invals]
         return super().eqn(eqn, invals, region)

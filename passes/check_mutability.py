@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from varjax import _jax, errors, filters
 from varjax.passes.analysis import touches_variables
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.walk import walk_eqns
-
-from varjax import _jax, errors, filters
 from varjax.primitives import is_internal, var_set_p
 
 

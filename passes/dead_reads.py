@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from varjax import _jax
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.walk import walk_eqns
-
-from varjax import _jax
 
 
 @dataclasses.dataclass(frozen=True)

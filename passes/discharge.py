@@ -15,8 +15,9 @@ outputs, through every higher-order primitive:
   variable passes it through unchanged;
 * ``custom_jvp`` / ``custom_vjp``: rebuilt with ``jax.custom_jvp`` /
   ``jax.custom_vjp`` over the discharged primal, JVP and forward rules;
-  variables inside them are constants for differentiation (zero tangents,
-  zero cotangents), and written values carry no tangent.
+  variables inside them are constants for the rule (differentiating with
+  respect to one raises ``TransformError``), and written values carry no
+  tangent.
 
 One rule per primitive handles reads and writes together.  Collections a
 region does not touch never appear in its signature.
@@ -26,6 +27,10 @@ Sharp edges:
     raises ``VariableCreationError``: the carry would have no initial value.
   * A variable created in only some branches of a raw ``lax.cond`` raises
     ``VariableCreationError`` naming the branches.
+  * Custom rules are traced when JAX differentiates, after the functionalize
+    trace ended: they (and functions they call) must read variables through
+    ``vj.*`` or take values as arguments, never close over values traced in
+    the function (JAX then fails with "No constant handler ... Tracer").
 """
 from __future__ import annotations
 
@@ -36,13 +41,14 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from varjax import _jax, errors, scope
+from varjax.effects import strip as strip_effects
 from varjax.passes import hop
 from varjax.passes.analysis import key_of, touches_variables, traffic
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
-
-from varjax import _jax, errors, scope
-from varjax.effects import strip as strip_effects
 from varjax.primitives import Key, rng_draw_p, var_get_p, var_set_p
 from varjax.scope import VarType
 
@@ -147,8 +153,7 @@ def _require(eqn: _jax.JaxprEqn, keys: Sequence[Key], env: Env, where: str) -> N
                 f"this variable is first written inside {where} at this line, so it has no "
                 "value on entry to it.", collection=k[0], path=k[1],
                 source=errors.source_text(eqn.source_info),
-                fix="create (initialize) the variable before the loop or conditional; "
-                    "vj.scan can initialize carry variables inside its body")
+                fix="create (initialize) the variable before the loop or conditional")
 
 
 def _check_same(eqn, keys, before: Sequence[VarType], after: Sequence[VarType], where: str):
@@ -233,7 +238,7 @@ def _while(d: Discharger, eqn, invals, env, region):
     cond_j, body_j = p["cond_jaxpr"], p["body_jaxpr"]
     if traffic(cond_j).may_write:
         k = sorted(traffic(cond_j).may_write)[0]
-        raise errors.VariableCreationError(
+        raise errors.UnsupportedPrimitiveError(
             "a while_loop cond_fun writes this variable; cond_fun must be side-effect free.",
             collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
             fix="move the write into body_fun")
@@ -274,11 +279,12 @@ def _cond(d: Discharger, eqn, invals, env, region):
     needed = frozenset().union(*(t.needs | (frozenset(out_keys) - t.must_write) for t in ts))
     for k in sorted(needed):
         if k not in env:
-            makers = [i for i, t in enumerate(ts) if k in t.may_write]
-            others = [i for i, t in enumerate(ts) if k not in t.must_write]
+            makers = _branches(i for i, t in enumerate(ts) if k in t.may_write)
+            others = _branches(i for i, t in enumerate(ts) if k not in t.must_write)
             raise errors.VariableCreationError(
-                f"this variable is created in branch {makers} of a conditional but not in "
-                f"branch {others}, so after the conditional it may have no value.",
+                f"this variable is created in {makers} of a conditional but not in {others}, "
+                "so after the conditional it may have no value (lax.cond: branch 0 is "
+                "false_fun, branch 1 is true_fun).",
                 collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
                 fix="create it before the conditional, or in every branch")
     in_keys = sorted(needed)
@@ -296,6 +302,11 @@ def _cond(d: Discharger, eqn, invals, env, region):
     params = dict(eqn.params, branches=tuple(b for b, _ in built))
     outs = region.bind(eqn, [index, *_leaves(env, in_keys), *ops], params)
     return _store(env, out_keys, built[0][1], outs)
+
+
+def _branches(indices) -> str:
+    idx = list(indices)
+    return ("branch " if len(idx) == 1 else "branches ") + ", ".join(map(str, idx))
 
 
 def _store(env: Env, keys: Sequence[Key], types: Sequence[VarType], outs: list[Any]) -> list[Any]:
@@ -316,10 +327,35 @@ def _store(env: Env, keys: Sequence[Key], types: Sequence[VarType], outs: list[A
 
 def _zeros(x):
     """A zero tangent/cotangent for ``x`` (float0 for integer and key values)."""
-    aval = _jax.get_aval(x)
+    return _zeros_of(_jax.get_aval(x))
+
+
+def _zeros_of(aval):
     if jnp.issubdtype(aval.dtype, jnp.inexact):
         return jnp.zeros(aval.shape, aval.dtype)
     return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+def _instantiate(t):
+    """Rules are called with symbolic zeros (to see what is perturbed); users' rules
+    expect arrays."""
+    return _zeros_of(t.aval) if isinstance(t, SymbolicZero) else t
+
+
+def _reject_perturbed(eqn, c: "_Custom", perturbed: Sequence[bool]) -> None:
+    """Variables inside a raw custom_jvp/vjp are constants: differentiating with respect
+    to them would silently give zero, so it is an error."""
+    leaf = 0
+    for k, vt in c.in_types:
+        n = len(vt.avals)
+        if any(perturbed[leaf:leaf + n]):
+            raise errors.TransformError(
+                f"a gradient is requested with respect to this variable, which is read inside "
+                f"a raw jax.{eqn.primitive.name.removesuffix('_call')}; variables are "
+                "constants for its custom rule, so the gradient would silently be zero.",
+                collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+                fix="pass the variable's value into the custom function as an argument")
+        leaf += n
 
 
 @dataclasses.dataclass
@@ -379,16 +415,17 @@ def _custom_jvp(d: Discharger, eqn, invals, env, region):
     def f(var_leaves, consts, args):
         return c.call(var_leaves, consts, args)
 
-    @f.defjvp
     def f_jvp(primals, tangents):
         var_leaves, consts, args = primals
+        _reject_perturbed(eqn, c, [not isinstance(t, SymbolicZero) for t in tangents[0]])
         outs, (out_zeros,) = c.run_rule(thunk, [False] * len(args), var_leaves,
-                                        [*args, *tangents[2]])
+                                        [*args, *map(_instantiate, tangents[2])])
         p_out, nonzero = outs[:c.n_out], iter(outs[c.n_out:])
         t_out = [_zeros(o) if z else next(nonzero) for o, z in zip(p_out, out_zeros)]
         var_out = c.call(var_leaves, consts, args)[c.n_out:]
         return [*p_out, *var_out], [*t_out, *map(_zeros, var_out)]
 
+    f.defjvp(f_jvp, symbolic_zeros=True)
     with _jax.source_info_of(eqn):
         outs = f(var_in, list(invals[:nconst]), list(invals[nconst:]))
     return _store(env, c.out_keys, c.out_types, list(outs))
@@ -404,6 +441,8 @@ def _custom_vjp(d: Discharger, eqn, invals, env, region):
         return c.call(var_leaves, consts, args)
 
     def f_fwd(var_leaves, consts, args):
+        _reject_perturbed(eqn, c, [p.perturbed for p in var_leaves])
+        var_leaves, consts, args = ([p.value for p in group] for group in (var_leaves, consts, args))
         outs, _ = c.run_rule(thunk, [True] * len(args), var_leaves, args)
         n_res = len(outs) - c.n_out
         pruned = iter(outs[:n_res])
@@ -413,12 +452,12 @@ def _custom_vjp(d: Discharger, eqn, invals, env, region):
 
     def f_bwd(saved, cts):
         res, var_leaves, consts, args = saved
-        cts_in = _jax.call_thunk(bwd, *res, *cts[:c.n_out])
+        cts_in = _jax.call_thunk(bwd, *res, *map(_instantiate, cts[:c.n_out]))
         cts_in = [_zeros(a) if ct is None or isinstance(ct, _jax.Zero) else ct
                   for a, ct in zip(args, cts_in)]
         return list(map(_zeros, var_leaves)), list(map(_zeros, consts)), cts_in
 
-    f.defvjp(f_fwd, f_bwd)
+    f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
     with _jax.source_info_of(eqn):
         outs = f(var_in, list(invals[:nconst]), list(invals[nconst:]))
     return _store(env, c.out_keys, c.out_types, list(outs))

@@ -26,10 +26,9 @@ import os
 import re
 from pathlib import Path
 
+from varjax import _jax
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.pipeline import Instrumentation
-
-from varjax import _jax
 
 _RUN_NUMBERS = itertools.count()
 

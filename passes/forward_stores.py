@@ -13,12 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from varjax import _jax
 from varjax.passes import hop
 from varjax.passes.analysis import eqn_traffic, key_of, touches_variables
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
-
-from varjax import _jax
 from varjax.primitives import var_get_p, var_set_p
 from varjax.scope import VarType
 

@@ -74,7 +74,7 @@ def unsupported(eqn: _jax.JaxprEqn, why: str) -> errors.UnsupportedPrimitiveErro
     return errors.UnsupportedPrimitiveError(
         f"primitive '{eqn.primitive.name}' {why}; varjax cannot rewrite variable traffic "
         "inside it.", source=errors.source_text(eqn.source_info),
-        fix="move the variable accesses out of this primitive, or use the lifted vj.* transform")
+        fix="move the variable accesses out of this primitive")
 
 
 def with_bodies(eqn: _jax.JaxprEqn, rewrite: Callable[[ClosedJaxpr], ClosedJaxpr]) -> dict:

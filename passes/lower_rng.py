@@ -34,12 +34,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from varjax.passes import hop
-from varjax.passes.base import Pass, PassContext
-from varjax.passes.rewrite import Region, Rewriter
 
 from varjax import _jax, errors
 from varjax.effects import streams_of
+from varjax.passes import hop
+from varjax.passes.base import Pass, PassContext
+from varjax.passes.rewrite import Region, Rewriter
 from varjax.primitives import Path, bind_get, bind_set, rng_draw_p
 
 RNG_COLLECTION = "__rng__"

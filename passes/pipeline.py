@@ -40,10 +40,10 @@ from typing import Any, Iterable, Sequence, Union
 import jax.numpy as jnp
 import networkx as nx
 import numpy as np
-from varjax.passes.base import Pass, PassContext, get_pass
 
 from varjax import _jax
 from varjax.errors import PassError, PipelineError, VarjaxError
+from varjax.passes.base import Pass, PassContext, get_pass
 
 DUMP_DIR_ENV = "VARJAX_DUMP_DIR"
 

@@ -33,9 +33,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Sequence
 
-from varjax.passes import hop
-
 from varjax import _jax
+from varjax.passes import hop
 
 ClosedJaxpr = _jax.ClosedJaxpr
 
@@ -134,7 +133,8 @@ class Rewriter:
         """Rewrite one equation: a matching rule, else recurse into bodies, else rebind."""
         rule = self.rule_for(eqn)
         if rule is not None:
-            return rule.rewrite(eqn, invals, region)
+            with _jax.source_info_of(eqn):   # what the rule emits points at eqn's source line
+                return rule.rewrite(eqn, invals, region)
         if any(self.touches(b) for b in hop.bodies(eqn)):
             return region.bind(eqn, invals, self.rewrite_bodies(eqn, region))
         return region.bind(eqn, invals)

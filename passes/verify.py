@@ -28,13 +28,13 @@ from __future__ import annotations
 from typing import Iterable
 
 import jax.extend.core as jex
-from varjax.passes.base import Pass, PassContext
-from varjax.passes.pipeline import DUMP_DIR_ENV, Instrumentation
-from varjax.passes.walk import subjaxprs, walk_eqns
 
 from varjax import _jax
 from varjax.effects import VariableEffect, varjax_effects
 from varjax.errors import VerificationError, source_text
+from varjax.passes.base import Pass, PassContext
+from varjax.passes.pipeline import DUMP_DIR_ENV, Instrumentation
+from varjax.passes.walk import subjaxprs, walk_eqns
 from varjax.primitives import VARJAX_PRIMITIVES
 
 WINDOW = 10  # equations shown on each side of a bad one

@@ -119,7 +119,7 @@ def test_creation_in_only_one_branch_names_the_branches():
     with pytest.raises(errors.VariableCreationError) as info:
         f.init(jax.random.key(0), jnp.bool_(True), X)
     _assert_names(info.value, "state", "s")
-    assert "branch [1]" in str(info.value) and "not in branch [0]" in str(info.value)
+    assert "created in branch 1 " in str(info.value) and "not in branch 0," in str(info.value)
 
 
 def test_structure_change_inside_a_loop():
@@ -143,7 +143,7 @@ def test_variable_api_outside_functionalize():
     assert HERE in str(info.value) and "@vj.functionalize" in str(info.value)
 
 
-def test_raw_vmap_with_a_batched_write_names_the_lifted_transform():
+def test_raw_vmap_with_a_batched_write_is_rejected():
     @vj.functionalize
     def f(xs):
         s = vj.variable("state", "s", lambda: jnp.zeros(()))
@@ -156,7 +156,7 @@ def test_raw_vmap_with_a_batched_write_names_the_lifted_transform():
     with pytest.raises(errors.TransformError) as info:
         f.init(jax.random.key(0), X)
     _assert_names(info.value, "state", "s")
-    assert "vj.vmap" in str(info.value)
+    assert "raw jax.vmap" in str(info.value) and "leading batch axis" in str(info.value)
 
 
 def test_primitive_without_a_discharge_rule():
@@ -186,7 +186,7 @@ def test_while_cond_fun_must_not_write():
             return i < 3
         return jax.lax.while_loop(cond, lambda i: i + 1, 0)
 
-    with pytest.raises(errors.VariableCreationError) as info:
+    with pytest.raises(errors.UnsupportedPrimitiveError) as info:
         f.init(jax.random.key(0), X)
     _assert_names(info.value, "state", "s")
     assert "cond_fun" in str(info.value)

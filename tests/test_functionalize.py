@@ -327,3 +327,43 @@ def test_functionalized_functions_compose_inside_each_other():
 def test_init_with_output_returns_output_and_variables():
     y, v = spec_model.init_with_output(jax.random.key(0), X)
     np.testing.assert_allclose(y, X @ v["params"]["w"], rtol=1e-6)
+
+
+def test_a_cached_inner_jit_that_creates_a_variable_is_not_reused_by_a_later_trace():
+    @jax.jit
+    def helper(x):
+        vj.variable("stats", "n", jnp.zeros, ()).value = x
+        return x
+
+    @vj.functionalize
+    def f(x, flag):
+        helper(x)
+        return vj.variable("stats", "n").value
+
+    x = jnp.float32(1)
+    assert float(f.init(jax.random.key(0), x, True)["stats"]["n"]) == 1.0
+    assert float(f.init(jax.random.key(0), x, False)["stats"]["n"]) == 1.0  # a second trace
+
+
+def test_gradient_wrt_a_variable_read_inside_a_raw_custom_rule_raises():
+    @vj.functionalize
+    def f(x):
+        @jax.custom_jvp
+        def g(x):
+            return x * vj.param("w", jax.nn.initializers.ones, ())
+
+        g.defjvp(lambda p, t: (g(p[0]), t[0]))
+
+        @jax.custom_vjp
+        def h(x):
+            return x * vj.param("w", jax.nn.initializers.ones, ())
+
+        h.defvjp(lambda x: (h(x), None), lambda r, ct: (ct,))
+        return g(x), h(x)
+
+    x = jnp.float32(2.0)
+    v = f.init(jax.random.key(0), x)
+    for i in (0, 1):
+        with pytest.raises(vj.errors.TransformError, match="read inside a raw jax.custom_"):
+            jax.grad(lambda v: f.apply(v, x)[i])(v)
+        np.testing.assert_allclose(jax.grad(lambda x: f.apply(v, x)[i])(x), 1.0)

@@ -8,8 +8,9 @@ so a JAX upgrade touches this file alone.  Pinned to the jax 0.10 series.
 
 Sharp edges:
   * Parameter *names* of JAX's higher-order primitives (``jaxpr``,
-    ``num_consts``, ``branches``...) are read in ``passes/hop.py``; they are
-    plain dict keys, but a rename in JAX shows up there.
+    ``num_consts``, ``branches``...) are plain dict keys read in
+    ``passes/hop.py``, ``discharge.py``, ``analysis.py`` and ``lower_rng.py``;
+    a rename in JAX shows up there.
 """
 from __future__ import annotations
 
@@ -42,8 +43,6 @@ ShapedArray = core.ShapedArray
 AbstractValue = core.AbstractValue
 Effect = effects.Effect
 SourceInfo = source_info_util.SourceInfo
-Tracer = core.Tracer
-PyTreeDef = Any
 
 custom_jvp_call_p = _cd.custom_jvp_call_p
 custom_vjp_call_p = _cd.custom_vjp_call_p
@@ -51,14 +50,11 @@ closed_call_p = core.closed_call_p
 
 jaxpr_as_fun = core.jaxpr_as_fun
 eval_jaxpr = core.eval_jaxpr
-check_jaxpr = core.check_jaxpr
 primitive_jvps = ad.primitive_jvps
 primitive_batchers = batching.primitive_batchers
 dce_rules = pe.dce_rules
 dce_jaxpr = pe.dce_jaxpr
-convert_constvars_jaxpr = pe.convert_constvars_jaxpr
 Zero = ad.Zero
-instantiate_zeros = ad.instantiate_zeros
 
 
 def register_effect_type(effect_type: type) -> None:
@@ -94,18 +90,6 @@ def source_info_of(eqn: JaxprEqn) -> Iterator[None]:
     name_stack = source_info_util.current_name_stack() + si.name_stack
     with source_info_util.user_context(si.traceback, name_stack=name_stack), eqn.ctx.manager:
         yield
-
-
-def name_stack_text(source_info: SourceInfo) -> str:
-    return str(source_info.name_stack)
-
-
-def extend_name_stack(name: str):
-    return source_info_util.extend_name_stack(name)
-
-
-def new_jaxpr_eqn(invars, outvars, primitive, params, effs, source_info):
-    return core.new_jaxpr_eqn(invars, outvars, primitive, params, effs, source_info)
 
 
 def trace_to_jaxpr(fun: Callable, in_avals: list[AbstractValue], name: str = "varjax") -> ClosedJaxpr:
@@ -214,5 +198,5 @@ def jit_call(jaxpr: ClosedJaxpr, name: str) -> Callable[..., list]:
 
 # Source lines in errors and dumps point at user code, never at varjax itself.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-exclude_from_user_frames(_HERE)
-exclude_from_user_frames(os.path.join(os.path.dirname(_HERE), "passes"))
+exclude_from_user_frames(_HERE + os.sep)
+exclude_from_user_frames(os.path.join(os.path.dirname(_HERE), "passes") + os.sep)

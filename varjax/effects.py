@@ -75,10 +75,6 @@ def varjax_effects(effs: Iterable[object]) -> set:
     return {e for e in effs if is_varjax_effect(e)}
 
 
-def collections_of(effs: Iterable[object]) -> set[str]:
-    return {e.collection for e in effs if type(e) is VariableEffect}
-
-
 def streams_of(effs: Iterable[object]) -> set[str]:
     return {e.stream for e in effs if type(e) is RngEffect}
 

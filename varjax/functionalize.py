@@ -9,7 +9,8 @@
 3. run the pass pipeline (``check-mutability, lower-rng, forward-stores,
    dead-reads, discharge`` plus any user passes), giving a pure jaxpr
    (``.functional_jaxpr(...)``) and the discharge ``Signature``;
-4. wrap the pure jaxpr in ``jax.jit``.
+4. make it callable: ``jax.jit`` of the pure jaxpr when called eagerly, or
+   the pure jaxpr bound directly as one ``jit`` equation under a trace.
 
 The pipeline verifies the IR after every pass when ``verify=True`` or the
 environment variable ``VARJAX_VERIFY`` is set (the test suite sets it).
@@ -17,9 +18,8 @@ environment variable ``VARJAX_VERIFY`` is set (the test suite sets it).
 The cache key is everything the trace depended on: argument structure,
 avals and static values; the given variables' paths and types; the mutable
 filter; the RNG stream names and key types; whether this is ``init``.  On a
-hit nothing is traced and no pass runs: the cached jitted function is called.
-Under an enclosing JAX trace that stages one ``jit`` equation; outside any
-trace it runs compiled.
+hit nothing is traced and no pass runs.  Tracing and compiling are cached
+separately, so ``.jaxpr()`` never runs a pass.
 
 ``init(rngs, *args)`` is ``apply({}, *args, rngs=rngs, mutable=True)[1]``
 (with ``is_initializing()`` true) and produces bitwise the same variables.

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import jax
-import numpy as np
-
 from varjax import _jax, errors
 from varjax.effects import RngEffect, VariableEffect
 
@@ -72,7 +69,7 @@ def _no_impl(name):
             "exist while @vj.functionalize (or Module.init/apply) traces your code.",
             collection=params.get("collection", params.get("stream")),
             path=params.get("path"), source=errors.source_text(),
-            fix="call the function through .init/.apply of vj.functionalize(fn)")
+            fix="call the function through .init / .apply of vj.functionalize(fn)")
     return impl
 
 
@@ -113,7 +110,8 @@ def _set_batch(args, dims, *, collection, path, tree):
         "a batched value is written to a variable under raw jax.vmap; a variable has one "
         "value, so varjax cannot tell which batch member should win.",
         collection=collection, path=path, source=errors.source_text(),
-        fix="use vj.vmap with variable_axes={'%s': 0} to keep one copy per member" % collection)
+        fix="write outside jax.vmap, or keep one copy per batch member in a variable with a "
+            "leading batch axis")
 
 
 _jax.primitive_batchers[var_set_p] = _set_batch
@@ -152,12 +150,3 @@ def leaf_aval(x: Any) -> Any:
     """The aval a variable leaf has in the IR (weak types dropped: stored values are strong)."""
     aval = _jax.get_aval(x)
     return aval.update(weak_type=False) if getattr(aval, "weak_type", False) else aval
-
-
-def key_aval(key: Any) -> Any:
-    return _jax.get_aval(key)
-
-
-def flatten_value(value: Any) -> tuple[list[Any], Any]:
-    leaves, tree = jax.tree.flatten(value)
-    return [np.asarray(x) if isinstance(x, (int, float, bool, complex)) else x for x in leaves], tree

@@ -11,8 +11,7 @@ free functions below consult it and bind ``var_get`` / ``var_set`` /
 Existence is tracked in trace order.  Code under raw JAX control flow is traced
 once per branch/body, so a variable created in branch 0 of a raw ``lax.cond``
 is seen as existing by branch 1; the discharge pass then reports which branch
-failed to create it.  Lifted transforms (``vj.cond``…) snapshot the context per
-branch instead.
+failed to create it.
 
 The context's fingerprint (a hash of variable types, mutability, streams,
 init flag and scope) goes into JAX's jit cache key (see
@@ -27,6 +26,7 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 from typing import Any, Callable, Sequence
 
@@ -72,8 +72,13 @@ class TraceContext:
         self.rng_streams = dict(rng_streams)
         self.initializing = initializing
         self.path_prefix: Path = ()
+        self.given = dict(variables)
+        # A trace that may create or retype variables changes the context inside inner
+        # jax.jit bodies -- Python that a cache hit would skip.  Such traces never share
+        # inner traces with other functionalize traces (a nonce); fully immutable ones can.
+        nonce = next(_nonces) if (initializing or mutable is not False) else None
         self._base = hash((filters.freeze(mutable), tuple(sorted(self.rng_streams.items())),
-                           initializing))
+                           initializing, nonce))
         self._vars_hash = 0
         for item in self.variables.items():
             self._vars_hash ^= hash(item)
@@ -88,12 +93,13 @@ class TraceContext:
         return ("varjax", self._base, self._vars_hash, self.path_prefix)
 
     def snapshot(self, variables: dict[Key, VarType]) -> "TraceContext":
-        """A copy that sees ``variables`` as they are at one point of the program.
+        """A copy that sees the given variables plus ``variables`` as they are at one point
+        of the program (variables created later are not visible).
 
         Passes re-trace user code after the trace has ended (custom_jvp/vjp rules are
         traced lazily); they must see variable types as of the call site, not the end.
         """
-        ctx = TraceContext({**self.variables, **variables}, self.mutable, self.rng_streams,
+        ctx = TraceContext({**self.given, **variables}, self.mutable, self.rng_streams,
                            self.initializing)
         ctx.path_prefix = self.path_prefix
         return ctx
@@ -118,6 +124,7 @@ class TraceContext:
 
 
 _JIT_KEY = _jax.jit_key_state("varjax_trace_context")
+_nonces = itertools.count()
 _local = threading.local()
 
 

@@ -1,6 +1,7 @@
 """Golden comparison of printed IR: on mismatch, print the new text so it can be pasted in."""
-import jax
 import textwrap
+
+import jax
 
 import varjax as vj
 from varjax.functionalize import _var_type, flatten_variables

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import varjax as vj
-from varjax import errors
 from golden import assert_ir, run_pass
+from varjax import errors
 
 V = {"s": {"a": jnp.zeros((), jnp.float32)}}
 ONE = jnp.float32(1)
