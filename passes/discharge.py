@@ -283,8 +283,9 @@ def _cond(d: Discharger, eqn, invals, env, region):
             others = _branches(i for i, t in enumerate(ts) if k not in t.must_write)
             raise errors.VariableCreationError(
                 f"this variable is created in {makers} of a conditional but not in {others}, "
-                "so after the conditional it may have no value (lax.cond: branch 0 is "
-                "false_fun, branch 1 is true_fun).",
+                "so after the conditional it may have no value"
+                + (" (lax.cond: branch 0 is false_fun, branch 1 is true_fun)." if len(ts) == 2
+                   else "."),
                 collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
                 fix="create it before the conditional, or in every branch")
     in_keys = sorted(needed)

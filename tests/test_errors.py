@@ -200,3 +200,13 @@ def test_errors_share_one_base_class():
                 errors.PassError, errors.VerificationError):
         assert issubclass(cls, errors.VarjaxError)
     np.testing.assert_equal(errors.format_path(("a", "b")), "a/b")
+
+
+def test_reserved_collection_names_are_rejected():
+    @vj.functionalize
+    def f(x):
+        return vj.variable("__rng__", "k", jnp.zeros, ()).value
+
+    with pytest.raises(errors.ScopeError, match="reserved") as info:
+        f.init(jax.random.key(0), X)
+    assert HERE in str(info.value)

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from varjax import _jax, errors, filters
-from varjax.primitives import Key, Path, bind_draw, bind_get, bind_set, leaf_aval
+from varjax.primitives import Key, Path, bind_draw, bind_get, bind_set, is_internal, leaf_aval
 
 # The stream used to initialise parameters, as in Flax.
 PARAMS_STREAM = "params"
@@ -172,6 +172,14 @@ def activate(ctx: TraceContext) -> _Activation:
 def _read(ctx: TraceContext, collection: str, path: Path) -> Any:
     vt = ctx.variables[(collection, path)]
     return jax.tree.unflatten(vt.tree, bind_get(collection, path, vt.tree, vt.avals))
+
+
+def _check_collection(collection: str) -> None:
+    if is_internal(collection):
+        raise errors.ScopeError(
+            f"collection names starting with '__' are reserved for varjax's own scratch "
+            f"variables; '{collection}' cannot be used.", collection=collection,
+            source=errors.source_text(), fix="rename the collection")
 
 
 def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
@@ -319,6 +327,7 @@ def variable(collection: str, name: str | Sequence[str], init_fn: Callable[..., 
     """A handle on variable ``name`` of ``collection``, created with ``init_fn(*init_args)``
     if it does not exist and the collection is mutable."""
     ctx = current("vj.variable")
+    _check_collection(collection)
     path = ctx.full_path(name)
     if (collection, path) not in ctx.variables:
         if init_fn is None:
@@ -342,6 +351,7 @@ def sow(collection: str, name: str | Sequence[str], value: Any,
     By default values accumulate in a tuple, as in Flax.
     """
     ctx = current("vj.sow")
+    _check_collection(collection)
     if not ctx.is_mutable(collection):
         return False
     path = ctx.full_path(name)
