@@ -80,7 +80,8 @@ def run() -> list[Table]:
         "Pass pipeline throughput on synthetic effectful programs",
         baseline="~1k eqns", value_label="median (µs / eqn)",
         note="Only the default pipeline run (verification after each pass only when "
-             "VARJAX_VERIFY is set) over an already-traced jaxpr is timed; 'cache miss' is one full trace + pipeline, for scale. Eqns count "
+             "VARJAX_VERIFY is set) over an already-traced jaxpr is timed; 'cache miss' is one "
+             "full trace + pipeline, for scale. Eqns count "
              "sub-jaxprs recursively. Ratio ≈1 means linear scaling. Repetitions: "
              f"{', '.join(f'~{n // 1000}k: {r}' for n, r in SIZES.items())}.")
     per_pass: dict[str, dict[str, float]] = {}
