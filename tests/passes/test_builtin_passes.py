@@ -100,8 +100,12 @@ def test_lower_rng_implicit_mode_keeps_key_and_count_in_the_rngs_collection():
 
 def test_lower_rng_branches_continue_from_the_largest_counter():
     def f(p):
-        two = lambda: jax.random.key_data(vj.make_rng("r")) + jax.random.key_data(vj.make_rng("r"))
-        one = lambda: jax.random.key_data(vj.make_rng("r"))
+        def two():
+            return jax.random.key_data(vj.make_rng("r")) + jax.random.key_data(vj.make_rng("r"))
+
+        def one():
+            return jax.random.key_data(vj.make_rng("r"))
+
         return jax.lax.cond(p, two, one), vj.make_rng("r")
 
     _, after = run_pass("lower-rng", f, jnp.bool_(True), rngs={"r": jax.random.key(0)})
