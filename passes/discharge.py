@@ -98,7 +98,7 @@ class Discharger(Rewriter):
                 f"rng_draw[{eqn.params['stream']}] reached discharge: run lower-rng first.",
                 source=errors.source_text(eqn.source_info))
         if not touches_variables(eqn.effects):
-            return region.bind(eqn, invals)
+            return region.bind(eqn, invals, _guard_custom_rule(eqn, env, _type))
         rule = RULES.get(prim)
         if rule is None:
             raise hop.unsupported(eqn, "has variable effects but no discharge rule")
@@ -407,6 +407,29 @@ def _custom(d: Discharger, eqn, env, thunk, flags) -> tuple[_Custom, list]:
     return c, _leaves(env, in_keys)
 
 
+def _guard_custom_rule(eqn, env: Env, type_of: Callable[[tuple], VarType]) -> dict | None:
+    """Params for a variable-free custom_jvp/vjp call whose rule, traced when JAX
+    differentiates, still runs user code: under a context snapshot, so ``vj.*`` calls
+    there work, and rejected if it touches variables the function itself does not."""
+    spec = hop.TABLE.get(eqn.primitive)
+    context = scope.active()
+    if spec is None or spec.thunk is None or context is None:
+        return None
+    snap = context.snapshot({k: type_of(v) for k, v in env.items()})
+
+    def around(call):
+        with scope.activate(snap):
+            out = call()
+        if touches_variables(out[0].effects):
+            raise errors.TransformError(
+                f"the custom rule of a raw jax.{eqn.primitive.name.removesuffix('_call')} "
+                "touches variables that its function does not, so varjax has not passed "
+                "them in.", source=errors.source_text(eqn.source_info),
+                fix="read the variable in the function as well, or pass its value as an argument")
+        return out
+    return dict(eqn.params, **{spec.thunk: _jax.wrap_thunk(eqn.params[spec.thunk], around)})
+
+
 def _custom_jvp(d: Discharger, eqn, invals, env, region):
     nconst, thunk = eqn.params["num_consts"], eqn.params["jvp_jaxpr_fun"]
     n_args = len(eqn.params["call_jaxpr"].in_avals) - nconst
@@ -494,15 +517,26 @@ def discharge_flat(closed: ClosedJaxpr, in_types: Sequence[tuple[Key, VarType]],
         return rename.get(a, a) if isinstance(a, _jax.Var) else a
 
     eqns = []
+    changed = bool(in_types or out_keys)
     for eqn in jaxpr.eqns:
         if eqn.primitive is var_get_p:
             rename.update(zip(eqn.outvars, _checked_read(eqn, env, _atom_type)))
-        elif eqn.primitive is var_set_p:
+            changed = True
+            continue
+        if eqn.primitive is var_set_p:
             env[key_of(eqn)] = (eqn.params["tree"], [sub(a) for a in eqn.invars])
-        elif rename and any(isinstance(a, _jax.Var) and a in rename for a in eqn.invars):
-            eqns.append(eqn.replace(invars=[sub(a) for a in eqn.invars]))
-        else:
-            eqns.append(eqn)
+            changed = True
+            continue
+        new = eqn
+        if rename and any(isinstance(a, _jax.Var) and a in rename for a in eqn.invars):
+            new = new.replace(invars=[sub(a) for a in eqn.invars])
+        guarded = _guard_custom_rule(eqn, env, _atom_type)
+        if guarded is not None:
+            new = new.replace(params=guarded)
+        changed = changed or new is not eqn
+        eqns.append(new)
+    if not changed:
+        return closed, []
     outvars = [sub(a) for a in jaxpr.outvars] + _leaves(env, out_keys)
     new = _jax.rebuild_jaxpr(jaxpr, invars=new_invars + list(jaxpr.invars), outvars=outvars,
                              eqns=eqns, effects=strip_effects(jaxpr.effects))
@@ -536,9 +570,6 @@ class Discharge(Pass):
         in_keys = sorted(k for k in t.needs if k in ctx.variables)
         out_keys = sorted(t.may_write)
         in_types = [(k, ctx.variables[k]) for k in in_keys]
-        if not touches_variables(jaxpr.effects):
-            ctx.results["signature"] = Signature((), ())
-            return jaxpr
         if _is_flat(jaxpr.jaxpr):
             new, out_types = discharge_flat(jaxpr, in_types, out_keys)
         else:

@@ -92,13 +92,14 @@ def with_bodies(eqn: _jax.JaxprEqn, rewrite: Callable[[ClosedJaxpr], ClosedJaxpr
         else:
             params[p] = open_jaxpr(rewrite(closed(v)))
     if hop.thunk is not None:
-        params[hop.thunk] = _jax.map_thunk_output(params[hop.thunk], _thunk_rewriter(rewrite))
+        params[hop.thunk] = _jax.wrap_thunk(params[hop.thunk], _thunk_rewriter(rewrite))
     return params
 
 
 def _thunk_rewriter(rewrite: Callable[[ClosedJaxpr], ClosedJaxpr]):
     # custom_jvp thunks return (jaxpr, consts, out_zeros); custom_vjp ones (jaxpr, consts).
-    def on_output(out):
+    def around(call):
+        out = call()
         new = rewrite(ClosedJaxpr(out[0], out[1]))
         return (new.jaxpr, new.consts, *out[2:])
-    return on_output
+    return around

@@ -367,3 +367,36 @@ def test_gradient_wrt_a_variable_read_inside_a_raw_custom_rule_raises():
         with pytest.raises(vj.errors.TransformError, match="read inside a raw jax.custom_"):
             jax.grad(lambda v: f.apply(v, x)[i])(v)
         np.testing.assert_allclose(jax.grad(lambda x: f.apply(v, x)[i])(x), 1.0)
+
+
+def test_custom_rule_of_a_variable_free_call_can_use_the_variable_api():
+    @vj.functionalize
+    def f(x):
+        @jax.custom_jvp
+        def g(x):
+            vj.variable("state", "v", jnp.ones, ())   # declares only: no read, no write
+            return jnp.sin(x)
+
+        g.defjvp(lambda p, t: (g(p[0]), 2.0 * t[0]))
+        return g(x) + vj.variable("state", "v").value
+
+    x = jnp.float32(0.3)
+    v = f.init(jax.random.key(0), x)
+    np.testing.assert_allclose(jax.grad(lambda x: f.apply(v, x))(x), 2.0)
+
+
+def test_custom_rule_reading_a_variable_its_function_does_not_raises():
+    @vj.functionalize
+    def f(x):
+        @jax.custom_jvp
+        def g(x):
+            return jnp.sin(x)
+
+        g.defjvp(lambda p, t: (g(p[0]), vj.variable("state", "v").value * t[0]))
+        vj.variable("state", "v", jnp.ones, ())
+        return g(x)
+
+    x = jnp.float32(0.3)
+    v = f.init(jax.random.key(0), x)
+    with pytest.raises(vj.errors.TransformError, match="touches variables that its function"):
+        jax.grad(lambda x: f.apply(v, x))(x)

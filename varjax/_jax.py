@@ -130,10 +130,11 @@ def call_thunk(thunk: Any, *args: Any) -> Any:
     return thunk.call_wrapped(*args)
 
 
-def map_thunk_output(thunk: Any, fn: Callable[[Any], Any]) -> Any:
-    """A thunk like ``thunk`` whose result is passed through ``fn``."""
+def wrap_thunk(thunk: Any, around: Callable[[Callable[[], Any]], Any]) -> Any:
+    """A thunk like ``thunk`` that JAX calls as ``around(call)``, where ``call()`` runs
+    the original: ``around`` may set up context or post-process the result."""
     def wrapped(*args):
-        return fn(thunk.call_wrapped(*args))
+        return around(lambda: thunk.call_wrapped(*args))
     return lu.wrap_init(wrapped, debug_info=thunk.debug_info)
 
 
