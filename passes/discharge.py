@@ -89,7 +89,7 @@ class Discharger(Rewriter):
         env: Env = region.state["env"]
         prim = eqn.primitive
         if prim is var_get_p:
-            return self.read(eqn, env)
+            return _checked_read(eqn, env, _type)
         if prim is var_set_p:
             env[key_of(eqn)] = (eqn.params["tree"], list(invals))
             return []
@@ -103,9 +103,6 @@ class Discharger(Rewriter):
         if rule is None:
             raise hop.unsupported(eqn, "has variable effects but no discharge rule")
         return rule(self, eqn, invals, env, region)
-
-    def read(self, eqn: _jax.JaxprEqn, env: Env) -> list[Any]:
-        return _checked_read(eqn, env, _type)
 
     # -- building discharged bodies ---------------------------------------------------
     def run_body(self, body: ClosedJaxpr, env: Env, args: Sequence[Any]) -> list[Any]:
