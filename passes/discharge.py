@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from typing import Any, Callable, Sequence
 
 import jax
@@ -346,7 +347,9 @@ def _reject_perturbed(eqn, c: "_Custom", perturbed: Sequence[bool]) -> None:
     leaf = 0
     for k, vt in c.in_types:
         n = len(vt.avals)
-        if any(perturbed[leaf:leaf + n]):
+        # Integer leaves (RNG counters) get float0 tangents: nothing to differentiate.
+        if any(p and jnp.issubdtype(a.dtype, jnp.inexact)
+               for p, a in zip(perturbed[leaf:leaf + n], vt.avals)):
             raise errors.TransformError(
                 f"a gradient is requested with respect to this variable, which is read inside "
                 f"a raw jax.{eqn.primitive.name.removesuffix('_call')}; variables are "
@@ -405,14 +408,38 @@ def _custom(d: Discharger, eqn, env, thunk, flags) -> tuple[_Custom, list]:
 
 
 def _guard_custom_rule(eqn, env: Env, type_of: Callable[[tuple], VarType]) -> dict | None:
-    """Params for a variable-free custom_jvp/vjp call whose rule, traced when JAX
-    differentiates, still runs user code: under a context snapshot, so ``vj.*`` calls
-    there work, and rejected if it touches variables the function itself does not."""
-    spec = hop.TABLE.get(eqn.primitive)
+    """New params for a variable-free equation holding custom_jvp/vjp calls (at any
+    depth), or None.  Their rules are traced when JAX differentiates and may still run
+    user code: they run under a context snapshot, so ``vj.*`` calls there work, and are
+    rejected if they touch variables their function does not."""
     context = scope.active()
-    if spec is None or spec.thunk is None or context is None:
+    if context is None or not _holds_custom_call(eqn):
         return None
-    snap = context.snapshot({k: type_of(v) for k, v in env.items()})
+    return _guarded_params(eqn, context.snapshot({k: type_of(v) for k, v in env.items()}))
+
+
+_custom_memo: "weakref.WeakKeyDictionary[_jax.Jaxpr, bool]" = weakref.WeakKeyDictionary()
+
+
+def _holds_custom_call(eqn) -> bool:
+    spec = hop.TABLE.get(eqn.primitive)
+    if spec is None:
+        return False
+    if spec.thunk is not None:
+        return True
+    for body in hop.bodies(eqn):
+        found = _custom_memo.get(body.jaxpr)
+        if found is None:
+            found = _custom_memo[body.jaxpr] = any(map(_holds_custom_call, body.jaxpr.eqns))
+        if found:
+            return True
+    return False
+
+
+def _guarded_params(eqn, snap: scope.TraceContext) -> dict:
+    spec = hop.TABLE[eqn.primitive]
+    if spec.thunk is None:
+        return hop.with_bodies(eqn, lambda body: _guarded_body(body, snap))
 
     def around(call):
         with scope.activate(snap):
@@ -425,6 +452,12 @@ def _guard_custom_rule(eqn, env: Env, type_of: Callable[[tuple], VarType]) -> di
                 fix="read the variable in the function as well, or pass its value as an argument")
         return out
     return dict(eqn.params, **{spec.thunk: _jax.wrap_thunk(eqn.params[spec.thunk], around)})
+
+
+def _guarded_body(body: ClosedJaxpr, snap: scope.TraceContext) -> ClosedJaxpr:
+    eqns = [e.replace(params=_guarded_params(e, snap)) if _holds_custom_call(e) else e
+            for e in body.jaxpr.eqns]
+    return ClosedJaxpr(body.jaxpr.replace(eqns=eqns), body.consts)
 
 
 def _custom_jvp(d: Discharger, eqn, invals, env, region):
