@@ -30,13 +30,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fuzz import programs as P  # noqa: E402
 from fuzz.programs import (  # noqa: E402
-    Checkpoint, Cond, CustomJvp, CustomVjp, Declare, Draw, Jit, Param, Program, Read, Scan,
-    Sow, Switch, While, Write)
+    Checkpoint,
+    Cond,
+    CustomJvp,
+    CustomVjp,
+    Declare,
+    Draw,
+    Jit,
+    Param,
+    Program,
+    Read,
+    Scan,
+    Sow,
+    Switch,
+    While,
+    Write,
+)
 
 _ENV = "VARJAX_FUZZ_EXAMPLES"
 EXAMPLES = int(os.environ.get(_ENV, "200"))

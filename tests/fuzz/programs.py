@@ -243,7 +243,8 @@ def format_program(program: Program) -> str:
                     fmt(b, indent + 2)
             elif isinstance(s, WRAPPERS + LOOPS):
                 fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "body"}
-                lines.append(pad + f"{type(s).__name__}({', '.join(f'{k}={v!r}' for k, v in fields.items())})")
+                args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+                lines.append(pad + f"{type(s).__name__}({args})")
                 fmt(s.body, indent + 1)
             else:
                 lines.append(pad + repr(s))
