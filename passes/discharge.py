@@ -66,8 +66,7 @@ class Signature:
 
 
 def _type(value: tuple) -> VarType:
-    tree, leaves = value
-    return VarType(tree, tuple(_jax.get_aval(x).update(weak_type=False) for x in leaves))
+    return VarType.of_leaves(*value)
 
 
 def _leaves(env: Env, keys: Sequence[Key]) -> list[Any]:
@@ -192,7 +191,7 @@ def _closed_call(d, eqn, invals, env, region):
 
 def _remat(d, eqn, invals, env, region):
     return _call(d, eqn, invals, env, region, hop.closed(eqn.params["jaxpr"]),
-                 lambda new, n_in, n_out: dict(eqn.params, jaxpr=hop.open_jaxpr(new)))
+                 lambda new, n_in, n_out: dict(eqn.params, jaxpr=hop.const_free(new)))
 
 
 # --- loops -------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def closed(j) -> ClosedJaxpr:
     return j if isinstance(j, ClosedJaxpr) else ClosedJaxpr(j, [])
 
 
-def open_jaxpr(c: ClosedJaxpr) -> _jax.Jaxpr:
+def const_free(c: ClosedJaxpr) -> _jax.Jaxpr:
     """A const-free open Jaxpr computing ``c`` (consts are kept by a closed_call)."""
     if not c.consts:
         return c.jaxpr
@@ -90,7 +90,7 @@ def with_bodies(eqn: _jax.JaxprEqn, rewrite: Callable[[ClosedJaxpr], ClosedJaxpr
         elif isinstance(v, ClosedJaxpr):
             params[p] = rewrite(v)
         else:
-            params[p] = open_jaxpr(rewrite(closed(v)))
+            params[p] = const_free(rewrite(closed(v)))
     if hop.thunk is not None:
         params[hop.thunk] = _jax.wrap_thunk(params[hop.thunk], _thunk_rewriter(rewrite))
     return params

@@ -93,10 +93,6 @@ def unflatten_variables(flat: Mapping[Key, Any]) -> dict[str, Any]:
     return out
 
 
-def _var_type(tree: Any, leaves: Sequence[Any]) -> VarType:
-    return VarType(tree, tuple(_jax.get_aval(x).update(weak_type=False) for x in leaves))
-
-
 # --- arguments ---------------------------------------------------------------------------
 
 def _is_traced(x: Any) -> bool:
@@ -224,7 +220,7 @@ class Functionalized:
         flat_vars = flatten_variables(variables)
         rngs = _normalize_rngs(rngs)
         tree, traced, static = _split_args(args, kwargs)
-        var_types = tuple(sorted((k, _var_type(t, ls)) for k, (t, ls) in flat_vars.items()))
+        var_types = tuple(sorted((k, VarType.of_leaves(t, ls)) for k, (t, ls) in flat_vars.items()))
         rng_avals = tuple(sorted((s, _jax.get_aval(k)) for s, k in rngs.items()))
         key = _Key(tree, static, tuple(_jax.get_aval(x) for x in traced), var_types,
                    filters.freeze(mutable), rng_avals, initializing)

@@ -49,6 +49,11 @@ class VarType:
     @staticmethod
     def of(value: Any) -> "VarType":
         leaves, tree = jax.tree.flatten(value)
+        return VarType.of_leaves(tree, leaves)
+
+    @staticmethod
+    def of_leaves(tree: Any, leaves: Sequence[Any]) -> "VarType":
+        """The type of a value given flat (arrays or tracers); weak types are dropped."""
         return VarType(tree, tuple(leaf_aval(x) for x in leaves))
 
     def __eq__(self, other: object) -> bool:
@@ -185,7 +190,7 @@ def _check_collection(collection: str) -> None:
 def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
     leaves, tree = jax.tree.flatten(value)
     leaves = [jax.numpy.asarray(x) for x in leaves]
-    ctx.set_type((collection, path), VarType(tree, tuple(leaf_aval(x) for x in leaves)))
+    ctx.set_type((collection, path), VarType.of_leaves(tree, leaves))
     bind_set(collection, path, leaves, tree)
 
 
