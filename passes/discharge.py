@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -414,7 +415,12 @@ def _guard_custom_rule(eqn, env: Env, type_of: Callable[[tuple], VarType]) -> di
     context = scope.active()
     if context is None or not _holds_custom_call(eqn):
         return None
-    return _guarded_params(eqn, context.snapshot({k: type_of(v) for k, v in env.items()}))
+    at_call = dict(env)   # the snapshot itself is built only if JAX ever traces the rule
+
+    @functools.cache
+    def snapshot() -> scope.TraceContext:
+        return context.snapshot({k: type_of(v) for k, v in at_call.items()})
+    return _guarded_params(eqn, snapshot)
 
 
 _custom_memo: "weakref.WeakKeyDictionary[_jax.Jaxpr, bool]" = weakref.WeakKeyDictionary()
@@ -435,13 +441,13 @@ def _holds_custom_call(eqn) -> bool:
     return False
 
 
-def _guarded_params(eqn, snap: scope.TraceContext) -> dict:
+def _guarded_params(eqn, snapshot: Callable[[], scope.TraceContext]) -> dict:
     spec = hop.TABLE[eqn.primitive]
     if spec.thunk is None:
-        return hop.with_bodies(eqn, lambda body: _guarded_body(body, snap))
+        return hop.with_bodies(eqn, lambda body: _guarded_body(body, snapshot))
 
     def around(call):
-        with scope.activate(snap):
+        with scope.activate(snapshot()):
             out = call()
         if touches_variables(out[0].effects):
             raise errors.TransformError(
@@ -453,8 +459,8 @@ def _guarded_params(eqn, snap: scope.TraceContext) -> dict:
     return dict(eqn.params, **{spec.thunk: _jax.wrap_thunk(eqn.params[spec.thunk], around)})
 
 
-def _guarded_body(body: ClosedJaxpr, snap: scope.TraceContext) -> ClosedJaxpr:
-    eqns = [e.replace(params=_guarded_params(e, snap)) if _holds_custom_call(e) else e
+def _guarded_body(body: ClosedJaxpr, snapshot: Callable[[], scope.TraceContext]) -> ClosedJaxpr:
+    eqns = [e.replace(params=_guarded_params(e, snapshot)) if _holds_custom_call(e) else e
             for e in body.jaxpr.eqns]
     return ClosedJaxpr(body.jaxpr.replace(eqns=eqns), body.consts)
 
