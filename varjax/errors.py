@@ -19,7 +19,9 @@ __all__ = [
     "VarjaxError", "ScopeError", "ImmutableCollectionError", "MissingVariableError",
     "MissingRngError", "VariableShapeError", "VariableCreationError",
     "VariableStructureError", "TransformError", "UnsupportedPrimitiveError",
-    "PipelineError", "PassError", "VerificationError", "format_path", "source_text",
+    "PipelineError", "PassError", "VerificationError", "ModuleError", "NameInUseError",
+    "AssignSubModuleError", "UnboundModuleError", "InvalidScopeError", "FrozenModuleError",
+    "format_path", "source_text",
 ]
 
 
@@ -35,14 +37,15 @@ def source_text(source_info: _jax.SourceInfo | None = None) -> str:
 
 
 class VarjaxError(Exception):
-    """Base class. ``collection``, ``path`` and ``source`` are also attributes."""
+    """Base class. ``collection``, ``path``, ``module`` and ``source`` are also attributes."""
 
     def __init__(self, what: str, *, collection: str | None = None,
                  path: Sequence[str] | None = None, source: str | None = None,
-                 fix: str | None = None):
+                 fix: str | None = None, module: str | None = None):
         self.what = what
         self.collection = collection
         self.path = tuple(path) if path is not None else None
+        self.module = module
         self.source = source
         self.fix = fix
         lines = [what]
@@ -50,6 +53,8 @@ class VarjaxError(Exception):
             lines.append(f"  collection: {collection}")
         if path is not None:
             lines.append(f"  variable:   {format_path(path)}")
+        if module is not None:
+            lines.append(f"  module:     {module}")
         if source is not None:
             lines.append(f"  at:         {source}")
         if fix is not None:
@@ -104,3 +109,27 @@ class PassError(VarjaxError):
 
 class VerificationError(VarjaxError):
     """The IR after a pass violates JAX's type rules or varjax's invariants."""
+
+
+class ModuleError(VarjaxError):
+    """A Module was used against its lifecycle (see ``notes/modules.md``)."""
+
+
+class NameInUseError(ModuleError):
+    """Two submodules, or a submodule and a variable, got the same name in one module."""
+
+
+class AssignSubModuleError(ModuleError):
+    """A submodule was constructed outside ``setup`` and outside an ``@compact`` method."""
+
+
+class UnboundModuleError(ModuleError):
+    """A method that needs variables was called on a module that is not bound."""
+
+
+class InvalidScopeError(ModuleError):
+    """A bound module was used after the ``init`` / ``apply`` that bound it ended."""
+
+
+class FrozenModuleError(ModuleError):
+    """An attribute was set on a module outside ``setup``; modules are frozen dataclasses."""

@@ -115,7 +115,7 @@ def _split_args(args: tuple, kwargs: dict):
     return tree, traced, tuple(static)
 
 
-def _normalize_rngs(rngs: Any) -> dict[str, Any]:
+def normalize_rngs(rngs: Any) -> dict[str, Any]:
     if rngs is None:
         return {}
     if isinstance(rngs, Mapping):
@@ -184,12 +184,16 @@ class Functionalized:
         return self.fn(*args, **kwargs)
 
     # -- public API -----------------------------------------------------------------
-    def init(self, rngs: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Create every variable: ``apply({}, *args, rngs=rngs, mutable=True)[1]``."""
-        return self._apply({}, args, kwargs, rngs, True, initializing=True)[1]
+    def init(self, rngs: Any, *args: Any, mutable: Any = True, **kwargs: Any) -> dict[str, Any]:
+        """Create every variable: ``apply({}, *args, rngs=rngs, mutable=True)[1]``.
 
-    def init_with_output(self, rngs: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict]:
-        return self._apply({}, args, kwargs, rngs, True, initializing=True)
+        ``mutable`` narrows which collections are returned (Module.init keeps Linen's
+        default of everything but ``intermediates``)."""
+        return self._apply({}, args, kwargs, rngs, mutable, initializing=True)[1]
+
+    def init_with_output(self, rngs: Any, *args: Any, mutable: Any = True,
+                         **kwargs: Any) -> tuple[Any, dict]:
+        return self._apply({}, args, kwargs, rngs, mutable, initializing=True)
 
     def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None,
               mutable: Any = False, **kwargs: Any) -> Any:
@@ -218,7 +222,7 @@ class Functionalized:
     def _key(self, variables, args, kwargs, rngs, mutable, initializing):
         """The cache key: everything a trace depends on (see the module docstring)."""
         flat_vars = flatten_variables(variables)
-        rngs = _normalize_rngs(rngs)
+        rngs = normalize_rngs(rngs)
         tree, traced, static = _split_args(args, kwargs)
         var_types = tuple(sorted((k, VarType.of_leaves(t, ls)) for k, (t, ls) in flat_vars.items()))
         rng_avals = tuple(sorted((s, _jax.get_aval(k)) for s, k in rngs.items()))

@@ -78,6 +78,11 @@ class TraceContext:
         self.initializing = initializing
         self.path_prefix: Path = ()
         self.given = dict(variables)
+        # Snapshots share their origin: a module bound in this trace may be used under
+        # any of them (custom rules traced lazily), and under no other trace.
+        self.origin = self
+        # The module whose method is running, for error messages (not part of the fingerprint).
+        self.module: str | None = None
         # A trace that may create or retype variables changes the context inside inner
         # jax.jit bodies -- Python that a cache hit would skip.  Such traces never share
         # inner traces with other functionalize traces (a nonce); fully immutable ones can.
@@ -107,6 +112,7 @@ class TraceContext:
         ctx = TraceContext({**self.given, **variables}, self.mutable, self.rng_streams,
                            self.initializing)
         ctx.path_prefix = self.path_prefix
+        ctx.origin = self.origin
         return ctx
 
     def set_type(self, key: Key, vt: VarType) -> None:
@@ -146,12 +152,34 @@ def current(api: str = "this function") -> TraceContext:
             f"{api} was called outside a functionalized function: there is no variable "
             "store to read from or write to.", source=errors.source_text(),
             fix="decorate the enclosing function with @vj.functionalize and call .init/.apply")
+    if stack[-1] is None:
+        raise errors.ScopeError(
+            f"{api} was called inside an init function; init functions compute a value "
+            "from their arguments and cannot use variables or RNG streams.",
+            source=errors.source_text(), fix="pass what the init function needs as init_args")
     return stack[-1]
 
 
 def active() -> TraceContext | None:
     stack = _stack()
     return stack[-1] if stack else None
+
+
+# Init functions are pure (key, shape -> value).  They run under one constant jit key, so
+# the jitted library code they call (jax.random, initializers) is traced once per process
+# instead of once per trace context; the stack marker makes any variable use an error.
+_INIT_KEY = ("varjax", "init-fn")
+
+
+def run_init(init_fn: Callable[..., Any], *args: Any) -> Any:
+    stack = _stack()
+    stack.append(None)
+    previous = _JIT_KEY.swap_local(_INIT_KEY)
+    try:
+        return init_fn(*args)
+    finally:
+        stack.pop()
+        _JIT_KEY.set_local(previous)
 
 
 class _Activation:
@@ -194,10 +222,11 @@ def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
     bind_set(collection, path, leaves, tree)
 
 
-def _missing(collection: str, path: Path, why: str) -> errors.MissingVariableError:
+def _missing(ctx: TraceContext, collection: str, path: Path, why: str) -> errors.MissingVariableError:
     return errors.MissingVariableError(
         f"variable {errors.format_path(path)!s} of collection '{collection}' does not exist "
         f"and {why}.", collection=collection, path=path, source=errors.source_text(),
+        module=ctx.module,
         fix=f"pass it in the variables dict, or run init / apply with mutable=['{collection}'] "
             "so it can be created")
 
@@ -206,6 +235,24 @@ def has_variable(collection: str, name: str | Sequence[str]) -> bool:
     """Whether the variable exists at this point of the trace."""
     ctx = current("vj.has_variable")
     return (collection, ctx.full_path(name)) in ctx.variables
+
+
+def read_at(ctx: TraceContext, collection: str, path: Path) -> Any:
+    """The variable's current value; ``MissingVariableError`` if it does not exist."""
+    if (collection, path) not in ctx.variables:
+        raise _missing(ctx, collection, path, "it was never created in this trace")
+    return _read(ctx, collection, path)
+
+
+def write_at(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
+    """Store ``value`` (creating the variable); the collection must be mutable."""
+    _check_collection(collection)
+    if not ctx.is_mutable(collection):
+        raise errors.ImmutableCollectionError(
+            f"variable {errors.format_path(path)} is written, but collection '{collection}' "
+            "is not mutable.", collection=collection, path=path, source=errors.source_text(),
+            module=ctx.module, fix=f"pass mutable=['{collection}'] to apply")
+    _write(ctx, collection, path, value)
 
 
 def is_initializing() -> bool:
@@ -220,10 +267,15 @@ def is_mutable_collection(collection: str) -> bool:
 def make_rng(name: str = PARAMS_STREAM) -> jax.Array:
     """A fresh key from RNG stream ``name``: different on every call, same for same inputs."""
     ctx = current("vj.make_rng")
+    return draw_at(ctx, name, ctx.path_prefix)
+
+
+def draw_at(ctx: TraceContext, name: str, where: Path) -> jax.Array:
+    """A fresh key from stream ``name``; ``where`` (the module path) is for the error only."""
     if name not in ctx.rng_streams:
         raise errors.MissingRngError(
             f"RNG stream '{name}' was requested but not provided.", collection=name,
-            path=ctx.path_prefix or None, source=errors.source_text(),
+            path=where or None, source=errors.source_text(), module=ctx.module,
             fix=f"pass rngs={{'{name}': jax.random.key(0)}} to init/apply")
     return bind_draw(name, ctx.rng_streams[name])
 
@@ -245,7 +297,7 @@ def _memo_key(init_fn: Callable, args: tuple, needs_key: bool) -> Any:
         return None
 
 
-def _expected_type(init_fn: Callable, args: tuple, needs_key: bool) -> VarType:
+def expected_type(init_fn: Callable, args: tuple, needs_key: bool) -> VarType:
     """The type ``init_fn`` would produce, computed abstractly (nothing runs)."""
     memo = _memo_key(init_fn, args, needs_key)
     if memo is not None and memo in _expected:
@@ -265,13 +317,15 @@ def _key_dtype() -> Any:
     return jax.eval_shape(lambda: jax.random.key(0)).dtype
 
 
-def _check_type(collection: str, path: Path, have: VarType, want: VarType) -> None:
+def check_type(collection: str, path: Path, have: VarType, want: VarType,
+               module: str | None = None) -> None:
+    """``VariableShapeError`` unless ``have`` and ``want`` agree in structure, shapes, dtypes."""
     if have.tree != want.tree or [(a.shape, a.dtype) for a in have.avals] != \
             [(a.shape, a.dtype) for a in want.avals]:
         raise errors.VariableShapeError(
             f"the given value of variable {errors.format_path(path)} has type "
             f"{have.describe()}, but the code expects {want.describe()}.",
-            collection=collection, path=path, source=errors.source_text(),
+            collection=collection, path=path, source=errors.source_text(), module=module,
             fix="re-initialize the variables for these input shapes, or fix the init function")
 
 
@@ -282,19 +336,24 @@ def param(name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
     and a mismatch raises ``VariableShapeError``.
     """
     ctx = current("vj.param")
-    path = ctx.full_path(name)
+    return param_at(ctx, ctx.full_path(name), init_fn, init_args)
+
+
+def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_args: tuple) -> Any:
     key = ("params", path)
     if key in ctx.variables:
-        _check_type("params", path, ctx.variables[key], _expected_type(init_fn, init_args, True))
+        check_type("params", path, ctx.variables[key], expected_type(init_fn, init_args, True),
+                   ctx.module)
         return _read(ctx, "params", path)
     if not ctx.is_mutable("params"):
-        raise _missing("params", path, "collection 'params' is immutable, so it cannot be created")
+        raise _missing(ctx, "params", path, "collection 'params' is immutable, so it cannot be created")
     if PARAMS_STREAM not in ctx.rng_streams:
         raise errors.MissingRngError(
             f"creating parameter {errors.format_path(path)} needs the '{PARAMS_STREAM}' RNG "
             "stream, which was not provided.", collection="params", path=path,
-            source=errors.source_text(), fix="call init with a key: fn.init(jax.random.key(0), ...)")
-    value = init_fn(make_rng(PARAMS_STREAM), *init_args)
+            source=errors.source_text(), module=ctx.module,
+            fix="call init with a key: fn.init(jax.random.key(0), ...)")
+    value = run_init(init_fn, draw_at(ctx, PARAMS_STREAM, path), *init_args)
     _write(ctx, "params", path, value)
     return value
 
@@ -314,10 +373,7 @@ class Variable:
 
     @property
     def value(self) -> Any:
-        ctx = current("Variable.value")
-        if (self.collection, self.path) not in ctx.variables:
-            raise _missing(self.collection, self.path, "it was never created in this trace")
-        return _read(ctx, self.collection, self.path)
+        return read_at(current("Variable.value"), self.collection, self.path)
 
     @value.setter
     def value(self, new: Any) -> None:
@@ -332,15 +388,19 @@ def variable(collection: str, name: str | Sequence[str], init_fn: Callable[..., 
     """A handle on variable ``name`` of ``collection``, created with ``init_fn(*init_args)``
     if it does not exist and the collection is mutable."""
     ctx = current("vj.variable")
+    return variable_at(ctx, collection, ctx.full_path(name), init_fn, init_args)
+
+
+def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callable[..., Any] | None,
+                init_args: tuple) -> Variable:
     _check_collection(collection)
-    path = ctx.full_path(name)
     if (collection, path) not in ctx.variables:
         if init_fn is None:
-            raise _missing(collection, path, "no init_fn was given to create it")
+            raise _missing(ctx, collection, path, "no init_fn was given to create it")
         if not ctx.is_mutable(collection):
-            raise _missing(collection, path,
+            raise _missing(ctx, collection, path,
                            f"collection '{collection}' is immutable, so it cannot be created")
-        _write(ctx, collection, path, init_fn(*init_args))
+        _write(ctx, collection, path, run_init(init_fn, *init_args))
     return Variable(collection, path)
 
 
@@ -356,10 +416,14 @@ def sow(collection: str, name: str | Sequence[str], value: Any,
     By default values accumulate in a tuple, as in Flax.
     """
     ctx = current("vj.sow")
+    return sow_at(ctx, collection, ctx.full_path(name), value, reduce_fn, init_fn)
+
+
+def sow_at(ctx: TraceContext, collection: str, path: Path, value: Any,
+           reduce_fn: Callable[[Any, Any], Any] = _append, init_fn: Callable[[], Any] = tuple) -> bool:
     _check_collection(collection)
     if not ctx.is_mutable(collection):
         return False
-    path = ctx.full_path(name)
     old = _read(ctx, collection, path) if (collection, path) in ctx.variables else init_fn()
     _write(ctx, collection, path, reduce_fn(old, value))
     return True

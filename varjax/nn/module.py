@@ -1,0 +1,673 @@
+"""``Module``: Flax Linen's module system, on varjax's IR.
+
+A module is a frozen dataclass: a template holding construction arguments and
+no state.  ``init`` / ``apply`` are ``vj.functionalize`` of a function that
+clones the template, binds the clone to the running trace and calls the
+method.  A bound module has a ``Scope`` (its root and its path); every
+``self.param`` / ``self.variable`` / ``self.make_rng`` is the path-based
+operation of ``varjax.scope`` on the active trace, so the variables a module
+touches are ordinary ``var_get`` / ``var_set`` equations whose path starts
+with the module path (``params:Dense_0/kernel``).  Each wrapped method call also
+enters ``jax.named_scope(<module name>)``, so every equation it traces carries
+the module in its name stack.
+
+Lifecycle (see ``notes/modules.md``):
+  * submodules get their parent from the module whose ``setup`` or ``@compact``
+    method is running (a thread-local stack); in ``setup`` they are named by
+    the attribute they are assigned to (``layers_0`` for lists), in a compact
+    method by class and construction order (``Dense_0``), or by ``name=``;
+  * ``setup`` runs lazily, on the first method call or attribute miss of a
+    bound module; top-level templates never run it;
+  * a module bound by ``init``/``apply`` may be used only under that trace
+    (``InvalidScopeError`` afterwards);
+  * ``bind`` makes a root that owns concrete variables: each method call from
+    outside is a cached ``functionalize`` call, and mutable collections are
+    written back into the root.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import threading
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+
+from varjax import errors, filters, scope
+from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
+from varjax.primitives import Path
+from varjax.scope import Variable
+
+DEFAULT_INIT_MUTABLE = filters.DenyList(["intermediates"])
+
+
+class _Unspecified:
+    def __repr__(self) -> str:
+        return "<parent from context>"
+
+
+_UNSPECIFIED = _Unspecified()
+
+
+def compact(fn: Callable) -> Callable:
+    """Marks the one method of a class that may define submodules and variables inline."""
+    fn.varjax_compact = True
+    return fn
+
+
+def nowrap(fn: Callable) -> Callable:
+    """Marks a helper method that must not be wrapped (no setup, no scope, no name)."""
+    fn.varjax_nowrap = True
+    return fn
+
+
+# --- roots and scopes --------------------------------------------------------------------
+
+class _TraceRoot:
+    """The root of a module tree bound inside one ``init``/``apply`` trace."""
+
+    version = 0
+
+    def __init__(self, ctx: scope.TraceContext, capture: Callable[["Module", str], bool] | None):
+        self.origin = ctx.origin
+        self.capture = capture
+
+
+class _BoundRoot:
+    """The root made by ``Module.bind``: owns variables and runs each outside call
+    through a cached ``functionalize`` of that method."""
+
+    capture = None
+
+    def __init__(self, variables: Mapping[str, Any], rngs: Any, mutable: Any):
+        self.variables = unflatten_variables(
+            {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
+        self.rngs = normalize_rngs(rngs)
+        self.mutable = mutable
+        self.origin: scope.TraceContext | None = None  # set while one of our calls traces
+        self.version = 0
+        self.calls = 0
+        self._fns: dict[Any, Functionalized] = {}
+
+    def _next_rngs(self) -> dict[str, Any]:
+        """Call n >= 1 folds n into every key, so repeated calls draw fresh randomness."""
+        n, self.calls = self.calls, self.calls + 1
+        return self.rngs if n == 0 else {s: jax.random.fold_in(k, n) for s, k in self.rngs.items()}
+
+    def run(self, module: "Module", fn: Callable, args: tuple, kwargs: dict, *,
+            method: bool = True) -> Any:
+        """Calls ``fn(module, *args)`` through the IR: a wrapped method when ``method``,
+        else a one-off variable operation (not cached)."""
+        key = (module.scope.path, fn)
+        functionalized = self._fns.get(key) if method else None
+        if functionalized is None:
+            def traced(*a, **k):
+                self.origin = scope.current().origin
+                module._reset_setup()
+                try:
+                    return module._call_wrapped(fn, a, k) if method else fn(module, *a, **k)
+                finally:
+                    self.origin = None
+                    module._reset_setup()
+            traced.__name__ = f"{type(module).__name__}.{getattr(fn, '__name__', 'fn')}"
+            functionalized = Functionalized(traced)
+            if method:
+                self._fns[key] = functionalized
+        rngs = self._next_rngs()
+        if self.mutable is False:
+            return functionalized.apply(self.variables, *args, rngs=rngs, **kwargs)
+        out, updated = functionalized.apply(self.variables, *args, rngs=rngs, mutable=self.mutable,
+                                            **kwargs)
+        self.variables.update(updated)
+        self.version += 1
+        return out
+
+    def read(self, collection: str, path: Path) -> Any:
+        node = self.variables.get(collection, {})
+        for name in path:
+            node = node[name]
+        return node
+
+    def has(self, collection: str, path: Path) -> bool:
+        try:
+            self.read(collection, path)
+            return True
+        except (KeyError, TypeError):
+            return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """Where a bound module lives: its root and its path of names from the root."""
+
+    root: _TraceRoot | _BoundRoot
+    path: Path
+
+    def eager(self) -> bool:
+        """Bound by ``bind`` and called from outside any of its traces."""
+        return isinstance(self.root, _BoundRoot) and self.root.origin is None
+
+    def context(self, module: "Module", api: str) -> scope.TraceContext:
+        ctx = scope.active()
+        if ctx is None or ctx.origin is not self.root.origin:
+            raise errors.InvalidScopeError(
+                f"{api} was called on module {module._label()} after the init/apply that "
+                "bound it had ended (or under another one).", path=self.path,
+                module=module._label(), source=errors.source_text(),
+                fix="do not keep bound modules beyond apply; use Module.bind for a "
+                    "long-lived bound module")
+        return ctx
+
+
+# --- per-instance lifecycle state ----------------------------------------------------------
+
+@dataclasses.dataclass
+class _State:
+    in_setup: bool = False
+    setup_done: bool = False
+    setup_version: int = -1
+    compact_depth: int = 0
+    cursor: dict[str, int] = dataclasses.field(default_factory=dict)
+    children: dict[str, "Module"] = dataclasses.field(default_factory=dict)
+    setup_names: set[str] = dataclasses.field(default_factory=set)
+    call_names: set[str] = dataclasses.field(default_factory=set)
+    setup_attrs: list[str] = dataclasses.field(default_factory=list)
+
+
+_local = threading.local()
+
+
+def _module_stack() -> list["Module"]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def _submodules(value: Any, name: str) -> Iterable[tuple[str, "Module"]]:
+    """Modules inside an attribute value, with Linen's names (``layers_0``, ``heads_q``)."""
+    if isinstance(value, Module):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _submodules(item, f"{name}_{i}")
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            yield from _submodules(item, f"{name}_{k}")
+
+
+def _replace_submodules(value: Any, adopt: Callable[["Module", str], "Module"], name: str) -> Any:
+    if isinstance(value, Module):
+        return adopt(value, name)
+    if isinstance(value, (list, tuple)):
+        items = [_replace_submodules(x, adopt, f"{name}_{i}") for i, x in enumerate(value)]
+        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
+    if isinstance(value, dict):
+        return {k: _replace_submodules(x, adopt, f"{name}_{k}") for k, x in value.items()}
+    return value
+
+
+# Methods of Module itself are never wrapped.
+_API_NAMES: set[str] = set()
+
+
+class Module:
+    """Base class of all varjax.nn modules: Flax Linen's ``nn.Module``."""
+
+    parent: Any = dataclasses.field(default=_UNSPECIFIED, kw_only=True, repr=False, compare=False)
+    name: str | None = dataclasses.field(default=None, kw_only=True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(cls, repr=False, eq=True, unsafe_hash="__hash__" not in cls.__dict__)
+        compacts = [n for n in dir(cls) if getattr(getattr(cls, n, None), "varjax_compact", False)]
+        if len(compacts) > 1:
+            raise errors.ModuleError(
+                f"{cls.__name__} has more than one @compact method ({', '.join(compacts)}).",
+                module=cls.__name__, source=errors.source_text(),
+                fix="keep one @compact method; define submodules for the others in setup")
+        for attr, fn in list(cls.__dict__.items()):
+            if _wrappable(attr, fn):
+                setattr(cls, attr, _wrap_method(fn))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_state", _State())
+        object.__setattr__(self, "scope", None)
+        parent = self.parent
+        if parent is _UNSPECIFIED:
+            stack = _module_stack()
+            parent = stack[-1] if stack else None
+            object.__setattr__(self, "parent", parent)
+        if isinstance(parent, (_TraceRoot, _BoundRoot)):
+            object.__setattr__(self, "scope", Scope(parent, ()))
+        elif isinstance(parent, Module):
+            pstate = parent._state
+            if pstate.in_setup:
+                if self.name is not None:
+                    parent._register_child(self, self.name)
+            elif pstate.compact_depth > 0:
+                name = self.name if self.name is not None else parent._autoname(type(self))
+                parent._register_child(self, name)
+            else:
+                raise errors.AssignSubModuleError(
+                    f"submodule {type(self).__name__} of {parent._label()} was constructed outside "
+                    "setup() and outside an @compact method.", module=parent._label(),
+                    source=errors.source_text(),
+                    fix="construct submodules in setup(), or decorate the method with @nn.compact")
+
+    # -- naming and registration ----------------------------------------------------------
+    def _label(self) -> str:
+        if self.scope is None:
+            return f"{type(self).__name__} (unbound)"
+        path = "/".join(self.scope.path) or "<root>"
+        return f"{path} ({type(self).__name__})"
+
+    def _autoname(self, cls: type) -> str:
+        prefix = cls.__name__
+        n = self._state.cursor.get(prefix, 0)
+        self._state.cursor[prefix] = n + 1
+        return f"{prefix}_{n}"
+
+    def _register_child(self, child: "Module", name: str) -> None:
+        if self.scope is None:
+            raise errors.UnboundModuleError(
+                f"submodule {name} cannot be added to {self._label()}, which is not bound.",
+                module=self._label(), source=errors.source_text(),
+                fix="call the module through init/apply/bind")
+        state = self._state
+        if name in state.call_names:
+            raise errors.NameInUseError(
+                f"the name '{name}' is used by two submodules of {self._label()}.",
+                path=self.scope.path + (name,), module=self._label(), source=errors.source_text(),
+                fix="give the submodules distinct name= arguments")
+        state.call_names.add(name)
+        if state.in_setup:
+            state.setup_names.add(name)
+        state.children[name] = child
+        object.__setattr__(child, "name", name)
+        object.__setattr__(child, "scope", Scope(self.scope.root, self.scope.path + (name,)))
+
+    def _adopt(self, child: "Module", name: str) -> "Module":
+        """A module held by a field or assigned in setup becomes a child named ``name``."""
+        if child.scope is not None:
+            return child                      # already bound elsewhere: shared, not copied
+        if child.parent is self:              # constructed in our setup without name=
+            self._register_child(child, name)
+            return child
+        clone = dataclasses.replace(child, parent=self, name=child.name or name)
+        if clone.scope is None:
+            self._register_child(clone, clone.name)
+        return clone
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        state = self.__dict__.get("_state")
+        if state is None:                     # the dataclass constructor
+            object.__setattr__(self, attr, value)
+            return
+        if not state.in_setup:
+            raise errors.FrozenModuleError(
+                f"cannot set attribute '{attr}' of {self._label()}: modules are frozen "
+                "dataclasses outside setup().", module=self._label(), source=errors.source_text(),
+                fix="assign attributes in setup(), or make it a dataclass field")
+        value = _replace_submodules(value, self._adopt, attr)
+        object.__setattr__(self, attr, value)
+        state.setup_attrs.append(attr)
+
+    def __getattr__(self, attr: str) -> Any:
+        # Only called when normal lookup fails: run setup once, then look again.
+        state = self.__dict__.get("_state")
+        if (attr.startswith("__") or state is None or self.__dict__.get("scope") is None
+                or state.in_setup):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{attr}'")
+        self._try_setup()
+        if attr in self.__dict__:
+            return self.__dict__[attr]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{attr}'")
+
+    # -- setup --------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Override to define submodules and variables; runs lazily once bound."""
+
+    def _try_setup(self) -> None:
+        state = self._state
+        if self.scope is None or state.in_setup:
+            return
+        if state.setup_done and state.setup_version == self.scope.root.version:
+            return
+        self._reset_setup()
+        state.in_setup = True
+        stack = _module_stack()
+        stack.append(self)
+        try:
+            for field in dataclasses.fields(self):
+                if field.name not in ("parent", "name"):
+                    value = getattr(self, field.name)
+                    adopted = _replace_submodules(value, self._adopt, field.name)
+                    if adopted is not value:
+                        object.__setattr__(self, field.name, adopted)
+            with jax.named_scope(self._scope_name()):
+                self.setup()
+        finally:
+            stack.pop()
+            state.in_setup = False
+            state.setup_done = True
+            state.setup_version = self.scope.root.version
+
+    def _reset_setup(self) -> None:
+        """Forget what setup made, so it runs again (a new trace, or new bound variables)."""
+        state = self._state
+        for attr in state.setup_attrs:
+            self.__dict__.pop(attr, None)
+        for name in state.setup_names:
+            state.children.pop(name, None)
+        state.setup_attrs.clear()
+        state.setup_names.clear()
+        state.call_names.clear()
+        state.setup_done = False
+
+    def _scope_name(self) -> str:
+        return self.name or type(self).__name__
+
+    # -- wrapped method calls --------------------------------------------------------------
+    def _call_wrapped(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        is_compact = getattr(fn, "varjax_compact", False)
+        sc = self.scope
+        if sc is None:
+            if is_compact:
+                raise errors.UnboundModuleError(
+                    f"the @compact method {fn.__name__} was called on {self._label()}.",
+                    module=self._label(), source=errors.source_text(),
+                    fix="call it through module.init / module.apply (or module.bind)")
+            return fn(self, *args, **kwargs)
+        if sc.eager():
+            return sc.root.run(self, fn, args, kwargs)
+        ctx = sc.context(self, f"{type(self).__name__}.{fn.__name__}")
+        previous_module, ctx.module = ctx.module, self._label()
+        self._try_setup()
+        state = self._state
+        if is_compact and state.compact_depth == 0:
+            state.cursor.clear()
+            state.call_names = set(state.setup_names)
+        stack = _module_stack()
+        stack.append(self)
+        state.compact_depth += is_compact
+        label = self._scope_name() if fn.__name__ == "__call__" else f"{self._scope_name()}.{fn.__name__}"
+        try:
+            with jax.named_scope(label):
+                out = fn(self, *args, **kwargs)
+        finally:
+            stack.pop()
+            state.compact_depth -= is_compact
+            ctx.module = previous_module
+        capture = sc.root.capture
+        if capture is not None and capture(self, fn.__name__):
+            self.sow("intermediates", fn.__name__, out)
+        return out
+
+    # -- variables ------------------------------------------------------------------------
+    def _ctx(self, api: str) -> scope.TraceContext:
+        if self.scope is None:
+            raise errors.UnboundModuleError(
+                f"{api} needs a bound module, but {self._label()} is not bound.",
+                module=self._label(), source=errors.source_text(),
+                fix="call the module through init / apply, or use module.bind(variables)")
+        return self.scope.context(self, api)
+
+    def _path(self, name: str) -> Path:
+        return self.scope.path + (name,)
+
+    def _eager(self, op: Callable[["Module"], Any]) -> Any:
+        """Runs a variable operation of a ``bind`` module from outside any trace."""
+        return self.scope.root.run(self, lambda m: op(m), (), {}, method=False)
+
+    def param(self, name: str, init_fn: Callable[..., Any], *init_args: Any, unbox: bool = True) -> Any:
+        """Parameter ``name`` of this module, created with ``init_fn(key, *init_args)``.
+
+        An existing parameter is checked against ``init_fn``'s abstract output.
+        """
+        if self.scope is not None and self.scope.eager():
+            if self.scope.root.has("params", self._path(name)):
+                value = self.scope.root.read("params", self._path(name))
+                scope.check_type("params", self._path(name), scope.VarType.of(value),
+                                 scope.expected_type(init_fn, init_args, True), self._label())
+                return value
+            return self._eager(lambda m: m.param(name, init_fn, *init_args))
+        ctx = self._ctx("Module.param")
+        if name in self._state.children:
+            raise errors.NameInUseError(
+                f"parameter '{name}' of {self._label()} has the name of a submodule.",
+                collection="params", path=self._path(name), module=self._label(),
+                source=errors.source_text(), fix="rename the parameter or the submodule")
+        return scope.param_at(ctx, self._path(name), init_fn, init_args)
+
+    def variable(self, collection: str, name: str, init_fn: Callable[..., Any] | None = None,
+                 *init_args: Any, unbox: bool = True) -> Variable:
+        """A handle (``.value``) on variable ``name`` of ``collection`` in this module."""
+        if self.scope is not None and self.scope.eager():
+            if not self.scope.root.has(collection, self._path(name)):
+                self._eager(lambda m: m.variable(collection, name, init_fn, *init_args))
+            return _BoundVariable(self.scope.root, collection, self._path(name))
+        return scope.variable_at(self._ctx("Module.variable"), collection, self._path(name),
+                                 init_fn, init_args)
+
+    def has_variable(self, collection: str, name: str) -> bool:
+        if self.scope is not None and self.scope.eager():
+            return self.scope.root.has(collection, self._path(name))
+        return (collection, self._path(name)) in self._ctx("Module.has_variable").variables
+
+    def get_variable(self, collection: str, name: str, default: Any = None) -> Any:
+        if not self.has_variable(collection, name):
+            return default
+        if self.scope.eager():
+            return self.scope.root.read(collection, self._path(name))
+        return scope.read_at(self._ctx("Module.get_variable"), collection, self._path(name))
+
+    def put_variable(self, collection: str, name: str, value: Any) -> None:
+        if self.scope is not None and self.scope.eager():
+            return self._eager(lambda m: m.put_variable(collection, name, value))
+        scope.write_at(self._ctx("Module.put_variable"), collection, self._path(name), value)
+
+    def sow(self, collection: str, name: str, value: Any,
+            reduce_fn: Callable[[Any, Any], Any] = scope._append,
+            init_fn: Callable[[], Any] = tuple) -> bool:
+        """Store ``value`` if ``collection`` is mutable (Linen's ``sow``); False if not."""
+        if self.scope is not None and self.scope.eager():
+            return self._eager(lambda m: m.sow(collection, name, value, reduce_fn, init_fn))
+        return scope.sow_at(self._ctx("Module.sow"), collection, self._path(name), value,
+                            reduce_fn, init_fn)
+
+    def perturb(self, name: str, value: Any, collection: str = "perturbations") -> Any:
+        """``value`` plus a zero-initialized variable, whose gradient is d loss / d value."""
+        if self.is_mutable_collection(collection) and not self.has_variable(collection, name):
+            self.put_variable(collection, name, jax.numpy.zeros_like(value))
+        if self.has_variable(collection, name):
+            return value + self.get_variable(collection, name)
+        return value
+
+    def make_rng(self, name: str = scope.PARAMS_STREAM) -> jax.Array:
+        """A fresh key from stream ``name``; every call gives a different key."""
+        if self.scope is not None and self.scope.eager():
+            return self._eager(lambda m: m.make_rng(name))
+        return scope.draw_at(self._ctx("Module.make_rng"), name, self.scope.path)
+
+    def has_rng(self, name: str) -> bool:
+        if self.scope is not None and self.scope.eager():
+            return name in self.scope.root.rngs
+        return name in self._ctx("Module.has_rng").rng_streams
+
+    def is_mutable_collection(self, collection: str) -> bool:
+        if self.scope is not None and self.scope.eager():
+            return filters.matches(self.scope.root.mutable, collection)
+        return self._ctx("Module.is_mutable_collection").is_mutable(collection)
+
+    def is_initializing(self) -> bool:
+        if self.scope is not None and self.scope.eager():
+            return False
+        return self._ctx("Module.is_initializing").initializing
+
+    @property
+    def path(self) -> Path:
+        """The names from the root module to this one (``()`` for the root)."""
+        if self.scope is None:
+            raise errors.UnboundModuleError(
+                f"{self._label()} has no path: it is not bound.", module=self._label(),
+                source=errors.source_text(), fix="bind it through init/apply/bind")
+        return self.scope.path
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        """This module's variables as ``{collection: {name: value}}`` (current values)."""
+        prefix = self.path
+        if self.scope.eager():
+            flat = {k: jax.tree.unflatten(t, ls)
+                    for k, (t, ls) in flatten_variables(self.scope.root.variables).items()}
+        else:
+            ctx = self._ctx("Module.variables")
+            flat = {k: scope.read_at(ctx, *k) for k in ctx.variables if k[1][:len(prefix)] == prefix}
+        return unflatten_variables({(c, p[len(prefix):]): v for (c, p), v in flat.items()
+                                    if p[:len(prefix)] == prefix and len(p) > len(prefix)})
+
+    # -- cloning, binding, init/apply -------------------------------------------------------
+    def clone(self, *, parent: Any = None, **updates: Any) -> "Module":
+        """A new module with the same fields (plus ``updates``) and the given parent."""
+        return dataclasses.replace(self, parent=parent, **updates)
+
+    def bind(self, variables: Mapping[str, Any], *, rngs: Any = None, mutable: Any = False) -> "Module":
+        """A bound clone with unlimited lifetime; mutable collections are updated in place."""
+        return self.clone(parent=_BoundRoot(variables, rngs, mutable), name=None)
+
+    def unbind(self) -> tuple["Module", dict[str, Any]]:
+        """``(unbound clone, variables)`` of a module made by ``bind``."""
+        if self.scope is None or not isinstance(self.scope.root, _BoundRoot) or self.scope.path:
+            raise errors.UnboundModuleError(
+                f"unbind() needs the root module returned by bind(); got {self._label()}.",
+                module=self._label(), source=errors.source_text(), fix="call unbind on bind's result")
+        return self.clone(parent=None), self.scope.root.variables
+
+    def _functionalized(self, method: Any, capture: Any) -> Functionalized:
+        fn = _resolve_method(self, method)
+        cache = self.__dict__.setdefault("_varjax_functionalized", {})
+        key = (fn, capture)
+        found = cache.get(key)
+        if found is None:
+            capture_fn = _capture_filter(capture)
+            template = self
+
+            def bound_call(*args: Any, **kwargs: Any) -> Any:
+                root = _TraceRoot(scope.current(), capture_fn)
+                return fn(template.clone(parent=root, name=None), *args, **kwargs)
+            bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
+            found = cache[key] = Functionalized(bound_call)
+        return found
+
+    def init_with_output(self, rngs: Any, *args: Any, method: Any = None,
+                         mutable: Any = DEFAULT_INIT_MUTABLE, capture_intermediates: Any = False,
+                         **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        return self._functionalized(method, capture_intermediates).init_with_output(
+            rngs, *args, mutable=mutable, **kwargs)
+
+    def init(self, rngs: Any, *args: Any, method: Any = None, mutable: Any = DEFAULT_INIT_MUTABLE,
+             capture_intermediates: Any = False, **kwargs: Any) -> dict[str, Any]:
+        """All variables the method creates: ``apply({}, ..., mutable=True)[1]`` with the
+        ``params`` stream given, minus ``intermediates`` (Linen's default)."""
+        return self.init_with_output(rngs, *args, method=method, mutable=mutable,
+                                     capture_intermediates=capture_intermediates, **kwargs)[1]
+
+    def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None, method: Any = None,
+              mutable: Any = False, capture_intermediates: Any = False, **kwargs: Any) -> Any:
+        """Runs ``method`` (default ``__call__``) of a bound clone; returns ``out`` or
+        ``(out, updated_collections)`` when anything is mutable."""
+        return self._functionalized(method, capture_intermediates).apply(
+            variables, *args, rngs=rngs, mutable=mutable, **kwargs)
+
+    def __repr__(self) -> str:
+        fields = [f for f in dataclasses.fields(self) if f.repr and f.name != "name"]
+        inner = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields)
+        if self.name is not None:
+            inner = f"{inner}, name={self.name!r}" if inner else f"name={self.name!r}"
+        return f"{type(self).__name__}({inner})"
+
+
+dataclasses.dataclass(Module, repr=False, eq=True, unsafe_hash=True)
+_API_NAMES.update(n for n in vars(Module) if not n.startswith("__"))
+
+
+class _BoundVariable:
+    """``Variable`` of a ``bind`` module read from outside a trace: backed by the root."""
+
+    def __init__(self, root: _BoundRoot, collection: str, path: Path):
+        self.root, self.collection, self.path = root, collection, path
+
+    @property
+    def value(self) -> Any:
+        return self.root.read(self.collection, self.path)
+
+    def __repr__(self) -> str:
+        return f"Variable({self.collection}:{errors.format_path(self.path)})"
+
+
+def _wrappable(attr: str, fn: Any) -> bool:
+    if not inspect.isfunction(fn) or getattr(fn, "varjax_nowrap", False):
+        return False
+    if getattr(fn, "varjax_wrapped", False) or attr in _API_NAMES or attr == "setup":
+        return False
+    return attr == "__call__" or not attr.startswith("_")
+
+
+def _wrap_method(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapped(self: Module, *args: Any, **kwargs: Any) -> Any:
+        return self._call_wrapped(fn, args, kwargs)
+    wrapped.varjax_wrapped = True
+    wrapped.varjax_inner = fn
+    return wrapped
+
+
+def _resolve_method(module: Module, method: Any) -> Callable:
+    if method is None:
+        method = "__call__"
+    if isinstance(method, str):
+        fn = getattr(type(module), method, None)
+        if fn is None or not callable(fn):
+            raise errors.ModuleError(
+                f"{type(module).__name__} has no method '{method}'.", module=type(module).__name__,
+                source=errors.source_text(), fix="pass method= the name of a method of the module")
+        return fn
+    if not callable(method):
+        raise errors.ModuleError(
+            f"method= must be a method name or a callable taking the module first, got "
+            f"{type(method).__name__}.", module=type(module).__name__, source=errors.source_text(),
+            fix="pass e.g. method=Model.encode or method='encode'")
+    return method
+
+
+def _capture_filter(capture: Any) -> Callable[[Module, str], bool] | None:
+    if capture is False or capture is None:
+        return None
+    if capture is True:
+        return lambda module, method_name: method_name == "__call__"
+    return capture
+
+
+def apply(fn: Callable[..., Any], module: Module, mutable: Any = False,
+          capture_intermediates: Any = False) -> Callable[..., Any]:
+    """Linen's ``nn.apply``: ``fn(bound_module, *args)`` as ``(variables, *args, rngs=)``."""
+    def applied(variables: Mapping[str, Any], *args: Any, rngs: Any = None, **kwargs: Any) -> Any:
+        return module.apply(variables, *args, rngs=rngs, method=fn, mutable=mutable,
+                            capture_intermediates=capture_intermediates, **kwargs)
+    return applied
+
+
+def init_with_output(fn: Callable[..., Any], module: Module, mutable: Any = DEFAULT_INIT_MUTABLE,
+                     capture_intermediates: Any = False) -> Callable[..., Any]:
+    def initialized(rngs: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        return module.init_with_output(rngs, *args, method=fn, mutable=mutable,
+                                       capture_intermediates=capture_intermediates, **kwargs)
+    return initialized
+
+
+def init(fn: Callable[..., Any], module: Module, mutable: Any = DEFAULT_INIT_MUTABLE,
+         capture_intermediates: Any = False) -> Callable[..., Any]:
+    """Linen's ``nn.init``: ``fn(bound_module, *args)`` as ``(rngs, *args) -> variables``."""
+    with_output = init_with_output(fn, module, mutable, capture_intermediates)
+    return lambda rngs, *args, **kwargs: with_output(rngs, *args, **kwargs)[1]
