@@ -201,3 +201,6 @@ def jit_call(jaxpr: ClosedJaxpr, name: str) -> Callable[..., list]:
 _HERE = os.path.dirname(os.path.abspath(__file__))
 exclude_from_user_frames(_HERE + os.sep)
 exclude_from_user_frames(os.path.join(os.path.dirname(_HERE), "passes") + os.sep)
+# Dataclass-generated methods (a Module's __init__) are compiled from strings; the
+# constructor call that matters is the user's line that called them.
+exclude_from_user_frames("<string>")

@@ -544,7 +544,12 @@ class Module:
                 module=self._label(), source=errors.source_text(), fix="call unbind on bind's result")
         return self.clone(parent=None), self.scope.root.variables
 
-    def _functionalized(self, method: Any, capture: Any) -> Functionalized:
+    def functionalize(self, method: Any = None, capture_intermediates: Any = False) -> Functionalized:
+        """The ``vj.functionalize`` object behind ``init``/``apply`` for ``method``: use it
+        for ``.jaxpr(...)`` / ``.functional_jaxpr(...)`` / ``.traced(...)`` of a module call.
+
+        Cached on the module, so repeated ``apply`` calls reuse its traces."""
+        capture = capture_intermediates
         fn = _resolve_method(self, method)
         cache = self.__dict__.setdefault("_varjax_functionalized", {})
         key = (fn, capture)
@@ -563,7 +568,7 @@ class Module:
     def init_with_output(self, rngs: Any, *args: Any, method: Any = None,
                          mutable: Any = DEFAULT_INIT_MUTABLE, capture_intermediates: Any = False,
                          **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        return self._functionalized(method, capture_intermediates).init_with_output(
+        return self.functionalize(method, capture_intermediates).init_with_output(
             rngs, *args, mutable=mutable, **kwargs)
 
     def init(self, rngs: Any, *args: Any, method: Any = None, mutable: Any = DEFAULT_INIT_MUTABLE,
@@ -577,7 +582,7 @@ class Module:
               mutable: Any = False, capture_intermediates: Any = False, **kwargs: Any) -> Any:
         """Runs ``method`` (default ``__call__``) of a bound clone; returns ``out`` or
         ``(out, updated_collections)`` when anything is mutable."""
-        return self._functionalized(method, capture_intermediates).apply(
+        return self.functionalize(method, capture_intermediates).apply(
             variables, *args, rngs=rngs, mutable=mutable, **kwargs)
 
     def __repr__(self) -> str:
