@@ -1,6 +1,6 @@
 """The design notes run: their code blocks are executed, so the notes cannot rot.
 
-Conventions for ``notes/architecture.md``, ``notes/ir.md`` and ``notes/writing-passes.md``:
+Conventions for the notes files listed in ``NOTES``:
 
 * Every fenced ```` ```python```` block runs (indented ones inside list items too), in order,
   in one namespace per notes file, like a doctest session: later blocks may use names defined
@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTES = ("architecture.md", "ir.md", "writing-passes.md")
+NOTES = ("architecture.md", "ir.md", "writing-passes.md", "modules.md")
 _FENCE = re.compile(r"^( *)```(\w*)\s*$")
 _LOCATION = re.compile(r"(notes/[\w.-]+\.md):\d+(?::\d+)?")
 

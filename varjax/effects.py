@@ -19,6 +19,7 @@ Sharp edges:
 """
 from __future__ import annotations
 
+import zlib
 from typing import Iterable
 
 from varjax import _jax
@@ -37,7 +38,9 @@ class _TaggedEffect(_jax.Effect):
         return type(other) is type(self) and other.name == self.name
 
     def __hash__(self) -> int:
-        return hash((type(self), self.name))
+        # A stable hash (not Python's salted str hash): effect sets then iterate, and jaxprs
+        # print their effect headers, in the same order in every process.
+        return zlib.crc32(f"{self.label}[{self.name}]".encode())
 
     def __repr__(self) -> str:
         return f"{self.label}[{self.name}]"

@@ -10,3 +10,4 @@ from varjax.nn.module import init as init
 from varjax.nn.module import init_with_output as init_with_output
 from varjax.nn.module import nowrap as nowrap
 from varjax.scope import Variable as Variable
+from varjax.nn.linear import Dense as Dense

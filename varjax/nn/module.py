@@ -420,7 +420,7 @@ class Module:
         """Runs a variable operation of a ``bind`` module from outside any trace."""
         return self.scope.root.run(self, lambda m: op(m), (), {}, method=False)
 
-    def param(self, name: str, init_fn: Callable[..., Any], *init_args: Any, unbox: bool = True) -> Any:
+    def param(self, name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
         """Parameter ``name`` of this module, created with ``init_fn(key, *init_args)``.
 
         An existing parameter is checked against ``init_fn``'s abstract output.
@@ -441,7 +441,7 @@ class Module:
         return scope.param_at(ctx, self._path(name), init_fn, init_args)
 
     def variable(self, collection: str, name: str, init_fn: Callable[..., Any] | None = None,
-                 *init_args: Any, unbox: bool = True) -> Variable:
+                 *init_args: Any) -> Variable:
         """A handle (``.value``) on variable ``name`` of ``collection`` in this module."""
         if self.scope is not None and self.scope.eager():
             if not self.scope.root.has(collection, self._path(name)):
