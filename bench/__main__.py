@@ -12,10 +12,11 @@ import argparse
 import sys
 import time
 
-from bench import bench_pipeline, bench_trace, harness
+from bench import bench_modules, bench_pipeline, bench_trace, harness
 
 SUITES = {
     "trace": bench_trace.run,
+    "modules": bench_modules.run,
     "pipeline": bench_pipeline.run,
 }
 

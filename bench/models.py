@@ -104,3 +104,25 @@ def check_same_model(key: jax.Array, x: jax.Array) -> dict[str, jax.Array]:
     np.testing.assert_allclose(model.apply({"params": params}, x), pure_apply(params, x),
                                rtol=1e-5, atol=1e-5)
     return params
+
+
+def module_mlp(nn: Any) -> Any:
+    """The same residual MLP as a Linen-style module class, written once for any ``nn``
+    namespace: ``module_mlp(varjax.nn)`` and ``module_mlp(flax.linen)`` differ only in
+    that argument -- the one-import port the Module system promises."""
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(WIDTH)(x)
+            h = nn.relu(nn.LayerNorm(epsilon=EPS)(h))
+            return x + nn.Dense(WIDTH)(h)
+
+    class ResidualMLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(DEPTH):
+                x = Block()(x)
+            return x
+
+    return ResidualMLP

@@ -7,64 +7,79 @@ Values never cross region boundaries: a loop body or branch starts knowing
 nothing, which keeps the pass correct without reasoning about iterations.
 The writes themselves stay; the discharge pass turns the last one into an
 output.  Run dead-reads afterwards to drop reads left unused.
+
+The pass only renames values and drops reads, so it edits equations in place
+of re-tracing them: its cost is one walk over the equations, not one abstract
+evaluation of each.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from varjax import _jax
 from varjax.passes import hop
 from varjax.passes.analysis import eqn_traffic, key_of, touches_variables
 from varjax.passes.base import Pass, PassContext
-from varjax.passes.rewrite import Region, Rewriter
 from varjax.primitives import var_get_p, var_set_p
 from varjax.scope import VarType
 
 
-class _Forwarder(Rewriter):
-    def __init__(self, ctx: PassContext):
-        super().__init__()
-        self.ctx = ctx
+def _forward(closed: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
+    """``closed`` with forwarded reads removed, by editing equations, never re-tracing:
+    a forwarded read's outputs are renamed to the known values and the read drops out.
+    Bodies that need it are forwarded the same way, each starting with nothing known."""
+    jaxpr = closed.jaxpr
+    known: dict = {}                 # key -> (VarType, atoms holding its current value)
+    rename: dict = {}
 
-    def needs_rewrite(self, jaxpr: _jax.Jaxpr) -> bool:
-        """A read of a key already read or written earlier in its region, here or nested."""
-        seen: set = set()
-        for eqn in jaxpr.eqns:
-            if eqn.primitive is var_get_p:
-                if key_of(eqn) in seen:
-                    return True
-                seen.add(key_of(eqn))
-            elif eqn.primitive is var_set_p:
-                seen.add(key_of(eqn))
-            elif touches_variables(eqn.effects):
-                if any(self.touches(b) for b in hop.bodies(eqn)):
-                    return True
-                seen -= eqn_traffic(eqn).may_write
-        return False
+    def sub(a):
+        return rename.get(a, a) if isinstance(a, _jax.Var) else a
 
-    def eqn(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
-        known: dict = region.state
+    eqns = []
+    changed = False
+    for eqn in jaxpr.eqns:
+        invars = [sub(a) for a in eqn.invars]
+        new = eqn if invars == list(eqn.invars) else eqn.replace(invars=invars)
         if eqn.primitive is var_get_p:
             k = key_of(eqn)
             want = VarType(eqn.params["tree"], eqn.params["avals"])
             if k in known and known[k][0] == want:
-                self.ctx.count(ForwardStores.name, "forwarded")
-                return list(known[k][1])
-            outs = region.bind(eqn, invals)
-            known[k] = (want, outs)
-            return outs
-        if eqn.primitive is var_set_p:
-            region.bind(eqn, invals)
-            known[key_of(eqn)] = (VarType(eqn.params["tree"],
-                                          tuple(_jax.get_aval(x).update(weak_type=False) for x in invals)),
-                                  list(invals))
-            return []
-        outs = super().eqn(eqn, invals, region)
-        if touches_variables(eqn.effects):
+                rename.update(zip(eqn.outvars, known[k][1]))
+                ctx.count(ForwardStores.name, "forwarded")
+                changed = True
+                continue
+            known[k] = (want, list(eqn.outvars))
+        elif eqn.primitive is var_set_p:
+            known[key_of(eqn)] = (VarType(eqn.params["tree"], tuple(
+                a.aval.update(weak_type=False) for a in invars)), invars)
+        elif touches_variables(eqn.effects):
+            if any(_needs_forwarding(b.jaxpr) for b in hop.bodies(eqn)):
+                new = new.replace(params=hop.with_bodies(eqn, lambda body: _forward(body, ctx)))
             for k in eqn_traffic(eqn).may_write:
                 known.pop(k, None)
-        return outs
+        changed = changed or new is not eqn
+        eqns.append(new)
+    if not changed:
+        return closed
+    outvars = [sub(a) for a in jaxpr.outvars]
+    return _jax.ClosedJaxpr(jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts)
+
+
+def _needs_forwarding(jaxpr: _jax.Jaxpr) -> bool:
+    """A read of a key already read or written earlier in its region, here or nested."""
+    seen: set = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is var_get_p:
+            if key_of(eqn) in seen:
+                return True
+            seen.add(key_of(eqn))
+        elif eqn.primitive is var_set_p:
+            seen.add(key_of(eqn))
+        elif touches_variables(eqn.effects):
+            if any(_needs_forwarding(b.jaxpr) for b in hop.bodies(eqn)):
+                return True
+            seen -= eqn_traffic(eqn).may_write
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,4 +91,4 @@ class ForwardStores(Pass):
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         if not touches_variables(jaxpr.effects):
             return jaxpr
-        return _Forwarder(ctx).run(jaxpr)
+        return _forward(jaxpr, ctx)

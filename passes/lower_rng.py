@@ -79,12 +79,17 @@ def stream_state(stream: str, aval: Any, mode: str):
 
 
 class _Lowerer(Rewriter):
+    local = True   # a draw's replacement depends on stream counters, not on other values
+
     def __init__(self):
         super().__init__()
         self.loop_ids = itertools.count()
 
     def needs_rewrite(self, jaxpr: _jax.Jaxpr) -> bool:
         return bool(streams_of(jaxpr.effects))
+
+    def rewrites(self, eqn: _jax.JaxprEqn) -> bool:
+        return eqn.primitive is rng_draw_p
 
     def draw(self, st) -> Any:
         key = _get(st.key, st.aval)

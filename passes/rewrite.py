@@ -23,6 +23,14 @@ makes between ``Interpreter`` and ``Transformer``.
 If no rule matches anywhere, ``run`` returns its argument unchanged (same
 object), so unchanged passes are free and print-after-change is exact.
 
+**Splicing.** A rewriter whose rewrites are *local* (``local = True``: what a
+rewrite emits depends only on the equation, its inputs and Python state, never
+on values kept from other equations) does not re-trace a jaxpr in which only
+top-level equations need rewriting.  Each such equation is traced alone, over
+its input avals, and its equations are spliced in place of it; every other
+equation is kept as it is.  A pass touching a few equations of a large jaxpr
+(RNG draws, casts of reads) then costs a walk, not a re-evaluation.
+
 Sharp edges:
   * Rules must keep a body's signature (input and output avals); signature
     changes belong in a pass with its own higher-order rules (see discharge).
@@ -74,6 +82,8 @@ class Region:
 class Rewriter:
     """Re-traces jaxprs, dispatching equations to rules; see the module docstring."""
 
+    local: ClassVar[bool] = False
+
     def __init__(self, rules: Sequence[Rule] = ()):
         self.by_primitive: dict[Any, list[Rule]] = {}
         for r in rules:
@@ -103,13 +113,49 @@ class Rewriter:
         """Override to decide per jaxpr; by default, any equation a rule wants."""
         return any(self.wants(e) for e in jaxpr.eqns)
 
+    def rewrites(self, eqn: _jax.JaxprEqn) -> bool:
+        """Does ``eqn`` itself (not its bodies) get rewritten?  Override with ``eqn``."""
+        return self.rule_for(eqn) is not None
+
     # -- evaluation ----------------------------------------------------------------
     def run(self, closed: ClosedJaxpr, region: Region | None = None) -> ClosedJaxpr:
         """``closed`` rewritten, same signature; the same object if nothing matched."""
         if not self.touches(closed):
             return closed
         region = region if region is not None else Region(self)
+        if self.local and not any(self.touches(b) for e in closed.jaxpr.eqns for b in hop.bodies(e)):
+            return self.splice(closed, region)
         return self.trace(lambda *args: self.eval(closed, args, region), list(closed.in_avals))
+
+    def splice(self, closed: ClosedJaxpr, region: Region) -> ClosedJaxpr:
+        """``run`` without re-tracing: each equation that ``rewrites`` is traced alone and
+        its replacement spliced in; the others are kept (see "Splicing" above)."""
+        jaxpr = closed.jaxpr
+        constvars, consts = list(jaxpr.constvars), list(closed.consts)
+        rename: dict = {}
+
+        def sub(a):
+            return rename.get(a, a) if isinstance(a, _jax.Var) else a
+
+        eqns = []
+        for eqn in jaxpr.eqns:
+            invars = [sub(a) for a in eqn.invars]
+            if not self.rewrites(eqn):
+                eqns.append(eqn if invars == list(eqn.invars) else eqn.replace(invars=invars))
+                continue
+            piece = self.trace(lambda *xs: self.eqn(eqn, list(xs), region), [a.aval for a in invars])
+            local = dict(zip(piece.jaxpr.invars, invars))
+            constvars += piece.jaxpr.constvars
+            consts += piece.consts
+            for e in piece.jaxpr.eqns:
+                eqns.append(e.replace(invars=[local.get(a, a) if isinstance(a, _jax.Var) else a
+                                              for a in e.invars]))
+            rename.update((o, local.get(n, n) if isinstance(n, _jax.Var) else n)
+                          for o, n in zip(eqn.outvars, piece.jaxpr.outvars))
+        effects = set().union(*(e.effects for e in eqns))
+        new = jaxpr.replace(constvars=constvars, eqns=eqns, outvars=[sub(a) for a in jaxpr.outvars],
+                            effects=effects)
+        return ClosedJaxpr(new, consts)
 
     def trace(self, fn: Callable[..., Sequence[Any]], in_avals: list[Any]) -> ClosedJaxpr:
         return _jax.trace_to_jaxpr(lambda *a: list(fn(*a)), in_avals)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Callable, Iterator
 
 from jax._src import api_util, core, effects, source_info_util
@@ -79,6 +80,20 @@ def user_frame_text(source_info: SourceInfo | None) -> str | None:
     return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
 
 
+def python_user_frame_text() -> str | None:
+    """The first user frame of the *Python* stack.
+
+    JAX's captured tracebacks stop where a trace entered Python from C++, so code
+    traced entirely inside library frames (a varjax.nn layer applied at top level)
+    has no user frame in them; the Python stack still reaches the user's call."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if source_info_util.is_user_filename(frame.f_code.co_filename):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_qualname})"
+        frame = frame.f_back
+    return None
+
+
 def current_source_info() -> SourceInfo:
     return source_info_util.current()
 
@@ -112,6 +127,11 @@ def get_aval(x: Any) -> AbstractValue:
 def is_top_level() -> bool:
     """True when no JAX transformation or staging trace is active."""
     return core.trace_state_clean()
+
+
+def current_trace() -> Any:
+    """The innermost active JAX trace (an opaque object compared by identity)."""
+    return core.trace_ctx.trace
 
 
 def jit_key_state(name: str):

@@ -11,7 +11,9 @@ Sharp edges:
 """
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import threading
+from typing import Iterator, Sequence
 
 from varjax import _jax
 
@@ -21,6 +23,7 @@ __all__ = [
     "VariableStructureError", "TransformError", "UnsupportedPrimitiveError",
     "PipelineError", "PassError", "VerificationError", "ModuleError", "NameInUseError",
     "AssignSubModuleError", "UnboundModuleError", "InvalidScopeError", "FrozenModuleError",
+    "ConfigError",
     "format_path", "source_text",
 ]
 
@@ -29,11 +32,29 @@ def format_path(path: Sequence[str] | None) -> str:
     return "/".join(str(p) for p in path) if path else "<none>"
 
 
+_call_site = threading.local()
+
+
+@contextlib.contextmanager
+def call_site(text: str | None) -> Iterator[None]:
+    """While tracing and compiling one call, the user's line that made the call: the
+    fallback when an equation's own traceback holds no user frame (code traced entirely
+    in library frames, e.g. a ``varjax.nn`` layer applied directly)."""
+    previous = getattr(_call_site, "text", None)
+    _call_site.text = text
+    try:
+        yield
+    finally:
+        _call_site.text = previous
+
+
 def source_text(source_info: _jax.SourceInfo | None = None) -> str:
     """``file:line (function)`` of the user's code; the current frame if not given."""
     if source_info is None:
-        source_info = _jax.current_source_info()
-    return _jax.user_frame_text(source_info) or "<unknown source>"
+        found = _jax.user_frame_text(_jax.current_source_info()) or _jax.python_user_frame_text()
+    else:
+        found = _jax.user_frame_text(source_info) or getattr(_call_site, "text", None)
+    return found or "<unknown source>"
 
 
 class VarjaxError(Exception):
@@ -133,3 +154,8 @@ class InvalidScopeError(ModuleError):
 
 class FrozenModuleError(ModuleError):
     """An attribute was set on a module outside ``setup``; modules are frozen dataclasses."""
+
+
+class ConfigError(ModuleError, ValueError):
+    """A module's fields and call arguments disagree, e.g. an option given both as a field
+    and as a call argument (``nn.merge_param``); also a ``ValueError``, as in Linen."""

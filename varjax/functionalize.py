@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from varjax import _jax, filters, scope
+from varjax import _jax, errors, filters, scope
 from varjax.passes import Pass, PassContext, Pipeline
 from varjax.passes.discharge import Signature
 from varjax.passes.lower_rng import RNG_COLLECTION
@@ -233,13 +233,15 @@ class Functionalized:
     def _effectful(self, key: "_Key") -> _Effectful:
         found = self._traces.get(key)
         if found is None:
-            found = self._traces[key] = self._trace(key)
+            with errors.call_site(_jax.python_user_frame_text()):
+                found = self._traces[key] = self._trace(key)
         return found
 
     def _compiled(self, key: "_Key") -> Traced:
         found = self._cache.get(key)
         if found is None:
-            found = self._cache[key] = self._compile(self._effectful(key))
+            with errors.call_site(_jax.python_user_frame_text()):
+                found = self._cache[key] = self._compile(self._effectful(key))
         return found
 
     def _trace(self, key: "_Key") -> _Effectful:
@@ -250,6 +252,7 @@ class Functionalized:
         out_tree_box: list[Any] = []
 
         def flat_fn(*arrays):
+            ctx.top_trace = _jax.current_trace()
             full = [static.get(i) for i in range(key.tree.num_leaves)]
             for i, a in zip(positions, arrays):
                 full[i] = a

@@ -83,12 +83,17 @@ class TraceContext:
         self.origin = self
         # The module whose method is running, for error messages (not part of the fingerprint).
         self.module: str | None = None
+        # The JAX trace the function runs in; a variable operation under any other trace
+        # runs inside an inner transformation (see _observe).
+        self.top_trace: Any = None
         # A trace that may create or retype variables changes the context inside inner
-        # jax.jit bodies -- Python that a cache hit would skip.  Such traces never share
-        # inner traces with other functionalize traces (a nonce); fully immutable ones can.
+        # jax.jit bodies -- Python that a cache hit would skip.  Under strict fingerprints
+        # such traces never share inner traces with other functionalize traces (a nonce);
+        # fully immutable ones can.
+        base = (filters.freeze(mutable), tuple(sorted(self.rng_streams.items())), initializing)
         nonce = next(_nonces) if (initializing or mutable is not False) else None
-        self._base = hash((filters.freeze(mutable), tuple(sorted(self.rng_streams.items())),
-                           initializing, nonce))
+        self._base = hash(base)
+        self._strict_base = hash((base, nonce))
         self._vars_hash = 0
         for item in self.variables.items():
             self._vars_hash ^= hash(item)
@@ -98,9 +103,26 @@ class TraceContext:
         """Everything a trace made under this context can depend on, hashed.
 
         Equal fingerprints mean an inner ``jax.jit`` trace can be reused safely, so
-        JAX's caches keep working for library functions (``jax.nn.relu``...).
+        JAX's caches keep working for library functions (``jax.nn.relu``...).  Until
+        a variable operation has run inside an inner transformation, no inner trace can
+        depend on variables, and the fingerprint leaves them out (see ``_observe``).
         """
-        return ("varjax", self._base, self._vars_hash, self.path_prefix)
+        if _strict[0]:
+            return ("varjax", self._strict_base, self._vars_hash, self.path_prefix)
+        return ("varjax", self._base, self.path_prefix)
+
+    def observe(self) -> None:
+        """Called by every variable operation: the first one that runs inside an inner
+        JAX trace (a jitted helper, a loop body...) switches the whole process to strict
+        fingerprints, which include the variable view and a per-trace nonce.
+
+        Before that switch, inner traces were made by code that never touched a variable
+        (library functions), so sharing them across variable views and traces is safe;
+        the inner trace that makes the switch was keyed non-strictly, and no non-strict
+        key is ever looked up again."""
+        if not _strict[0] and _jax.current_trace() is not self.top_trace:
+            _strict[0] = True
+            _JIT_KEY.set_local(self.fingerprint)
 
     def snapshot(self, variables: dict[Key, VarType]) -> "TraceContext":
         """A copy that sees the given variables plus ``variables`` as they are at one point
@@ -124,7 +146,8 @@ class TraceContext:
             self._vars_hash ^= hash((key, old))
         self.variables[key] = vt
         self._vars_hash ^= hash((key, vt))
-        _JIT_KEY.set_local(self.fingerprint)
+        if _strict[0]:
+            _JIT_KEY.set_local(self.fingerprint)
 
     def is_mutable(self, collection: str) -> bool:
         return filters.matches(self.mutable, collection)
@@ -136,6 +159,7 @@ class TraceContext:
 
 _JIT_KEY = _jax.jit_key_state("varjax_trace_context")
 _nonces = itertools.count()
+_strict = [False]   # process-wide and one-way: see TraceContext.observe
 _local = threading.local()
 
 
@@ -203,6 +227,7 @@ def activate(ctx: TraceContext) -> _Activation:
 # --- the free-function API -------------------------------------------------------------
 
 def _read(ctx: TraceContext, collection: str, path: Path) -> Any:
+    ctx.observe()
     vt = ctx.variables[(collection, path)]
     return jax.tree.unflatten(vt.tree, bind_get(collection, path, vt.tree, vt.avals))
 
@@ -216,6 +241,7 @@ def _check_collection(collection: str) -> None:
 
 
 def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
+    ctx.observe()
     leaves, tree = jax.tree.flatten(value)
     leaves = [jax.numpy.asarray(x) for x in leaves]
     ctx.set_type((collection, path), VarType.of_leaves(tree, leaves))
@@ -234,7 +260,12 @@ def _missing(ctx: TraceContext, collection: str, path: Path, why: str) -> errors
 def has_variable(collection: str, name: str | Sequence[str]) -> bool:
     """Whether the variable exists at this point of the trace."""
     ctx = current("vj.has_variable")
-    return (collection, ctx.full_path(name)) in ctx.variables
+    return has_at(ctx, collection, ctx.full_path(name))
+
+
+def has_at(ctx: TraceContext, collection: str, path: Path) -> bool:
+    ctx.observe()
+    return (collection, path) in ctx.variables
 
 
 def read_at(ctx: TraceContext, collection: str, path: Path) -> Any:
@@ -340,6 +371,7 @@ def param(name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
 
 
 def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_args: tuple) -> Any:
+    ctx.observe()
     key = ("params", path)
     if key in ctx.variables:
         check_type("params", path, ctx.variables[key], expected_type(init_fn, init_args, True),
@@ -393,6 +425,7 @@ def variable(collection: str, name: str | Sequence[str], init_fn: Callable[..., 
 
 def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callable[..., Any] | None,
                 init_args: tuple) -> Variable:
+    ctx.observe()
     _check_collection(collection)
     if (collection, path) not in ctx.variables:
         if init_fn is None:
@@ -421,6 +454,7 @@ def sow(collection: str, name: str | Sequence[str], value: Any,
 
 def sow_at(ctx: TraceContext, collection: str, path: Path, value: Any,
            reduce_fn: Callable[[Any, Any], Any] = _append, init_fn: Callable[[], Any] = tuple) -> bool:
+    ctx.observe()
     _check_collection(collection)
     if not ctx.is_mutable(collection):
         return False

@@ -27,12 +27,13 @@ def layout(variables: Any) -> dict:
 
 
 def perturb(variables: dict, seed: int = 1, scale: float = 0.3) -> dict:
-    """Adds noise to every float leaf of ``params``; other collections are kept."""
+    """Adds noise to every float leaf of ``params``; other collections are kept.
+    (NumPy noise: jax.random would compile once per parameter shape.)"""
     leaves, tree = jax.tree.flatten(variables.get("params", {}))
-    keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
-    noisy = [x + (scale * jax.random.normal(k, np.shape(x))).astype(x.dtype)
-             if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x
-             for x, k in zip(leaves, keys)]
+    rng = np.random.default_rng(seed)
+    noisy = [jnp.asarray(np.asarray(x, np.float32) + scale * rng.standard_normal(np.shape(x)),
+                         dtype=x.dtype)
+             if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x for x in leaves]
     return {**variables, "params": jax.tree.unflatten(tree, noisy)}
 
 

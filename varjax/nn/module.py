@@ -453,7 +453,7 @@ class Module:
     def has_variable(self, collection: str, name: str) -> bool:
         if self.scope is not None and self.scope.eager():
             return self.scope.root.has(collection, self._path(name))
-        return (collection, self._path(name)) in self._ctx("Module.has_variable").variables
+        return scope.has_at(self._ctx("Module.has_variable"), collection, self._path(name))
 
     def get_variable(self, collection: str, name: str, default: Any = None) -> Any:
         if not self.has_variable(collection, name):
@@ -555,15 +555,17 @@ class Module:
         key = (fn, capture)
         found = cache.get(key)
         if found is None:
-            capture_fn = _capture_filter(capture)
-            template = self
-
-            def bound_call(*args: Any, **kwargs: Any) -> Any:
-                root = _TraceRoot(scope.current(), capture_fn)
-                return fn(template.clone(parent=root, name=None), *args, **kwargs)
-            bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
-            found = cache[key] = Functionalized(bound_call)
+            found = cache[key] = _shared_functionalized(self, key)
         return found
+
+    def _new_functionalized(self, fn: Callable, capture: Any) -> Functionalized:
+        capture_fn = _capture_filter(capture)
+
+        def bound_call(*args: Any, **kwargs: Any) -> Any:
+            root = _TraceRoot(scope.current(), capture_fn)
+            return fn(self.clone(parent=root, name=None), *args, **kwargs)
+        bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
+        return Functionalized(bound_call)
 
     def init_with_output(self, rngs: Any, *args: Any, method: Any = None,
                          mutable: Any = DEFAULT_INIT_MUTABLE, capture_intermediates: Any = False,
@@ -626,6 +628,26 @@ def _wrap_method(fn: Callable) -> Callable:
     wrapped.varjax_wrapped = True
     wrapped.varjax_inner = fn
     return wrapped
+
+
+# Equal modules (same class and fields) share their Functionalized, so building a new but
+# equal model object -- as code that constructs its model per step does -- neither retraces
+# nor recompiles.  Bounded: the oldest entry goes first.
+_SHARED: dict[Any, Functionalized] = {}
+_SHARED_MAX = 256
+
+
+def _shared_functionalized(module: Module, key: tuple) -> Functionalized:
+    try:
+        shared_key = (type(module), module, *key)
+        found = _SHARED.get(shared_key)
+    except TypeError:                 # a field is unhashable: this instance only
+        return module._new_functionalized(*key)
+    if found is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            del _SHARED[next(iter(_SHARED))]
+        found = _SHARED[shared_key] = module._new_functionalized(*key)
+    return found
 
 
 def _resolve_method(module: Module, method: Any) -> Callable:

@@ -1,0 +1,343 @@
+"""Dot-product attention, as ``flax.linen.attention`` defines it.
+
+The functions are pure JAX; ``MultiHeadDotProductAttention`` adds the
+``query``/``key``/``value``/``out`` projections and, with ``decode=True``, an
+autoregressive key/value cache in the ``cache`` collection.  Names, defaults,
+parameter layout and outputs match Linen, so a Linen checkpoint loads as is.
+
+Sharp edges:
+  * Attention dropout draws from the ``dropout`` stream through varjax's RNG,
+    so its masks differ from Flax's for the same key; with
+    ``deterministic=True`` (or ``dropout_rate=0``) outputs match Flax exactly.
+  * A decode step writes the cache: apply with ``mutable=['cache']``.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from varjax import errors
+from varjax.nn import initializers
+from varjax.nn.dtypes import merge_param, promote_dtype
+from varjax.nn.linear import DenseGeneral, default_kernel_init
+from varjax.nn.module import Module, compact
+from varjax.nn.normalization import LayerNorm
+
+__all__ = [
+    "dot_product_attention_weights", "dot_product_attention", "make_attention_mask",
+    "make_causal_mask", "combine_masks", "MultiHeadDotProductAttention", "MultiHeadAttention",
+    "SelfAttention",
+]
+
+Array = jax.Array
+
+
+def _einsum(precision: Any, dot_general: Callable[..., Array] | None) -> Callable[..., Array]:
+    """``jnp.einsum`` with a fixed precision and, when given, a custom ``dot_general``
+    (how quantization libraries hook into attention)."""
+    if dot_general is None:
+        return functools.partial(jnp.einsum, precision=precision)
+    return functools.partial(jnp.einsum, precision=precision, _dot_general=dot_general)
+
+
+def dot_product_attention_weights(
+    query: Array, key: Array, bias: Array | None = None, mask: Array | None = None,
+    broadcast_dropout: bool = True, dropout_rng: Array | None = None, dropout_rate: float = 0.0,
+    deterministic: bool = False, dtype: Any = None, precision: Any = None,
+    module: Module | None = None, force_fp32_for_softmax: bool = False,
+    einsum_dot_general: Callable[..., Array] | None = None,
+    einsum: Callable[..., Array] | None = None,
+) -> Array:
+    """Softmax attention weights ``[batch..., heads, q_length, kv_length]``.
+
+    ``query``/``key`` are ``[batch..., length, heads, depth]``.  ``mask`` is
+    ``False`` where a weight is excluded; it and ``bias`` must broadcast to the
+    weights' shape.  With ``module`` given, the weights are sown into its
+    ``intermediates`` collection as ``attention_weights`` (before dropout), so
+    they can be inspected without a second function.
+    """
+    if (precision is not None or einsum_dot_general is not None) and einsum is not None:
+        raise ValueError("precision/einsum_dot_general and einsum are mutually exclusive; give one.")
+    if einsum is None:
+        einsum = _einsum(precision, einsum_dot_general)
+    query, key = promote_dtype(query, key, dtype=dtype)
+    dtype = query.dtype
+    if query.ndim != key.ndim or query.shape[:-3] != key.shape[:-3] or query.shape[-2:] != key.shape[-2:]:
+        raise ValueError(f"query {query.shape} and key {key.shape} must agree on batch dims, heads and depth")
+
+    query = query / jnp.sqrt(query.shape[-1]).astype(dtype)
+    weights = einsum("...qhd,...khd->...hqk", query, key)
+    if bias is not None:
+        weights = weights + bias
+    if mask is not None:
+        weights = jnp.where(mask, weights, jnp.finfo(dtype).min)
+    if force_fp32_for_softmax and dtype != jnp.float32:
+        weights = jax.nn.softmax(weights.astype(jnp.float32))
+    else:
+        weights = jax.nn.softmax(weights).astype(dtype)
+
+    if module is not None:
+        module.sow("intermediates", "attention_weights", weights)
+
+    if not deterministic and dropout_rate > 0.0:
+        keep_prob = 1.0 - dropout_rate
+        # A broadcast mask is shared by every batch element and head.
+        shape = (1,) * (key.ndim - 2) + weights.shape[-2:] if broadcast_dropout else weights.shape
+        keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
+        weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
+    return weights
+
+
+def dot_product_attention(
+    query: Array, key: Array, value: Array, bias: Array | None = None, mask: Array | None = None,
+    broadcast_dropout: bool = True, dropout_rng: Array | None = None, dropout_rate: float = 0.0,
+    deterministic: bool = False, dtype: Any = None, precision: Any = None,
+    module: Module | None = None, force_fp32_for_softmax: bool = False,
+    einsum_dot_general: Callable[..., Array] | None = None,
+    qk_attn_weights_einsum: Callable[..., Array] | None = None,
+    attn_weights_value_einsum: Callable[..., Array] | None = None,
+) -> Array:
+    """Attention output ``[batch..., q_length, heads, v_depth]`` (Vaswani et al., 2017).
+
+    ``value`` is ``[batch..., kv_length, heads, v_depth]``; the other arguments
+    are those of ``dot_product_attention_weights``.  The two ``*_einsum``
+    overrides (given together) replace ``jnp.einsum``, e.g. for quantization.
+    """
+    if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
+        raise ValueError("qk_attn_weights_einsum and attn_weights_value_einsum must be given together.")
+    if (precision is not None or einsum_dot_general is not None) and qk_attn_weights_einsum is not None:
+        raise ValueError("precision/einsum_dot_general and the *_einsum overrides are mutually exclusive.")
+    query, key, value = promote_dtype(query, key, value, dtype=dtype)
+    if key.shape[:-1] != value.shape[:-1] or key.ndim != value.ndim:
+        raise ValueError(f"key {key.shape} and value {value.shape} must agree on all but the depth axis")
+    weights = dot_product_attention_weights(
+        query, key, bias, mask, broadcast_dropout, dropout_rng, dropout_rate, deterministic,
+        query.dtype, precision, module, force_fp32_for_softmax,
+        einsum_dot_general=einsum_dot_general, einsum=qk_attn_weights_einsum)
+    # force_fp32_for_softmax leaves the weights in float32: mix them with the
+    # values by an explicit cast, which strict dtype promotion accepts.
+    weights, value = promote_dtype(weights, value)
+    einsum = attn_weights_value_einsum or _einsum(precision, einsum_dot_general)
+    return einsum("...hqk,...khd->...qhd", weights, value)
+
+
+class MultiHeadDotProductAttention(Module):
+    """Multi-head dot-product attention with Linen's fields and parameter layout.
+
+    ``inputs_q`` is projected to queries and ``inputs_k``/``inputs_v``
+    (default: ``inputs_q``, self-attention) to keys and values by
+    ``DenseGeneral`` layers named ``query``, ``key``, ``value``, each producing
+    ``(num_heads, qkv_features // num_heads)`` features; the heads are merged
+    back by ``out``.  ``deterministic`` may be given here or at call time
+    (exactly one, and only needed when ``dropout_rate > 0``).
+
+    ``decode=True`` keeps ``cached_key``, ``cached_value`` and ``cache_index``
+    in the ``cache`` collection: ``init`` on a full-length input sizes the
+    cache, then each call with one token (``mutable=['cache']``) appends its
+    key/value and attends to the positions written so far.
+    """
+
+    num_heads: int
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    qkv_features: int | None = None
+    out_features: int | None = None
+    broadcast_dropout: bool = True
+    dropout_rate: float = 0.0
+    deterministic: bool | None = None
+    precision: Any = None
+    kernel_init: initializers.Initializer = default_kernel_init
+    out_kernel_init: initializers.Initializer | None = None
+    bias_init: initializers.Initializer = initializers.zeros_init()
+    out_bias_init: initializers.Initializer | None = None
+    use_bias: bool = True
+    attention_fn: Callable[..., Array] = dot_product_attention
+    decode: bool = False
+    normalize_qk: bool = False
+    force_fp32_for_softmax: bool = False
+    qkv_dot_general: Any = None
+    out_dot_general: Any = None
+    qkv_dot_general_cls: Any = None
+    out_dot_general_cls: Any = None
+    qk_attn_weights_einsum_cls: Callable[..., Callable[..., Array]] | None = None
+    attn_weights_value_einsum_cls: Callable[..., Callable[..., Array]] | None = None
+
+    @compact
+    def __call__(self, inputs_q: Array, inputs_k: Array | None = None, inputs_v: Array | None = None, *,
+                 inputs_kv: Array | None = None, mask: Array | None = None,
+                 deterministic: bool | None = None, dropout_rng: Array | None = None,
+                 sow_weights: bool = False) -> Array:
+        """Attends ``inputs_q`` (``[batch..., q_length, features]``) to the keys/values.
+
+        ``mask`` (``[batch..., heads, q_length, kv_length]``, ``False`` = excluded)
+        broadcasts over heads; ``dropout_rng`` overrides the ``dropout`` stream;
+        ``sow_weights`` sows the attention weights into ``intermediates``.
+        """
+        if inputs_kv is not None:
+            if inputs_k is not None or inputs_v is not None:
+                raise ValueError("give either inputs_kv or inputs_k/inputs_v, not both")
+            inputs_k = inputs_v = inputs_kv
+        elif inputs_k is None:
+            if inputs_v is not None:
+                raise ValueError("inputs_v needs inputs_k; to use one array for both, pass only inputs_k")
+            inputs_k = inputs_q
+        if inputs_v is None:
+            inputs_v = inputs_k
+
+        features = self.out_features or inputs_q.shape[-1]
+        qkv_features = self.qkv_features or inputs_q.shape[-1]
+        if qkv_features % self.num_heads:
+            raise ValueError(f"qkv_features ({qkv_features}) must be divisible by num_heads "
+                             f"({self.num_heads})")
+        dense = functools.partial(
+            DenseGeneral, axis=-1, features=(self.num_heads, qkv_features // self.num_heads),
+            dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+            bias_init=self.bias_init, use_bias=self.use_bias, precision=self.precision,
+            dot_general=self.qkv_dot_general, dot_general_cls=self.qkv_dot_general_cls)
+        query = dense(name="query")(inputs_q)
+        key = dense(name="key")(inputs_k)
+        value = dense(name="value")(inputs_v)
+
+        if self.normalize_qk:
+            # QK normalization keeps attention logits bounded at high learning
+            # rates (Dehghani et al., 2023, arXiv:2302.05442).
+            norm = functools.partial(LayerNorm, use_bias=False, dtype=self.dtype,
+                                     param_dtype=self.param_dtype)
+            query = norm(name="query_ln")(query)
+            key = norm(name="key_ln")(key)
+
+        if self.decode:
+            key, value, mask = self._decode_step(query, key, value, mask)
+
+        if self.dropout_rate > 0.0:
+            deterministic = merge_param("deterministic", self.deterministic, deterministic)
+            if not deterministic and dropout_rng is None:
+                dropout_rng = self.make_rng("dropout")
+        else:
+            deterministic = True
+
+        qk_einsum = self.qk_attn_weights_einsum_cls() if self.qk_attn_weights_einsum_cls else None
+        wv_einsum = self.attn_weights_value_einsum_cls() if self.attn_weights_value_einsum_cls else None
+        attn_kwargs = dict(
+            mask=mask, dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
+            broadcast_dropout=self.broadcast_dropout, deterministic=deterministic, dtype=self.dtype,
+            precision=self.precision, force_fp32_for_softmax=self.force_fp32_for_softmax,
+            qk_attn_weights_einsum=qk_einsum, attn_weights_value_einsum=wv_einsum)
+        # A custom attention_fn receives only the keywords it declares.
+        accepted = inspect.signature(self.attention_fn).parameters
+        attn_kwargs = {k: v for k, v in attn_kwargs.items() if k in accepted}
+        if sow_weights:
+            attn_kwargs["module"] = self
+        x = self.attention_fn(query, key, value, **attn_kwargs)
+
+        return DenseGeneral(
+            features=features, axis=(-2, -1), kernel_init=self.out_kernel_init or self.kernel_init,
+            bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias, dtype=self.dtype,
+            param_dtype=self.param_dtype, precision=self.precision, dot_general=self.out_dot_general,
+            dot_general_cls=self.out_dot_general_cls, name="out")(x)
+
+    def _decode_step(self, query: Array, key: Array, value: Array,
+                     mask: Array | None) -> tuple[Array, Array, Array | None]:
+        """Writes this step's key/value into the cache; returns the whole cache and
+        a mask hiding the positions not written yet.
+
+        The first call (cache absent, ``cache`` mutable) only creates the cache,
+        sized by the full-length input, and attends normally.
+        """
+        initialized = self.has_variable("cache", "cached_key")
+        if not initialized and not self.is_mutable_collection("cache"):
+            raise errors.MissingVariableError(
+                "decode=True needs the autoregressive cache, which is missing", collection="cache",
+                path=(*self.path, "cached_key"), source=errors.source_text(),
+                fix="initialize with decode=True on a full-length input (init(...)['cache']) and pass "
+                    "that cache in the variables")
+        if initialized and not self.is_mutable_collection("cache"):
+            raise errors.ImmutableCollectionError(
+                "a decode step updates the autoregressive cache, but 'cache' is not mutable",
+                collection="cache", path=(*self.path, "cached_key"), source=errors.source_text(),
+                fix="apply with mutable=['cache']")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
+        if not initialized:
+            return key, value, mask
+
+        *batch_dims, max_length, num_heads, depth = cached_key.value.shape
+        expected = (*batch_dims, 1, num_heads, depth)
+        if query.shape != expected:
+            raise errors.VariableShapeError(
+                f"a decode step takes one position: query projection {query.shape} does not fit the "
+                f"cache, which expects {expected}", collection="cache",
+                path=(*self.path, "cached_key"), source=errors.source_text(),
+                fix="feed one token per call ([batch..., 1, features]) with the batch shape used at init")
+        index = cache_index.value
+        zero = jnp.zeros((), index.dtype)
+        start = (zero,) * len(batch_dims) + (index, zero, zero)
+        key = lax.dynamic_update_slice(cached_key.value, key, start)
+        value = lax.dynamic_update_slice(cached_value.value, value, start)
+        cached_key.value = key
+        cached_value.value = value
+        cache_index.value = index + 1
+        # The single query may only see the positions written so far.
+        written = jnp.broadcast_to(jnp.arange(max_length) <= index, (*batch_dims, 1, 1, max_length))
+        return key, value, combine_masks(mask, written)
+
+
+class MultiHeadAttention(MultiHeadDotProductAttention):
+    """``MultiHeadDotProductAttention`` under Linen's shorter name.
+
+    Only the class name differs, and with it the auto-name
+    (``MultiHeadAttention_0``), which is what checkpoints key on.
+    """
+
+
+class SelfAttention(MultiHeadDotProductAttention):
+    """Self-attention: ``MultiHeadDotProductAttention`` with keys and values taken
+    from ``inputs_q``.  Kept for Linen code that still uses it; Linen deprecates
+    it in favour of calling ``MultiHeadDotProductAttention`` with one input."""
+
+    @compact
+    def __call__(self, inputs_q: Array, mask: Array | None = None,  # type: ignore[override]
+                 deterministic: bool | None = None, dropout_rng: Array | None = None,
+                 sow_weights: bool = False) -> Array:
+        return super().__call__(inputs_q, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
+                                sow_weights=sow_weights)
+
+
+def make_attention_mask(query_input: Array, key_input: Array,
+                        pairwise_fn: Callable[..., Any] = jnp.multiply, extra_batch_dims: int = 0,
+                        dtype: Any = jnp.float32) -> Array:
+    """``pairwise_fn(query_input[..., :, None], key_input[..., None, :])`` with a
+    singleton heads axis, ``[batch..., 1, q_length, kv_length]``: the mask shape
+    attention broadcasts over heads.  ``extra_batch_dims`` prepends singleton axes."""
+    mask = pairwise_fn(jnp.expand_dims(query_input, -1), jnp.expand_dims(key_input, -2))
+    mask = jnp.expand_dims(mask, -3)
+    mask = jnp.expand_dims(mask, tuple(range(extra_batch_dims)))
+    return mask.astype(dtype)
+
+
+def make_causal_mask(x: Array, extra_batch_dims: int = 0, dtype: Any = jnp.float32) -> Array:
+    """``[batch..., 1, length, length]`` mask letting position ``i`` see positions
+    ``<= i``; only ``x``'s shape ``[batch..., length]`` is used."""
+    positions = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
+    return make_attention_mask(positions, positions, jnp.greater_equal, extra_batch_dims=extra_batch_dims,
+                               dtype=dtype)
+
+
+def combine_masks(*masks: Array | None, dtype: Any = jnp.float32) -> Array | None:
+    """Logical AND of the masks that are not ``None`` (all of one rank), as ``dtype``;
+    ``None`` when none are given, so optional masks can be passed straight through."""
+    given = [m for m in masks if m is not None]
+    if not given:
+        return None
+    if len({m.ndim for m in given}) != 1:
+        raise ValueError(f"masks must have the same rank, got ranks {[m.ndim for m in given]}")
+    mask = given[0]
+    for other in given[1:]:
+        mask = jnp.logical_and(mask, other)
+    return mask.astype(dtype)

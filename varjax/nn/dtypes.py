@@ -1,0 +1,74 @@
+"""Helpers shared by the layers: the dtype a layer computes in, and options
+that may be given either as a field or as a call argument.
+
+A layer mixes its inputs with parameters of ``param_dtype``.  ``dtype=None``
+means "whatever JAX's standard promotion of the arguments gives"; a given
+``dtype`` overrides inference.  Either way every argument is then cast
+*explicitly*, so the arithmetic that follows never promotes implicitly.
+
+The inference always uses JAX's *standard* promotion lattice, even when the
+user runs with ``jax_numpy_dtype_promotion='strict'``: the cast is the layer's
+deliberate choice, which is what strict mode asks code to make, so it must not
+be rejected as an accidental promotion.
+
+Sharp edges:
+  * Python scalars are weakly typed, so ``promote_dtype(x_bf16, 1.0)`` stays
+    ``bfloat16``, exactly as ``x_bf16 + 1.0`` would.
+  * ``merge_param`` raises ``VarjaxError`` where Linen raises ``ValueError``.
+"""
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+from varjax import errors
+
+__all__ = ["canonicalize_dtype", "promote_dtype", "merge_param"]
+
+T = TypeVar("T")
+
+
+def canonicalize_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> Any:
+    """The dtype ``args`` (``None`` entries ignored) should be cast to.
+
+    With ``inexact=True`` an inferred integer/bool dtype is widened to a
+    floating one (layers that take means cannot compute in ``int32``), and a
+    given ``dtype`` must already be inexact.
+    """
+    if dtype is None:
+        with jax.numpy_dtype_promotion("standard"):
+            dtype = jnp.result_type(*(x for x in args if x is not None))
+            if inexact and not jnp.issubdtype(dtype, jnp.inexact):
+                dtype = jnp.promote_types(jnp.float32, dtype)
+    if inexact and not jnp.issubdtype(dtype, jnp.inexact):
+        raise ValueError(f"dtype must be inexact (floating or complex) here, got {jnp.dtype(dtype)}")
+    return dtype
+
+
+def promote_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> list[Any]:
+    """``args`` cast to one common dtype (see ``canonicalize_dtype``); ``None`` stays ``None``."""
+    dtype = canonicalize_dtype(*args, dtype=dtype, inexact=inexact)
+    return [None if x is None else jnp.asarray(x, dtype) for x in args]
+
+
+def merge_param(name: str, field: T | None, call_arg: T | None) -> T:
+    """The one of ``field`` / ``call_arg`` that is not ``None``.
+
+    Options such as ``deterministic`` or ``use_running_average`` can be fixed
+    when the module is built or chosen per call.  Giving both would leave one
+    silently ignored and giving neither has no sensible default, so both
+    raise.
+    """
+    if field is not None and call_arg is not None:
+        raise errors.ConfigError(
+            f"'{name}' was given both as a module field and as a call argument.",
+            source=errors.source_text(),
+            fix=f"drop '{name}' from the constructor or from the call.")
+    if field is None and call_arg is None:
+        raise errors.ConfigError(
+            f"'{name}' was given neither as a module field nor as a call argument.",
+            source=errors.source_text(),
+            fix=f"pass '{name}' to the constructor or to the call.")
+    return field if field is not None else call_arg

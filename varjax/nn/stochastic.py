@@ -1,0 +1,57 @@
+"""``Dropout``: zeroes a random fraction ``rate`` of its input during training.
+
+Kept entries are scaled by ``1 / (1 - rate)`` so the expected output equals
+the input, which is why evaluation (``deterministic=True``) can return the
+input unchanged.  The mask is drawn from the ``'dropout'`` RNG stream
+(``rng_collection``): apply with ``rngs={'dropout': key}``.
+
+Sharp edges:
+  * Masks differ from Linen's for the same key: varjax derives per-call keys
+    differently (see ``vj.make_rng``).  Their distribution is the same.
+  * ``broadcast_dims`` shares one mask entry along those axes (e.g. the time
+    axis, for the same mask at every step).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from varjax.nn.dtypes import merge_param
+from varjax.nn.module import Module, compact
+
+__all__ = ["Dropout"]
+
+
+class Dropout(Module):
+    """Randomly zeroes inputs with probability ``rate`` unless ``deterministic``.
+
+    ``deterministic`` is given as a field or as a call argument, not both
+    (see ``merge_param``).  A key passed as ``rng`` is used instead of drawing
+    from ``rng_collection``.
+    """
+
+    rate: float
+    broadcast_dims: Sequence[int] = ()
+    deterministic: bool | None = None
+    rng_collection: str = "dropout"
+
+    @compact
+    def __call__(self, inputs: jax.Array, deterministic: bool | None = None,
+                 rng: jax.Array | None = None) -> jax.Array:
+        deterministic = merge_param("deterministic", self.deterministic, deterministic)
+        if deterministic or self.rate == 0.0:
+            return inputs
+        if self.rate == 1.0:
+            # keep_prob would be 0: avoid the 0/0 of rescaling.
+            return jnp.zeros_like(inputs)
+        keep_prob = 1.0 - self.rate
+        if rng is None:
+            rng = self.make_rng(self.rng_collection)
+        mask_shape = list(inputs.shape)
+        for dim in self.broadcast_dims:
+            mask_shape[dim] = 1
+        keep = jnp.broadcast_to(jax.random.bernoulli(rng, p=keep_prob, shape=mask_shape), inputs.shape)
+        return lax.select(keep, inputs / keep_prob, jnp.zeros_like(inputs))
