@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from varjax import errors
 
-__all__ = ["canonicalize_dtype", "promote_dtype", "merge_param"]
+__all__ = ["canonicalize_dtype", "promote_dtype", "merge_param", "cast"]
 
 T = TypeVar("T")
 
@@ -38,6 +38,11 @@ def canonicalize_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> A
     given ``dtype`` must already be inexact.
     """
     if dtype is None:
+        dtypes = {x.dtype for x in args if isinstance(x, jax.Array) and not x.weak_type}
+        if len(dtypes) == 1 and all(x is None or isinstance(x, jax.Array) for x in args):
+            (only,) = dtypes                    # the common case: nothing to promote
+            if not inexact or jnp.issubdtype(only, jnp.inexact):
+                return only
         with jax.numpy_dtype_promotion("standard"):
             dtype = jnp.result_type(*(x for x in args if x is not None))
             if inexact and not jnp.issubdtype(dtype, jnp.inexact):
@@ -50,7 +55,17 @@ def canonicalize_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> A
 def promote_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> list[Any]:
     """``args`` cast to one common dtype (see ``canonicalize_dtype``); ``None`` stays ``None``."""
     dtype = canonicalize_dtype(*args, dtype=dtype, inexact=inexact)
-    return [None if x is None else jnp.asarray(x, dtype) for x in args]
+    return [cast(x, dtype) for x in args]
+
+
+def cast(x: Any, dtype: Any) -> Any:
+    """``x`` as an array of ``dtype``; an array that already is one is returned as is
+    (layers promote on every call, and ``jnp.asarray`` costs trace time even then)."""
+    if x is None:
+        return None
+    if isinstance(x, jax.Array) and x.dtype == dtype and not getattr(x, "weak_type", False):
+        return x
+    return jnp.asarray(x, dtype)
 
 
 def merge_param(name: str, field: T | None, call_arg: T | None) -> T:

@@ -58,7 +58,8 @@ def _add_bias(y: jax.Array, bias: jax.Array | None) -> jax.Array:
     """``y + bias`` with ``bias`` aligned to ``y``'s trailing axes (explicit rank, no rank promotion)."""
     if bias is None:
         return y
-    return y + jnp.reshape(bias, (1,) * (y.ndim - bias.ndim) + bias.shape)
+    # lax, not jnp: the dtypes already agree, and jnp's checks cost trace time per layer.
+    return lax.add(y, lax.broadcast_in_dim(bias, y.shape, tuple(range(y.ndim - bias.ndim, y.ndim))))
 
 
 class Dense(Module):

@@ -27,6 +27,7 @@ Sharp edges:
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import jax
@@ -34,7 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from varjax.nn import initializers
-from varjax.nn.dtypes import canonicalize_dtype, merge_param, promote_dtype
+from varjax.nn.dtypes import canonicalize_dtype, cast, merge_param, promote_dtype
 from varjax.nn.module import Module, compact
 
 __all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm"]
@@ -66,12 +67,19 @@ def _compute_stats(x: jax.Array, axes: Axes, dtype: Any, axis_name: str | None =
     dtype = jnp.result_type(x) if dtype is None else dtype
     if force_float32_reductions:
         dtype = canonicalize_dtype(dtype, jnp.float32, inexact=False)  # at least float32
-    x = jnp.asarray(x, dtype)
+    x = cast(x, dtype)
     axes = _canonical_axes(x.ndim, axes)
     where = None if mask is None else jnp.asarray(mask, bool)
+    count = math.prod(x.shape[a] for a in axes)
+
+    def one_mean(v: jax.Array) -> jax.Array:
+        if where is not None:
+            return jnp.mean(v, axes, where=where)
+        # jnp.mean's arithmetic in lax: layers trace this per call, and jnp's checks cost.
+        return lax.div(lax.reduce_sum(v, axes), lax.convert_element_type(count, v.dtype))
 
     def mean(*xs: jax.Array) -> list[jax.Array]:
-        mus = [jnp.mean(v, axes, where=where) for v in xs]
+        mus = [one_mean(v) for v in xs]
         if axis_name is None:
             return mus
         # Averaged over the mapped axis too: global, not per-replica, statistics.
@@ -82,7 +90,7 @@ def _compute_stats(x: jax.Array, axes: Axes, dtype: Any, axis_name: str | None =
         return jnp.zeros_like(var), var
     if use_fast_variance:
         mu, mu2 = mean(x, _abs_sq(x))
-        return mu, jnp.maximum(0.0, mu2 - _abs_sq(mu))
+        return mu, lax.max(lax.sub(mu2, _abs_sq(mu)), lax.full_like(mu2, 0))
     (mu,) = mean(x)
     (var,) = mean(_abs_sq(x - jnp.expand_dims(mu, axes)))
     return mu, var
@@ -106,22 +114,24 @@ def _normalize(mdl: Module, x: jax.Array, mean: jax.Array, var: jax.Array, reduc
     broadcast_shape = tuple(x.shape[a] if a in feature_axes else 1 for a in range(x.ndim))
 
     def learned(name: str, init: initializers.Initializer) -> jax.Array:
-        p = mdl.param(name, init, param_shape, param_dtype).reshape(broadcast_shape)
-        return p if force_float32_reductions else jnp.asarray(p, param_dtype)
+        p = lax.reshape(mdl.param(name, init, param_shape, param_dtype), broadcast_shape)
+        return p if force_float32_reductions else cast(p, param_dtype)
 
-    y = jnp.subtract(*promote_dtype(x, jnp.expand_dims(mean, reduction_axes), inexact=False))
-    mul = lax.rsqrt(jnp.expand_dims(var, reduction_axes) + epsilon)
+    # lax once operands are promoted: same arithmetic as jnp, less trace time per layer.
+    y = lax.sub(*promote_dtype(x, lax.expand_dims(mean, reduction_axes), inexact=False))
+    var = lax.expand_dims(var, reduction_axes)
+    mul = lax.rsqrt(lax.add(var, lax.full_like(var, epsilon)))
     out_args = [x]
     if use_scale:
         scale = learned("scale", scale_init)
-        mul = jnp.multiply(*promote_dtype(mul, scale, inexact=False))
+        mul = lax.mul(*promote_dtype(mul, scale, inexact=False))
         out_args.append(scale)
-    y = jnp.multiply(*promote_dtype(y, mul, inexact=False))
+    y = lax.mul(*promote_dtype(y, mul, inexact=False))
     if use_bias:
         bias = learned("bias", bias_init)
-        y = jnp.add(*promote_dtype(y, bias, inexact=False))
+        y = lax.add(*promote_dtype(y, bias, inexact=False))
         out_args.append(bias)
-    return jnp.asarray(y, canonicalize_dtype(*out_args, dtype=dtype))
+    return cast(y, canonicalize_dtype(*out_args, dtype=dtype))
 
 
 class BatchNorm(Module):
