@@ -521,3 +521,29 @@ def test_fields_with_defaults_and_inheritance():
     child = Child(4, scale=2.0, name="c")
     assert (child.features, child.use_bias, child.scale, child.name) == (4, True, 2.0, "c")
     assert Child(4).init(random.key(0), X)["params"]["Dense_0"]["kernel"].shape == (2, 4)
+
+
+# --- caching and error locations -------------------------------------------------------------
+
+def test_equal_modules_share_traces_and_different_ones_do_not():
+    variables = MLP(5, 3).init(random.key(0), X)
+    MLP(5, 3).apply(variables, X)
+    fn = MLP(5, 3).functionalize()
+    count = fn.trace_count
+    MLP(5, 3).apply(variables, X)                 # a new but equal object: a cache hit
+    assert fn.trace_count == count
+    assert MLP(5, 4).functionalize() is not fn
+
+
+def test_error_in_a_library_layer_applied_directly_names_the_callers_line():
+    with pytest.raises(errors.MissingRngError) as info:
+        nn.Dropout(0.5).apply({}, X, deterministic=False)
+    assert "test_module.py" in info.value.source and info.value.collection == "dropout"
+
+
+def test_pass_error_in_a_library_layer_names_the_callers_line():
+    bn = nn.BatchNorm(use_running_average=False)
+    variables = bn.init(random.key(0), X)
+    with pytest.raises(errors.ImmutableCollectionError) as info:
+        bn.apply(variables, X)                    # batch_stats written but not mutable
+    assert "test_module.py" in info.value.source and info.value.collection == "batch_stats"
