@@ -20,9 +20,7 @@ Lifecycle (see ``notes/modules.md``):
     bound module; top-level templates never run it;
   * a module bound by ``init``/``apply`` may be used only under that trace
     (``InvalidScopeError`` afterwards);
-  * ``bind`` makes a root that owns concrete variables: each method call from
-    outside is a cached ``functionalize`` call, and mutable collections are
-    written back into the root.
+  * ``bind`` makes a root that owns concrete variables (``binding.BoundRoot``).
 """
 from __future__ import annotations
 
@@ -30,12 +28,13 @@ import dataclasses
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 
 from varjax import errors, filters, scope
-from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
+from varjax.functionalize import Functionalized, flatten_variables, unflatten_variables
+from varjax.nn.binding import BoundRoot, BoundVariable, Scope, TraceRoot
 from varjax.primitives import Path
 from varjax.scope import Variable
 
@@ -62,104 +61,6 @@ def nowrap(fn: Callable) -> Callable:
     return fn
 
 
-# --- roots and scopes --------------------------------------------------------------------
-
-class _TraceRoot:
-    """The root of a module tree bound inside one ``init``/``apply`` trace."""
-
-    version = 0
-
-    def __init__(self, ctx: scope.TraceContext, capture: Callable[["Module", str], bool] | None):
-        self.origin = ctx.origin
-        self.capture = capture
-
-
-class _BoundRoot:
-    """The root made by ``Module.bind``: owns variables and runs each outside call
-    through a cached ``functionalize`` of that method."""
-
-    capture = None
-
-    def __init__(self, variables: Mapping[str, Any], rngs: Any, mutable: Any):
-        self.variables = unflatten_variables(
-            {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
-        self.rngs = normalize_rngs(rngs)
-        self.mutable = mutable
-        self.origin: scope.TraceContext | None = None  # set while one of our calls traces
-        self.version = 0
-        self.calls = 0
-        self._fns: dict[Any, Functionalized] = {}
-
-    def _next_rngs(self) -> dict[str, Any]:
-        """Call n >= 1 folds n into every key, so repeated calls draw fresh randomness."""
-        n, self.calls = self.calls, self.calls + 1
-        return self.rngs if n == 0 else {s: jax.random.fold_in(k, n) for s, k in self.rngs.items()}
-
-    def run(self, module: "Module", fn: Callable, args: tuple, kwargs: dict, *,
-            method: bool = True) -> Any:
-        """Calls ``fn(module, *args)`` through the IR: a wrapped method when ``method``,
-        else a one-off variable operation (not cached)."""
-        key = (module.scope.path, fn)
-        functionalized = self._fns.get(key) if method else None
-        if functionalized is None:
-            def traced(*a, **k):
-                self.origin = scope.current().origin
-                module._reset_setup()
-                try:
-                    return module._call_wrapped(fn, a, k) if method else fn(module, *a, **k)
-                finally:
-                    self.origin = None
-                    module._reset_setup()
-            traced.__name__ = f"{type(module).__name__}.{getattr(fn, '__name__', 'fn')}"
-            functionalized = Functionalized(traced)
-            if method:
-                self._fns[key] = functionalized
-        rngs = self._next_rngs()
-        if self.mutable is False:
-            return functionalized.apply(self.variables, *args, rngs=rngs, **kwargs)
-        out, updated = functionalized.apply(self.variables, *args, rngs=rngs, mutable=self.mutable,
-                                            **kwargs)
-        self.variables.update(updated)
-        self.version += 1
-        return out
-
-    def read(self, collection: str, path: Path) -> Any:
-        node = self.variables.get(collection, {})
-        for name in path:
-            node = node[name]
-        return node
-
-    def has(self, collection: str, path: Path) -> bool:
-        try:
-            self.read(collection, path)
-            return True
-        except (KeyError, TypeError):
-            return False
-
-
-@dataclasses.dataclass(frozen=True)
-class Scope:
-    """Where a bound module lives: its root and its path of names from the root."""
-
-    root: _TraceRoot | _BoundRoot
-    path: Path
-
-    def eager(self) -> bool:
-        """Bound by ``bind`` and called from outside any of its traces."""
-        return isinstance(self.root, _BoundRoot) and self.root.origin is None
-
-    def context(self, module: "Module", api: str) -> scope.TraceContext:
-        ctx = scope.active()
-        if ctx is None or ctx.origin is not self.root.origin:
-            raise errors.InvalidScopeError(
-                f"{api} was called on module {module._label()} after the init/apply that "
-                "bound it had ended (or under another one).", path=self.path,
-                module=module._label(), source=errors.source_text(),
-                fix="do not keep bound modules beyond apply; use Module.bind for a "
-                    "long-lived bound module")
-        return ctx
-
-
 # --- per-instance lifecycle state ----------------------------------------------------------
 
 @dataclasses.dataclass
@@ -182,18 +83,6 @@ def _module_stack() -> list["Module"]:
     if not hasattr(_local, "stack"):
         _local.stack = []
     return _local.stack
-
-
-def _submodules(value: Any, name: str) -> Iterable[tuple[str, "Module"]]:
-    """Modules inside an attribute value, with Linen's names (``layers_0``, ``heads_q``)."""
-    if isinstance(value, Module):
-        yield name, value
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _submodules(item, f"{name}_{i}")
-    elif isinstance(value, dict):
-        for k, item in value.items():
-            yield from _submodules(item, f"{name}_{k}")
 
 
 def _replace_submodules(value: Any, adopt: Callable[["Module", str], "Module"], name: str) -> Any:
@@ -238,7 +127,7 @@ class Module:
             stack = _module_stack()
             parent = stack[-1] if stack else None
             object.__setattr__(self, "parent", parent)
-        if isinstance(parent, (_TraceRoot, _BoundRoot)):
+        if isinstance(parent, (TraceRoot, BoundRoot)):
             object.__setattr__(self, "scope", Scope(parent, ()))
         elif isinstance(parent, Module):
             pstate = parent._state
@@ -446,7 +335,7 @@ class Module:
         if self.scope is not None and self.scope.eager():
             if not self.scope.root.has(collection, self._path(name)):
                 self._eager(lambda m: m.variable(collection, name, init_fn, *init_args))
-            return _BoundVariable(self.scope.root, collection, self._path(name))
+            return BoundVariable(self.scope.root, collection, self._path(name))
         return scope.variable_at(self._ctx("Module.variable"), collection, self._path(name),
                                  init_fn, init_args)
 
@@ -534,11 +423,11 @@ class Module:
 
     def bind(self, variables: Mapping[str, Any], *, rngs: Any = None, mutable: Any = False) -> "Module":
         """A bound clone with unlimited lifetime; mutable collections are updated in place."""
-        return self.clone(parent=_BoundRoot(variables, rngs, mutable), name=None)
+        return self.clone(parent=BoundRoot(variables, rngs, mutable), name=None)
 
     def unbind(self) -> tuple["Module", dict[str, Any]]:
         """``(unbound clone, variables)`` of a module made by ``bind``."""
-        if self.scope is None or not isinstance(self.scope.root, _BoundRoot) or self.scope.path:
+        if self.scope is None or not isinstance(self.scope.root, BoundRoot) or self.scope.path:
             raise errors.UnboundModuleError(
                 f"unbind() needs the root module returned by bind(); got {self._label()}.",
                 module=self._label(), source=errors.source_text(), fix="call unbind on bind's result")
@@ -562,7 +451,7 @@ class Module:
         capture_fn = _capture_filter(capture)
 
         def bound_call(*args: Any, **kwargs: Any) -> Any:
-            root = _TraceRoot(scope.current(), capture_fn)
+            root = TraceRoot(scope.current(), capture_fn)
             return fn(self.clone(parent=root, name=None), *args, **kwargs)
         bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
         return Functionalized(bound_call)
@@ -597,20 +486,6 @@ class Module:
 
 dataclasses.dataclass(Module, repr=False, eq=True, unsafe_hash=True)
 _API_NAMES.update(n for n in vars(Module) if not n.startswith("__"))
-
-
-class _BoundVariable:
-    """``Variable`` of a ``bind`` module read from outside a trace: backed by the root."""
-
-    def __init__(self, root: _BoundRoot, collection: str, path: Path):
-        self.root, self.collection, self.path = root, collection, path
-
-    @property
-    def value(self) -> Any:
-        return self.root.read(self.collection, self.path)
-
-    def __repr__(self) -> str:
-        return f"Variable({self.collection}:{errors.format_path(self.path)})"
 
 
 def _wrappable(attr: str, fn: Any) -> bool:

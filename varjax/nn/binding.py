@@ -1,0 +1,135 @@
+"""Where a bound module's variables live: roots and scopes.
+
+A bound module has a ``Scope``: its root and its path of names.  The root says
+which variables the module sees:
+
+* ``TraceRoot``: made by ``init``/``apply`` for one trace.  Variable operations
+  go to that trace's ``TraceContext``; the root remembers the context's origin,
+  so a module kept past its ``apply`` is caught (``InvalidScopeError``).
+* ``BoundRoot``: made by ``Module.bind``.  It owns concrete variables.  A
+  method called from outside any trace runs as a cached ``functionalize`` call
+  against them, and the mutable collections it returns are written back.
+  While that call traces, the root acts like a ``TraceRoot``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import jax
+
+from varjax import errors, scope
+from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
+from varjax.primitives import Path
+
+if TYPE_CHECKING:
+    from varjax.nn.module import Module
+
+class TraceRoot:
+    """The root of a module tree bound inside one ``init``/``apply`` trace."""
+
+    version = 0
+
+    def __init__(self, ctx: scope.TraceContext, capture: Callable[[Module, str], bool] | None):
+        self.origin = ctx.origin
+        self.capture = capture
+
+
+class BoundRoot:
+    """The root made by ``Module.bind``: owns variables and runs each outside call
+    through a cached ``functionalize`` of that method."""
+
+    capture = None
+
+    def __init__(self, variables: Mapping[str, Any], rngs: Any, mutable: Any):
+        self.variables = unflatten_variables(
+            {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
+        self.rngs = normalize_rngs(rngs)
+        self.mutable = mutable
+        self.origin: scope.TraceContext | None = None  # set while one of our calls traces
+        self.version = 0
+        self.calls = 0
+        self._fns: dict[Any, Functionalized] = {}
+
+    def _next_rngs(self) -> dict[str, Any]:
+        """Call n >= 1 folds n into every key, so repeated calls draw fresh randomness."""
+        n, self.calls = self.calls, self.calls + 1
+        return self.rngs if n == 0 else {s: jax.random.fold_in(k, n) for s, k in self.rngs.items()}
+
+    def run(self, module: Module, fn: Callable, args: tuple, kwargs: dict, *,
+            method: bool = True) -> Any:
+        """Calls ``fn(module, *args)`` through the IR: a wrapped method when ``method``,
+        else a one-off variable operation (not cached)."""
+        key = (module.scope.path, fn)
+        functionalized = self._fns.get(key) if method else None
+        if functionalized is None:
+            def traced(*a, **k):
+                self.origin = scope.current().origin
+                module._reset_setup()
+                try:
+                    return module._call_wrapped(fn, a, k) if method else fn(module, *a, **k)
+                finally:
+                    self.origin = None
+                    module._reset_setup()
+            traced.__name__ = f"{type(module).__name__}.{getattr(fn, '__name__', 'fn')}"
+            functionalized = Functionalized(traced)
+            if method:
+                self._fns[key] = functionalized
+        rngs = self._next_rngs()
+        if self.mutable is False:
+            return functionalized.apply(self.variables, *args, rngs=rngs, **kwargs)
+        out, updated = functionalized.apply(self.variables, *args, rngs=rngs, mutable=self.mutable,
+                                            **kwargs)
+        self.variables.update(updated)
+        self.version += 1
+        return out
+
+    def read(self, collection: str, path: Path) -> Any:
+        node = self.variables.get(collection, {})
+        for name in path:
+            node = node[name]
+        return node
+
+    def has(self, collection: str, path: Path) -> bool:
+        try:
+            self.read(collection, path)
+            return True
+        except (KeyError, TypeError):
+            return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """Where a bound module lives: its root and its path of names from the root."""
+
+    root: TraceRoot | BoundRoot
+    path: Path
+
+    def eager(self) -> bool:
+        """Bound by ``bind`` and called from outside any of its traces."""
+        return isinstance(self.root, BoundRoot) and self.root.origin is None
+
+    def context(self, module: Module, api: str) -> scope.TraceContext:
+        ctx = scope.active()
+        if ctx is None or ctx.origin is not self.root.origin:
+            raise errors.InvalidScopeError(
+                f"{api} was called on module {module._label()} after the init/apply that "
+                "bound it had ended (or under another one).", path=self.path,
+                module=module._label(), source=errors.source_text(),
+                fix="do not keep bound modules beyond apply; use Module.bind for a "
+                    "long-lived bound module")
+        return ctx
+
+
+class BoundVariable:
+    """``Variable`` of a ``bind`` module read from outside a trace: backed by the root."""
+
+    def __init__(self, root: BoundRoot, collection: str, path: Path):
+        self.root, self.collection, self.path = root, collection, path
+
+    @property
+    def value(self) -> Any:
+        return self.root.read(self.collection, self.path)
+
+    def __repr__(self) -> str:
+        return f"Variable({self.collection}:{errors.format_path(self.path)})"
