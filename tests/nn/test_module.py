@@ -547,3 +547,23 @@ def test_pass_error_in_a_library_layer_names_the_callers_line():
     with pytest.raises(errors.ImmutableCollectionError) as info:
         bn.apply(variables, X)                    # batch_stats written but not mutable
     assert "test_module.py" in info.value.source and info.value.collection == "batch_stats"
+
+
+def test_nowrap_methods_are_plain_python():
+    class WithHelper(nn.Module):
+        width: int
+
+        @nn.nowrap
+        def make_layer(self, features):       # not wrapped: no setup, usable unbound
+            return Dense(features * self.width)
+
+        def setup(self):
+            self.layer = self.make_layer(2)
+
+        def __call__(self, x):
+            return self.layer(x)
+
+    mdl = WithHelper(3)
+    assert mdl.make_layer(1).features == 3 and not hasattr(mdl, "layer")
+    assert not getattr(WithHelper.make_layer, "varjax_wrapped", False)
+    assert WithHelper(3).init(random.key(0), X)["params"]["layer"]["kernel"].shape == (2, 6)
