@@ -1,26 +1,30 @@
 """IR after every pass, on disk like XLA's ``--xla_dump_to`` or in memory.
 
 ``Dump(dir)`` gives each pipeline run its own directory,
-``<dir>/<NNNN>-<label>/``, and writes ``00-input.txt`` (headed by the pipeline
-string, so the run can be repeated), then ``01-<pass>.txt``, ... each headed
-``// after <pass> (changed)`` or ``(unchanged)``.  "Changed" is the identity
-check of the pass contract: a pass that changed nothing returned its input.
+``<dir>/<NNNN>-<label>/``, and writes ``00-effectful.txt`` (the traced IR,
+headed by the pipeline string, so the run can be repeated), then
+``01-<pass>.txt``, ... each headed ``// after <pass> (changed)`` or
+``(unchanged)``, and for each pass that changed the IR ``01-<pass>.diff``, a
+unified diff against the IR before it.  "Changed" is the identity check of the
+pass contract: a pass that changed nothing returned its input.
 A pass that raises gets a file holding the IR it was given, so the crash can
 be reproduced from the dump alone.
 
 ``Recorder`` keeps the same entries as ``(pass_name, text)`` pairs in
-memory, for tools that show the IR instead of writing it.
+memory (the first named ``effectful``), for tools that show the IR instead of
+writing it.
 
 Sharp edges:
   * File numbers have two digits; past 99 passes, plain name order breaks.
   * Run directories are numbered per process and skip numbers already on
     disk, so runs never overwrite each other, but numbers are not contiguous
     when several processes share a dump directory.
-  * Printing follows JAX's printer: ``jit`` bodies appear once, at the top,
-    as ``let name = {...} in``.
+  * Printing is ``varjax.printing.pretty``: JAX's printer plus one comment per
+    equation (module name stack and source line).
 """
 from __future__ import annotations
 
+import difflib
 import itertools
 import os
 import re
@@ -29,46 +33,52 @@ from pathlib import Path
 from varjax import _jax
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.pipeline import Instrumentation
+from varjax.printing import pretty
 
 _RUN_NUMBERS = itertools.count()
 
 
 class _Printer(Instrumentation):
-    """Renders the input and the IR after each pass; subclasses say where it goes."""
+    """Renders the input and the IR after each pass; subclasses say where it goes.
+    ``source`` adds each equation's ``file:line`` to the text."""
+
+    source = True
 
     def before_pipeline(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
         self._start(ctx)
         pipeline = ctx.results.get("pipeline", "<unknown>")
-        self._emit("input", _render(f"// pipeline: {pipeline}\n// input", jaxpr))
+        self._emit("effectful", _render(f"// pipeline: {pipeline}\n// effectful", jaxpr, self.source))
 
     def after_pass(self, p: Pass, before: _jax.ClosedJaxpr, after: _jax.ClosedJaxpr,
                    ctx: PassContext) -> None:
         change = "unchanged" if after is before else "changed"
-        self._emit(p.name, _render(f"// after {p.spec()} ({change})", after))
+        self._emit(p.name, _render(f"// after {p.spec()} ({change})", after, self.source),
+                   diff_from=before if after is not before else None)
 
     def pass_failed(self, p: Pass, jaxpr: _jax.ClosedJaxpr, exc: Exception,
                     ctx: PassContext) -> None:
         header = f"// {p.spec()} failed ({type(exc).__name__}); the IR it was given:"
-        self._emit(p.name, _render(header, jaxpr))
+        self._emit(p.name, _render(header, jaxpr, self.source))
 
     def _start(self, ctx: PassContext) -> None:
         raise NotImplementedError
 
-    def _emit(self, name: str, text: str) -> None:
+    def _emit(self, name: str, text: str, diff_from: _jax.ClosedJaxpr | None = None) -> None:
         raise NotImplementedError
 
 
 class Recorder(_Printer):
-    """In-memory dump: ``entries`` is ``[('input', text), (pass_name, text), ...]``
+    """In-memory dump: ``entries`` is ``[('effectful', text), (pass_name, text), ...]``
     for the latest run."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: bool = True) -> None:
+        self.source = source
         self.entries: list[tuple[str, str]] = []
 
     def _start(self, ctx: PassContext) -> None:
         self.entries = []
 
-    def _emit(self, name: str, text: str) -> None:
+    def _emit(self, name: str, text: str, diff_from: _jax.ClosedJaxpr | None = None) -> None:
         self.entries.append((name, text))
 
 
@@ -78,10 +88,12 @@ class Dump(_Printer):
     The run is labelled by ``ctx.results['label']`` (``Pipeline.run(label=...)``).
     """
 
-    def __init__(self, dump_dir: str | os.PathLike):
+    def __init__(self, dump_dir: str | os.PathLike, source: bool = True):
         self.dump_dir = Path(dump_dir)
+        self.source = source
         self.run_dir: Path | None = None
         self._files = 0
+        self._previous: tuple[str, str] = ("", "")
 
     def _start(self, ctx: PassContext) -> None:
         label = re.sub(r"[^\w.-]+", "_", str(ctx.results.get("label") or "run"))
@@ -96,10 +108,21 @@ class Dump(_Printer):
         self.run_dir = run_dir
         self._files = 0
 
-    def _emit(self, name: str, text: str) -> None:
-        (self.run_dir / f"{self._files:02d}-{name}.txt").write_text(text)
+    def _emit(self, name: str, text: str, diff_from: _jax.ClosedJaxpr | None = None) -> None:
+        stem = f"{self._files:02d}-{name}"
+        (self.run_dir / f"{stem}.txt").write_text(text)
+        if diff_from is not None:
+            before_name, before = self._previous
+            (self.run_dir / f"{stem}.diff").write_text(unified_diff(before_name, before, stem, text))
+        self._previous = (stem, text)
         self._files += 1
 
 
-def _render(header: str, jaxpr: _jax.ClosedJaxpr) -> str:
-    return f"{header}\n{_jax.pretty_print(jaxpr, source_info=True)}\n"
+def unified_diff(before_name: str, before: str, after_name: str, after: str) -> str:
+    """What a pass changed, as a unified diff of the IR texts (headers left out)."""
+    a, b = ([line for line in text.splitlines() if not line.startswith("//")] for text in (before, after))
+    return "\n".join(difflib.unified_diff(a, b, before_name, after_name, lineterm="")) + "\n"
+
+
+def _render(header: str, jaxpr: _jax.ClosedJaxpr, source: bool) -> str:
+    return f"{header}\n{pretty(jaxpr, source=source, color=False)}\n"

@@ -9,6 +9,7 @@ from varjax import passes as passes
 from varjax.filters import DenyList as DenyList
 from varjax.functionalize import Functionalized as Functionalized
 from varjax.functionalize import functionalize as functionalize
+from varjax.printing import pretty as pretty
 from varjax.scope import Variable as Variable
 from varjax.scope import has_variable as has_variable
 from varjax.scope import is_initializing as is_initializing
@@ -17,3 +18,6 @@ from varjax.scope import make_rng as make_rng
 from varjax.scope import param as param
 from varjax.scope import sow as sow
 from varjax.scope import variable as variable
+from varjax.tools.dataflow import dataflow as dataflow
+from varjax.tools.dataflow import dead_params as dead_params
+from varjax.tools.dump import dump as dump

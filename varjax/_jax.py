@@ -180,6 +180,34 @@ def register_print_name(prim: Primitive, text_of: Callable[[JaxprEqn], str]) -> 
     core.pp_eqn_rules[prim] = rule
 
 
+def map_eqns(closed: ClosedJaxpr, fn: Callable[[JaxprEqn], JaxprEqn]) -> ClosedJaxpr:
+    """``closed`` with ``fn`` applied to every equation, nested bodies included (any param
+    holding a jaxpr, or a tuple/list of them).  For printing; shared bodies stay shared."""
+    memo: dict[int, Any] = {}
+
+    def open_(j: Jaxpr) -> Jaxpr:
+        if id(j) not in memo:
+            memo[id(j)] = j.replace(eqns=[fn(e.replace(params={k: param(v) for k, v in e.params.items()}))
+                                          for e in j.eqns])
+        return memo[id(j)]
+
+    def param(v: Any) -> Any:
+        if isinstance(v, ClosedJaxpr):
+            return ClosedJaxpr(open_(v.jaxpr), v.consts)
+        if isinstance(v, Jaxpr):
+            return open_(v)
+        if isinstance(v, (tuple, list)) and any(isinstance(x, (ClosedJaxpr, Jaxpr)) for x in v):
+            return type(v)(param(x) for x in v)
+        return v
+    return ClosedJaxpr(open_(closed.jaxpr), closed.consts)
+
+
+def with_name_stack(eqn: JaxprEqn, name: str) -> JaxprEqn:
+    """``eqn`` whose name stack is the single scope ``name``."""
+    stack = source_info_util.new_name_stack(name)
+    return eqn.replace(source_info=eqn.source_info.replace(name_stack=stack))
+
+
 def pretty_print(jaxpr: ClosedJaxpr, *, source_info: bool = False, name_stack: bool = False) -> str:
     return jaxpr.pretty_print(source_info=source_info, name_stack=name_stack,
                               print_effects=True)

@@ -269,14 +269,25 @@ class Functionalized:
                 raise
         return _Effectful(jaxpr, out_tree_box[-1], ctx, key)
 
-    def _compile(self, traced: _Effectful) -> Traced:
+    def run_pipeline(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
+                     mutable: Any = False, pipeline: Pipeline | None = None,
+                     **kwargs: Any) -> tuple[_jax.ClosedJaxpr, PassContext]:
+        """Run ``pipeline`` (default: this function's) on the effectful trace, uncached:
+        for tools that watch the passes (``vj.dump``).  Returns the result and the context."""
+        key, _, _, _ = self._key(variables or {}, args, kwargs, rngs, mutable, False)
+        return self._run_pipeline(self._effectful(key), pipeline or self.pipeline)
+
+    def _run_pipeline(self, traced: _Effectful, pipeline: Pipeline) -> tuple[_jax.ClosedJaxpr, PassContext]:
         key = traced.key
         given = dict(key.variables)
         given.update({(RNG_COLLECTION, (s,)): VarType(jax.tree.structure(0), (a,))
                       for s, a in key.rngs})
         pctx = PassContext(variables=given, mutable=key.mutable, rng_streams=dict(key.rngs))
         with scope.activate(traced.context):  # passes may re-trace user code (custom rules)
-            pure = self.pipeline.run(traced.jaxpr, pctx, label=self.__name__)
+            return pipeline.run(traced.jaxpr, pctx, label=self.__name__), pctx
+
+    def _compile(self, traced: _Effectful) -> Traced:
+        pure, pctx = self._run_pipeline(traced, self.pipeline)
         name = self.__name__
 
         def run_pure(*flat):

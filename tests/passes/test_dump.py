@@ -66,13 +66,15 @@ def test_files_are_numbered_and_headed_changed_or_unchanged(tmp_path):
     pipeline.run(_jaxpr(), PassContext())
     (run_dir,) = run_dirs(tmp_path)
     files = sorted(p.name for p in run_dir.iterdir())
-    assert files == ["00-input.txt", "01-td-negate.txt", "02-td-noop.txt"]
-    first = (run_dir / "00-input.txt").read_text()
-    assert first.startswith("// pipeline: td-negate,td-noop\n// input\n{ lambda")
+    assert files == ["00-effectful.txt", "01-td-negate.diff", "01-td-negate.txt", "02-td-noop.txt"]
+    first = (run_dir / "00-effectful.txt").read_text()
+    assert first.startswith("// pipeline: td-negate,td-noop\n// effectful\n{ lambda")
     assert "sin" in first and "test_dump.py" in first  # the user's source line is printed
     assert (run_dir / "01-td-negate.txt").read_text().startswith("// after td-negate (changed)\n")
     assert "neg" in (run_dir / "01-td-negate.txt").read_text()
     assert (run_dir / "02-td-noop.txt").read_text().startswith("// after td-noop (unchanged)\n")
+    diff = (run_dir / "01-td-negate.diff").read_text()
+    assert diff.startswith("--- 00-effectful\n+++ 01-td-negate\n") and "+" in diff and "neg" in diff
 
 
 def test_env_var_is_read_at_each_run(tmp_path, monkeypatch):
@@ -138,7 +140,7 @@ def test_recorder_keeps_entries_in_memory(tmp_path):
     recorder = Recorder()
     pipeline = Pipeline.parse("td-negate,td-noop", instrumentations=[recorder])
     pipeline.run(_jaxpr(), PassContext())
-    assert [name for name, _ in recorder.entries] == ["input", "td-negate", "td-noop"]
+    assert [name for name, _ in recorder.entries] == ["effectful", "td-negate", "td-noop"]
     assert recorder.entries[1][1].startswith("// after td-negate (changed)\n{ lambda")
     pipeline.run(_jaxpr(), PassContext())
     assert len(recorder.entries) == 3  # the latest run only

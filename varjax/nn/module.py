@@ -501,7 +501,6 @@ def _wrap_method(fn: Callable) -> Callable:
     def wrapped(self: Module, *args: Any, **kwargs: Any) -> Any:
         return self._call_wrapped(fn, args, kwargs)
     wrapped.varjax_wrapped = True
-    wrapped.varjax_inner = fn
     return wrapped
 
 

@@ -1,0 +1,81 @@
+"""Readable IR: JAX's jaxpr printer plus one varjax annotation per equation.
+
+``pretty(jaxpr)`` prints like ``print(jaxpr)`` with these changes:
+
+* every effectful jaxpr, nested bodies included, ends with its effect set
+  (``: { Var[params], Rng[dropout] }``), so each sub-jaxpr says which
+  collections and streams it touches;
+* variable equations read ``var_get[params:Dense_0/kernel]``: the collection,
+  then the path, whose leading names are the module path;
+* each equation may carry one trailing comment: its name stack (the module
+  whose method traced it, ``MLP/hidden``) and, with ``source=True``, the
+  user's ``file:line`` (the first frame outside JAX and varjax);
+* with ``color=True`` (default: only when ``sys.stdout`` is a terminal and
+  ``NO_COLOR`` is unset) variable reads, writes, RNG draws, effect sets and
+  comments are coloured with ANSI escapes.
+
+JAX's own printer shows either annotation only for some equations (none for a
+``var_set``, which has no outputs), on two lines.  So the printer gives each
+equation a unique token as its name stack, lets JAX print, and swaps every
+token for the annotation varjax computes, realigning the comments.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any
+
+from varjax import _jax
+
+_TOKEN = re.compile(r"[ \t]*# \[vj(\d+)\]")
+_COLORS = {
+    "read": "\x1b[36m", "write": "\x1b[35m", "rng": "\x1b[33m", "effects": "\x1b[32m",
+    "comment": "\x1b[2m", "reset": "\x1b[0m",
+}
+_COMMENT_COLUMN_MAX = 72
+
+
+def pretty(jaxpr: _jax.ClosedJaxpr, *, source: bool = False, name_stack: bool = True,
+           color: bool | None = None) -> str:
+    """The jaxpr as text, annotated per equation (see the module docstring)."""
+    notes: list[str] = []
+    marked = _jax.map_eqns(jaxpr, lambda eqn: _mark(eqn, notes, source, name_stack))
+    text = _jax.pretty_print(marked, name_stack=True).replace(" : {  }", "")
+    lines = []
+    for line in text.splitlines():
+        match = _TOKEN.search(line)
+        if match is None:
+            lines.append((line, ""))
+            continue
+        code = line[:match.start()] + line[match.end():]
+        if code.strip():
+            lines.append((code.rstrip(), notes[int(match.group(1))]))
+    width = min(max((len(c) for c, n in lines if n), default=0), _COMMENT_COLUMN_MAX)
+    out = "\n".join(f"{c.ljust(width)}  # {n}" if n else c for c, n in lines)
+    if color is None:
+        color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    return _colorize(out) if color else out
+
+
+def _mark(eqn: Any, notes: list[str], source: bool, name_stack: bool) -> Any:
+    parts = []
+    if name_stack and str(eqn.source_info.name_stack):
+        parts.append(str(eqn.source_info.name_stack))
+    where = _jax.user_frame_text(eqn.source_info) if source else None
+    if where:
+        parts.append(where)
+    notes.append(" ".join(parts))
+    return _jax.with_name_stack(eqn, f"vj{len(notes) - 1}")
+
+
+def _colorize(text: str) -> str:
+    c = _COLORS
+
+    def paint(kind: str, s: str) -> str:
+        return f"{c[kind]}{s}{c['reset']}"
+    text = re.sub(r"var_get\[[^\]]*\]", lambda m: paint("read", m.group(0)), text)
+    text = re.sub(r"var_set\[[^\]]*\]", lambda m: paint("write", m.group(0)), text)
+    text = re.sub(r"rng_draw\[[^\]]*\]", lambda m: paint("rng", m.group(0)), text)
+    text = re.sub(r": \{ (?:(?:Var|Rng)\[[^\]]*\](?:, )?)+ \}", lambda m: paint("effects", m.group(0)), text)
+    return re.sub(r"  # .*$", lambda m: paint("comment", m.group(0)), text, flags=re.M)

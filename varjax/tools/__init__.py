@@ -1,0 +1,1 @@
+"""Tools beside the stack: dumping, printing, summarizing and graphing the IR."""

@@ -1,0 +1,40 @@
+"""``vj.dump``: the effectful IR of a call, then the IR after each pass.
+
+``dump(target, *args, variables=..., ...)`` traces ``target`` for those
+arguments (the ``apply`` trace, like ``.jaxpr()``), runs its pipeline, plus any
+``passes``, on the result with a ``Recorder`` watching, and returns
+``[('effectful', text), (pass_name, text), ...]``.  With ``to=DIR`` the same
+texts are also written as numbered files, with a unified diff per pass that
+changed the IR, in a new run directory under ``DIR`` (``Dump``'s layout, the one
+``VARJAX_DUMP_DIR`` produces for every compiled call).
+
+The run is not cached and changes nothing in ``target``'s caches.  If a pass
+fails, the files written so far stay and the error is raised.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from varjax.passes import Dump, Pass, Pipeline, Recorder
+from varjax.tools.target import as_functionalized
+
+
+def dump(target: Any, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
+         mutable: Any = False, passes: Sequence[str | Pass] | str | None = None,
+         to: str | os.PathLike | None = None, source: bool = True,
+         **kwargs: Any) -> list[tuple[str, str]]:
+    """The IR of ``target(*args)`` before and after each pass (see the module docstring).
+
+    ``target`` is a function using ``vj.*``, a ``vj.functionalize``-d function, a
+    ``Module`` or a method of one.  ``passes`` are added to its pipeline.
+    ``source=False`` leaves source lines out (module name stacks stay).
+    """
+    fn = as_functionalized(target)
+    extra = [] if passes is None else [passes] if isinstance(passes, str) else list(passes)
+    recorder = Recorder(source=source)
+    watchers = [recorder] + ([Dump(to, source=source)] if to is not None else [])
+    pipeline = Pipeline([*fn.pipeline.passes, *extra], verify=fn.pipeline.verify,
+                        instrumentations=watchers)
+    fn.run_pipeline(*args, variables=variables, rngs=rngs, mutable=mutable, pipeline=pipeline, **kwargs)
+    return recorder.entries
