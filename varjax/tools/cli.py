@@ -1,0 +1,151 @@
+"""``python -m varjax``: dump the IR or summarize the variables of code in a file.
+
+    python -m varjax dump model.py:loss --shape x=f32[8,256] --after discharge
+    python -m varjax dump model.py:loss --shape x=f32[8,256] --out dumps/ --dot flow.dot
+    python -m varjax summary model.py:MLP --shape x=f32[8,256] --detail
+
+``FILE:NAME`` loads the file as a module and takes its attribute ``NAME``: a function, a
+``vj.functionalize``-d function, a Module class (constructed with no arguments) or a Module
+instance.  Each ``--shape`` adds one positional argument of zeros.  ``dump`` initializes the
+variables with key 0 and then shows the effectful IR and the IR after every pass.
+
+Exit status: 0 on success, 2 for usage errors, 1 when varjax reports an error (its message is
+printed, without a traceback: it already names the variable and the user's line).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from varjax.errors import VarjaxError
+from varjax.filters import DenyList
+from varjax.nn.module import Module
+from varjax.tools.dataflow import dataflow, to_dot
+from varjax.tools.dump import dump
+from varjax.tools.summary import summary
+from varjax.tools.target import as_functionalized
+
+DTYPES = {"f32": jnp.float32, "f16": jnp.float16, "bf16": jnp.bfloat16, "f64": jnp.float64,
+          "i8": jnp.int8, "i16": jnp.int16, "i32": jnp.int32, "i64": jnp.int64,
+          "u8": jnp.uint8, "u32": jnp.uint32, "bool": jnp.bool_}
+_SHAPE = re.compile(r"(?P<name>\w+)=(?P<dtype>\w+)\[(?P<dims>[\d,\s]*)\]")
+
+
+def parse_shape(spec: str) -> tuple[str, jax.ShapeDtypeStruct]:
+    """``"x=f32[8,256]"`` -> ``("x", ShapeDtypeStruct((8, 256), float32))``; ``f32[]`` is a
+    scalar.  Raises ``argparse.ArgumentTypeError`` (a usage error) on a bad spec."""
+    match = _SHAPE.fullmatch(spec.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"bad shape spec {spec!r}: expected NAME=DTYPE[DIMS], e.g. x=f32[8,256] or n=i32[]")
+    dtype = DTYPES.get(match["dtype"])
+    if dtype is None:
+        raise argparse.ArgumentTypeError(
+            f"bad shape spec {spec!r}: unknown dtype {match['dtype']!r} (known: {', '.join(DTYPES)})")
+    if jnp.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:
+        # JAX would silently make it 32-bit; the user asked for 64.
+        raise argparse.ArgumentTypeError(
+            f"bad shape spec {spec!r}: 64-bit dtypes need JAX_ENABLE_X64=1 in the environment")
+    dims = tuple(int(d) for d in match["dims"].split(",") if d.strip())
+    return match["name"], jax.ShapeDtypeStruct(dims, dtype)
+
+
+def load_target(ref: str) -> Any:
+    """``FILE:NAME`` -> the object to inspect (see the module docstring)."""
+    file, sep, name = ref.rpartition(":")
+    if not sep or not file or not name:
+        raise ValueError(f"expected FILE:NAME, got {ref!r}")
+    path = Path(file)
+    if not path.is_file():
+        raise ValueError(f"no such file: {file}")
+    # Like `python FILE`: the file's folder is importable, and the module is registered
+    # (dataclasses, hence Modules, look their module up in sys.modules).
+    sys.path.insert(0, str(path.resolve().parent))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise ValueError(f"{file} has no attribute {name!r}")
+    target = getattr(module, name)
+    if isinstance(target, type) and issubclass(target, Module):
+        return target()
+    if not callable(target):
+        raise ValueError(f"{file}:{name} is a {type(target).__name__}, not a function or Module")
+    return target
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m varjax", description="Inspect stateful JAX code traced by varjax.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.add_argument("target", metavar="FILE:NAME",
+                         help="a function, functionalized function, Module class or instance")
+        sub.add_argument("--shape", type=parse_shape, action="append", default=[],
+                         metavar="NAME=DTYPE[DIMS]",
+                         help="one positional argument of zeros, e.g. x=f32[8,256]; repeat in "
+                              f"argument order; dtypes: {', '.join(DTYPES)}")
+        sub.add_argument("--rng", action="append", default=[], metavar="STREAM",
+                         help="an RNG stream the code draws from besides 'params' (repeatable)")
+        return sub
+
+    dumper = command("dump", "print the effectful IR and the IR after every pass")
+    dumper.add_argument("--after", metavar="PASS", help="print only the IR after this pass")
+    dumper.add_argument("--out", metavar="DIR", help="also write numbered files and per-pass diffs")
+    dumper.add_argument("--source", action="store_true", help="annotate equations with source lines")
+    dumper.add_argument("--dot", metavar="FILE", help="write the variable dataflow graph as DOT")
+    dumper.add_argument("--mutable", action="append", default=[], metavar="COLLECTION",
+                        help="a collection the call may write, e.g. batch_stats (repeatable)")
+    summarizer = command("summary", "table of the variables per module and collection")
+    summarizer.add_argument("--detail", action="store_true", help="one line per variable")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        target = load_target(args.target)
+    except ValueError as e:
+        parser.error(str(e))
+    inputs = [jnp.zeros(s.shape, s.dtype) for _, s in args.shape]
+    keys = jax.random.split(jax.random.key(0), len(args.rng) + 1)
+    rngs = dict(zip(["params", *args.rng], keys))
+    try:
+        if args.command == "summary":
+            print(summary(target, *inputs, rngs=rngs).table(detail=args.detail))
+            return 0
+        return _dump(parser, args, target, inputs, rngs)
+    except VarjaxError as e:
+        print(f"varjax: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+def _dump(parser: argparse.ArgumentParser, args: argparse.Namespace, target: Any,
+          inputs: list[jax.Array], rngs: dict[str, jax.Array]) -> int:
+    variables = as_functionalized(target).init(rngs, *inputs, mutable=DenyList("intermediates"))
+    mutable = args.mutable or False
+    entries = dump(target, *inputs, variables=variables, rngs=rngs, mutable=mutable,
+                   to=args.out, source=args.source)
+    if args.after is not None:
+        texts = dict(entries)
+        if args.after not in texts:
+            parser.error(f"unknown pass {args.after!r} for --after; the passes are: "
+                         f"{', '.join(name for name, _ in entries)}")
+        print(texts[args.after])
+    else:
+        print("\n\n".join(f"=== {name} ===\n{text}" for name, text in entries))
+    if args.dot:
+        graph = dataflow(target, *inputs, variables=variables, rngs=rngs, mutable=mutable)
+        Path(args.dot).write_text(to_dot(graph))
+    return 0
