@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTES = ("architecture.md", "ir.md", "writing-passes.md", "modules.md")
+NOTES = ("architecture.md", "ir.md", "writing-passes.md", "modules.md", "inspecting.md")
 _FENCE = re.compile(r"^( *)```(\w*)\s*$")
 _LOCATION = re.compile(r"(notes/[\w.-]+\.md):\d+(?::\d+)?")
 

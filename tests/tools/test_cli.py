@@ -83,10 +83,13 @@ def test_parse_shape():
             parse_shape(bad)
 
 
-def test_dump_prints_every_stage(example, capsys):
+def test_dump_prints_every_stage_and_only_the_header_of_unchanged_ones(example, capsys):
     assert main(["dump", f"{example}:fz", "--shape", "x=f32[2,3]"]) == 0
-    headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("=== ")]
-    assert headers[0] == "=== effectful ===" and headers[-1] == "=== discharge ==="
+    out = capsys.readouterr().out
+    headers = [line for line in out.splitlines() if line.startswith("// ")]
+    assert headers[1] == "// effectful" and headers[-1] == "// after discharge (changed)"
+    assert "// after check-mutability (unchanged)\n// after lower-rng" in out
+    assert out.count("{ lambda") == 1 + sum("(changed)" in h for h in headers)
 
 
 def test_module_instance_summary_detail(example, capsys):

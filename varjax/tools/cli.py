@@ -144,7 +144,9 @@ def _dump(parser: argparse.ArgumentParser, args: argparse.Namespace, target: Any
                          f"{', '.join(name for name, _ in entries)}")
         print(texts[args.after])
     else:
-        print("\n\n".join(f"=== {name} ===\n{text}" for name, text in entries))
+        # A pass that changed nothing prints only its header line: the IR is the one above.
+        print("\n".join(text if "(unchanged)" not in text.split("\n", 1)[0] else text.split("\n", 1)[0]
+                        for _, text in entries))
     if args.dot:
         graph = dataflow(target, *inputs, variables=variables, rngs=rngs, mutable=mutable)
         Path(args.dot).write_text(to_dot(graph))
