@@ -65,12 +65,14 @@ class Pass:
         if "name" not in cls.__dict__:   # a subclass of a pass that keeps its name: no entry
             return
         if not cls.name:
-            raise errors.PipelineError(f"pass class {cls.__qualname__} has an empty `name`")
+            raise errors.PipelineError(f"pass class {cls.__qualname__} has an empty `name`",
+                                       source=errors.source_text(),
+                                       fix="give the class a unique `name`, the one pipeline strings use")
         old = REGISTRY.get(cls.name)
         if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
             raise errors.PipelineError(
                 f"pass name '{cls.name}' is taken by {old.__module__}.{old.__qualname__}",
-                fix=f"give {cls.__qualname__} another `name`")
+                source=errors.source_text(), fix=f"give {cls.__qualname__} another `name`")
         REGISTRY[cls.name] = cls
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
@@ -92,4 +94,5 @@ def get_pass(name: str) -> type[Pass]:
     except KeyError:
         raise errors.PipelineError(
             f"unknown pass '{name}'; registered passes: {', '.join(sorted(REGISTRY))}",
+            source=errors.source_text(),
             fix="check the spelling, or import the module that defines the pass") from None

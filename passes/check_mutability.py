@@ -13,7 +13,7 @@ import dataclasses
 from varjax import _jax, errors, filters
 from varjax.passes.analysis import touches_variables
 from varjax.passes.base import Pass, PassContext
-from varjax.passes.walk import walk_eqns
+from varjax.passes.walk import enclosing, walk_eqns
 from varjax.primitives import is_internal, var_set_p
 
 
@@ -30,9 +30,11 @@ class CheckMutability(Pass):
                 continue
             col = eqn.params["collection"]
             if not is_internal(col) and not filters.matches(ctx.mutable, col):
+                with errors.enclosing(*(e.source_info for e in enclosing(jaxpr, eqn))):
+                    where = errors.where(eqn.source_info)
                 raise errors.ImmutableCollectionError(
                     f"cannot write variable {errors.format_path(eqn.params['path'])}: collection "
                     f"'{col}' is immutable in this call.", collection=col,
-                    path=eqn.params["path"], source=errors.source_text(eqn.source_info),
+                    path=eqn.params["path"], **where,
                     fix=f"pass mutable=['{col}'] to apply")
         return jaxpr

@@ -47,7 +47,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from varjax import _jax, errors, scope
 from varjax.effects import strip as strip_effects
-from varjax.passes import hop
+from varjax.passes import hop, walk
 from varjax.passes.analysis import key_of, touches_variables, traffic
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
@@ -97,13 +97,15 @@ class Discharger(Rewriter):
         if prim is rng_draw_p:
             raise errors.PassError(
                 f"rng_draw[{eqn.params['stream']}] reached discharge: run lower-rng first.",
-                source=errors.source_text(eqn.source_info))
+                collection=eqn.params["stream"], **errors.where(eqn.source_info),
+                fix="put lower-rng before discharge in the pipeline (the default pipeline does)")
         if not touches_variables(eqn.effects):
             return region.bind(eqn, invals, _guard_custom_rule(eqn, env, _type))
         rule = RULES.get(prim)
         if rule is None:
             raise hop.unsupported(eqn, "has variable effects but no discharge rule")
-        return rule(self, eqn, invals, env, region)
+        with errors.enclosing(eqn.source_info):   # errors in the bodies name eqn's module
+            return rule(self, eqn, invals, env, region)
 
     # -- building discharged bodies ---------------------------------------------------
     def run_body(self, body: ClosedJaxpr, env: Env, args: Sequence[Any]) -> list[Any]:
@@ -133,14 +135,16 @@ def _checked_read(eqn: _jax.JaxprEqn, env: Env, type_of: Callable[[tuple], VarTy
         raise errors.VariableCreationError(
             "this variable is read where it has no value: it is created later in trace "
             "order, or only on another path (another branch of a conditional).",
-            collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+            collection=k[0], path=k[1], **errors.where(eqn.source_info),
             fix="create the variable before the control flow that reads it")
     have, want = type_of(env[k]), VarType(eqn.params["tree"], eqn.params["avals"])
     if have != want:
         raise errors.VariableStructureError(
             f"this read expects {want.describe()} but the variable holds {have.describe()} "
             "here (its structure changed inside control flow).", collection=k[0], path=k[1],
-            source=errors.source_text(eqn.source_info))
+            **errors.where(eqn.source_info),
+            fix="keep the variable's structure, shapes and dtypes the same on every path "
+                "through the control flow")
     return list(env[k][1])
 
 
@@ -150,7 +154,7 @@ def _require(eqn: _jax.JaxprEqn, keys: Sequence[Key], env: Env, where: str) -> N
             raise errors.VariableCreationError(
                 f"this variable is first written inside {where} at this line, so it has no "
                 "value on entry to it.", collection=k[0], path=k[1],
-                source=errors.source_text(eqn.source_info),
+                **errors.where(eqn.source_info),
                 fix="create (initialize) the variable before the loop or conditional")
 
 
@@ -160,7 +164,7 @@ def _check_same(eqn, keys, before: Sequence[VarType], after: Sequence[VarType], 
             raise errors.VariableStructureError(
                 f"{where} changes this variable from {b.describe()} to {a.describe()}; a "
                 "carried variable must keep its structure, shapes and dtypes.",
-                collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+                collection=k[0], path=k[1], **errors.where(eqn.source_info),
                 fix="keep the variable's type fixed inside the loop (e.g. sow with a reduce_fn "
                     "that accumulates instead of appending)")
 
@@ -238,7 +242,7 @@ def _while(d: Discharger, eqn, invals, env, region):
         k = sorted(traffic(cond_j).may_write)[0]
         raise errors.UnsupportedPrimitiveError(
             "a while_loop cond_fun writes this variable; cond_fun must be side-effect free.",
-            collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+            collection=k[0], path=k[1], **errors.where(eqn.source_info),
             fix="move the write into body_fun")
     carried, consts_k = _loop_keys(eqn, env, [cond_j, body_j])
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
@@ -284,7 +288,7 @@ def _cond(d: Discharger, eqn, invals, env, region):
                 "so after the conditional it may have no value"
                 + (" (lax.cond: branch 0 is false_fun, branch 1 is true_fun)." if len(ts) == 2
                    else "."),
-                collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+                collection=k[0], path=k[1], **errors.where(eqn.source_info),
                 fix="create it before the conditional, or in every branch")
     in_keys = sorted(needed)
     in_types = [(k, _type(env[k])) for k in in_keys]
@@ -295,7 +299,7 @@ def _cond(d: Discharger, eqn, invals, env, region):
                 raise errors.VariableStructureError(
                     f"branch 0 leaves this variable as {a.describe()} but branch {i} leaves it "
                     f"as {b.describe()}.", collection=k[0], path=k[1],
-                    source=errors.source_text(eqn.source_info),
+                    **errors.where(eqn.source_info),
                     fix="make every branch write the same structure, shapes and dtypes")
     index, ops = invals[0], invals[1:]
     params = dict(eqn.params, branches=tuple(b for b, _ in built))
@@ -354,7 +358,7 @@ def _reject_perturbed(eqn, c: "_Custom", perturbed: Sequence[bool]) -> None:
                 f"a gradient is requested with respect to this variable, which is read inside "
                 f"a raw jax.{eqn.primitive.name.removesuffix('_call')}; variables are "
                 "constants for its custom rule, so the gradient would silently be zero.",
-                collection=k[0], path=k[1], source=errors.source_text(eqn.source_info),
+                collection=k[0], path=k[1], **errors.where(eqn.source_info),
                 fix="pass the variable's value into the custom function as an argument")
         leaf += n
 
@@ -450,10 +454,11 @@ def _guarded_params(eqn, snapshot: Callable[[], scope.TraceContext]) -> dict:
         with scope.activate(snapshot()):
             out = call()
         if touches_variables(out[0].effects):
+            collection, path = walk.first_variable([out[0]])
             raise errors.TransformError(
                 f"the custom rule of a raw jax.{eqn.primitive.name.removesuffix('_call')} "
                 "touches variables that its function does not, so varjax has not passed "
-                "them in.", source=errors.source_text(eqn.source_info),
+                "them in.", collection=collection, path=path, **errors.where(eqn.source_info),
                 fix="read the variable in the function as well, or pass its value as an argument")
         return out
     return dict(eqn.params, **{spec.thunk: _jax.wrap_thunk(eqn.params[spec.thunk], around)})

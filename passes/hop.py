@@ -21,6 +21,7 @@ import dataclasses
 from typing import Callable
 
 from varjax import _jax, errors
+from varjax.passes import walk
 
 ClosedJaxpr = _jax.ClosedJaxpr
 
@@ -71,10 +72,12 @@ def bodies(eqn: _jax.JaxprEqn) -> list[ClosedJaxpr]:
 
 
 def unsupported(eqn: _jax.JaxprEqn, why: str) -> errors.UnsupportedPrimitiveError:
+    collection, path = walk.first_variable(walk.subjaxprs(eqn))
     return errors.UnsupportedPrimitiveError(
         f"primitive '{eqn.primitive.name}' {why}; varjax cannot rewrite variable traffic "
-        "inside it.", source=errors.source_text(eqn.source_info),
-        fix="move the variable accesses out of this primitive")
+        "inside it.", collection=collection, path=path, **errors.where(eqn.source_info),
+        fix="move the variable accesses out of this primitive, passing values in and out "
+            "as arguments and results")
 
 
 def with_bodies(eqn: _jax.JaxprEqn, rewrite: Callable[[ClosedJaxpr], ClosedJaxpr]) -> dict:
@@ -83,14 +86,15 @@ def with_bodies(eqn: _jax.JaxprEqn, rewrite: Callable[[ClosedJaxpr], ClosedJaxpr
     if hop is None:
         raise unsupported(eqn, "has a body with variable effects but no varjax rule")
     params = dict(eqn.params)
-    for p in hop.params:
-        v = params[p]
-        if isinstance(v, (tuple, list)):
-            params[p] = type(v)(rewrite(closed(b)) for b in v)
-        elif isinstance(v, ClosedJaxpr):
-            params[p] = rewrite(v)
-        else:
-            params[p] = const_free(rewrite(closed(v)))
+    with errors.enclosing(eqn.source_info):   # errors in the bodies name eqn's module
+        for p in hop.params:
+            v = params[p]
+            if isinstance(v, (tuple, list)):
+                params[p] = type(v)(rewrite(closed(b)) for b in v)
+            elif isinstance(v, ClosedJaxpr):
+                params[p] = rewrite(v)
+            else:
+                params[p] = const_free(rewrite(closed(v)))
     if hop.thunk is not None:
         params[hop.thunk] = _jax.wrap_thunk(params[hop.thunk], _thunk_rewriter(rewrite))
     return params

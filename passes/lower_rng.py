@@ -40,6 +40,7 @@ from varjax.effects import streams_of
 from varjax.passes import hop
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
+from varjax.passes.walk import enclosing, walk_eqns
 from varjax.primitives import Path, bind_get, bind_set, rng_draw_p
 
 RNG_COLLECTION = "__rng__"
@@ -75,7 +76,9 @@ def stream_state(stream: str, aval: Any, mode: str):
         return _Static((RNG_COLLECTION, (stream,)), aval)
     if mode == "implicit":
         return _Dynamic(("rngs", (stream, "key")), ("rngs", (stream, "count")), aval)
-    raise errors.PipelineError(f"lower-rng mode must be 'explicit' or 'implicit', not {mode!r}")
+    raise errors.PipelineError(f"lower-rng mode must be 'explicit' or 'implicit', not {mode!r}",
+                               source=errors.source_text(),
+                               fix="write lower-rng{mode=explicit} or lower-rng{mode=implicit}")
 
 
 class _Lowerer(Rewriter):
@@ -131,7 +134,8 @@ class _Lowerer(Rewriter):
             raise errors.UnsupportedPrimitiveError(
                 "an RNG draw inside a while_loop cond_fun cannot advance its stream.",
                 collection=sorted(streams_of(eqn.params["cond_jaxpr"].effects))[0],
-                source=errors.source_text(eqn.source_info), fix="draw in body_fun instead")
+                **errors.where(eqn.source_info),
+                fix="draw the key in body_fun and carry what cond_fun needs in the loop state")
         inner = dict(streams)
         loop = next(self.loop_ids)
         with _jax.source_info_of(eqn):
@@ -159,9 +163,16 @@ class LowerRng(Pass):
             return jaxpr
         missing = sorted(used - set(ctx.rng_streams))
         if missing:
+            # The first draw from it names the line (draws in custom rules are not walked).
+            draw = next((e for e, _ in walk_eqns(jaxpr)
+                         if e.primitive is rng_draw_p and e.params["stream"] == missing[0]), None)
+            outer = enclosing(jaxpr, draw) if draw is not None else []
+            with errors.enclosing(*(e.source_info for e in outer)):
+                where = errors.where(draw.source_info if draw else None)
             raise errors.MissingRngError(
                 f"RNG stream '{missing[0]}' is drawn from but was not provided.",
-                collection=missing[0], fix=f"pass rngs={{'{missing[0]}': jax.random.key(0)}}")
+                collection=missing[0], **where,
+                fix=f"pass rngs={{'{missing[0]}': jax.random.key(0)}} to init/apply")
         lowerer = _Lowerer()
         state = {s: stream_state(s, ctx.rng_streams[s], self.mode) for s in used}
         ctx.count(self.name, "streams", len(used))

@@ -42,7 +42,7 @@ import networkx as nx
 import numpy as np
 
 from varjax import _jax
-from varjax.errors import PassError, PipelineError, VarjaxError
+from varjax.errors import PassError, PipelineError, VarjaxError, source_text
 from varjax.passes.base import Pass, PassContext, get_pass
 
 DUMP_DIR_ENV = "VARJAX_DUMP_DIR"
@@ -115,7 +115,10 @@ class Pipeline:
                 given.append(entry)
             else:
                 raise PipelineError(
-                    f"pipeline entries are Pass instances or pipeline strings, got {entry!r}")
+                    f"pipeline entries are Pass instances or pipeline strings, got {entry!r}",
+                    source=source_text(),
+                    fix="pass Pass instances (e.g. vj.passes.LowerRng()) or strings such as "
+                        "'lower-rng,discharge'")
         self.passes: tuple[Pass, ...] = _order(given)
         self.verify = verify
         self.dump_dir = dump_dir
@@ -177,7 +180,7 @@ class Pipeline:
                     raise
                 raise PassError(
                     f"pass '{p.spec()}' failed after passes [{', '.join(done)}]: "
-                    f"{type(exc).__name__}: {exc}",
+                    f"{type(exc).__name__}: {exc}", source=source_text(),
                     fix=f"this is a bug in the pass; set {DUMP_DIR_ENV}=<dir> to dump "
                         "the IR it was given") from exc
             for h in reversed(hooks):
@@ -214,7 +217,7 @@ def _order(given: list[Pass]) -> tuple[Pass, ...]:
         cycle = nx.find_cycle(graph)
     names = " -> ".join([passes[u].name for u, _ in cycle] + [passes[cycle[0][0]].name])
     reasons = "; ".join(graph.edges[u, v]["why"] for u, v in cycle)
-    raise PipelineError(f"pass ordering cycle: {names} ({reasons})",
+    raise PipelineError(f"pass ordering cycle: {names} ({reasons})", source=source_text(),
                         fix="drop one of these passes, or one of their ordering constraints")
 
 
@@ -251,7 +254,7 @@ def _parse(text: str) -> list[Pass]:
         match = _SPEC.fullmatch(item)
         if match is None:
             raise PipelineError(f"cannot parse pass spec {item.strip()!r} in pipeline {text!r}",
-                                fix="write name or name{option=value,...}")
+                                source=source_text(), fix="write name or name{option=value,...}")
         name, body = match.groups()
         passes.append(_instantiate(get_pass(name), _parse_options(name, body or ""),
                                    why=f"in pipeline {text!r}"))
@@ -264,12 +267,15 @@ def _split_top_level(text: str) -> list[str]:
         if ch in "{}":
             depth += 1 if ch == "{" else -1
             if depth not in (0, 1):
-                raise PipelineError(f"unbalanced or nested braces at column {i} of {text!r}")
+                raise PipelineError(f"unbalanced or nested braces at column {i} of {text!r}",
+                                    source=source_text(),
+                                    fix="give each pass's options in one pair of braces: name{a=1,b=2}")
         elif ch == "," and depth == 0:
             items.append(text[start:i])
             start = i + 1
     if depth:
-        raise PipelineError(f"unclosed '{{' in pipeline {text!r}")
+        raise PipelineError(f"unclosed '{{' in pipeline {text!r}", source=source_text(),
+                            fix="close the options with '}': name{a=1,b=2}")
     return items + [text[start:]]
 
 
@@ -279,9 +285,12 @@ def _parse_options(name: str, body: str) -> dict[str, str]:
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key:
-            raise PipelineError(f"pass '{name}': option {item.strip()!r} is not key=value")
+            raise PipelineError(f"pass '{name}': option {item.strip()!r} is not key=value",
+                                source=source_text(),
+                                fix=f"write each option as key=value: {name}{{option=value,...}}")
         if key in options:
-            raise PipelineError(f"pass '{name}': option '{key}' given twice")
+            raise PipelineError(f"pass '{name}': option '{key}' given twice", source=source_text(),
+                                fix=f"give option '{key}' once")
         options[key] = value.strip()
     return options
 
@@ -292,18 +301,21 @@ def _instantiate(cls: type[Pass], options: dict[str, str], *, why: str) -> Pass:
     for key in options:
         if key not in fields:
             raise PipelineError(f"pass '{cls.name}' has no option '{key}' ({why})",
-                                fix=f"valid options: {valid}")
+                                source=source_text(),
+                                fix=f"spell the option as the pass defines it; valid options: {valid}")
     kwargs = {key: _convert(cls, fields[key], text, valid) for key, text in options.items()}
     missing = [n for n, f in fields.items() if n not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise PipelineError(f"pass '{cls.name}' needs option(s) {', '.join(missing)} ({why})",
+                            source=source_text(),
                             fix=f"write {cls.name}{{{missing[0]}=...}}; valid options: {valid}")
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise PipelineError(f"pass '{cls.name}' rejected options {options} ({why}): {exc}",
-                            fix=f"valid options: {valid}") from exc
+                            source=source_text(),
+                            fix=f"give values the pass accepts; valid options: {valid}") from exc
 
 
 def _convert(cls: type[Pass], field: dataclasses.Field, text: str, valid: str) -> Any:
@@ -313,7 +325,9 @@ def _convert(cls: type[Pass], field: dataclasses.Field, text: str, valid: str) -
     except (TypeError, ValueError) as exc:
         raise PipelineError(
             f"pass '{cls.name}': bad value {text!r} for option '{field.name}' "
-            f"(expects {_describe(kind)}): {exc}", fix=f"valid options: {valid}") from None
+            f"(expects {_describe(kind)}): {exc}", source=source_text(),
+            fix=f"give option '{field.name}' a value of type {_describe(kind)}; "
+                f"valid options: {valid}") from None
 
 
 def _annotation(cls: type[Pass], field: dataclasses.Field) -> Any:

@@ -29,12 +29,12 @@ from typing import Iterable
 
 import jax.extend.core as jex
 
-from varjax import _jax
+from varjax import _jax, errors
 from varjax.effects import VariableEffect, varjax_effects
-from varjax.errors import VerificationError, source_text
+from varjax.errors import VerificationError
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.pipeline import DUMP_DIR_ENV, Instrumentation
-from varjax.passes.walk import subjaxprs, walk_eqns
+from varjax.passes.walk import enclosing, subjaxprs, walk_eqns
 from varjax.primitives import VARJAX_PRIMITIVES
 
 WINDOW = 10  # equations shown on each side of a bad one
@@ -74,11 +74,19 @@ class Verify(Instrumentation):
 
 def _check(jaxpr: _jax.ClosedJaxpr, discharged: bool, known: set[str] | None, *,
            stage: str, fix: str | None = None) -> None:
+    fix = fix or (f"fix the code that built this IR (varjax's tracing, or your own); set "
+                  f"{DUMP_DIR_ENV}=<dir> to dump the IR at each pipeline stage")
+
     def fail(problem: str, holder: _jax.Jaxpr, eqn: _jax.JaxprEqn | None = None,
              collection: str | None = None) -> None:
         what = f"invalid IR{stage}: {problem}\n\n" + _show(holder, eqn)
-        raise VerificationError(what, collection=collection, fix=fix,
-                                source=source_text(eqn.source_info) if eqn else None)
+        if eqn is not None and collection is None:
+            collection = eqn.params.get("collection")
+        path = eqn.params.get("path") if eqn is not None else None
+        # Without a culprit equation, the user's line that ran the pipeline.
+        with errors.enclosing(*(e.source_info for e in (enclosing(jaxpr, eqn) if eqn else []))):
+            where = errors.where(eqn.source_info if eqn is not None else None)
+        raise VerificationError(what, collection=collection, path=path, fix=fix, **where)
 
     for eqn, holder in walk_eqns(jaxpr):
         effs = varjax_effects(eqn.effects)
@@ -110,7 +118,7 @@ def _check(jaxpr: _jax.ClosedJaxpr, discharged: bool, known: set[str] | None, *,
         jex.check_jaxpr(top)
     except jex.JaxprTypeError as exc:
         raise VerificationError(f"invalid IR{stage}: JAX's type check failed:\n{exc}",
-                                fix=fix) from exc
+                                fix=fix, source=errors.source_text()) from exc
 
 
 def _unknown(effs: Iterable[object], known: set[str] | None) -> list[str]:

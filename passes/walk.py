@@ -17,9 +17,10 @@ Sharp edges:
 """
 from __future__ import annotations
 
-from typing import Iterator, Union
+from typing import Iterable, Iterator, Union
 
 from varjax import _jax
+from varjax.primitives import rng_draw_p, var_get_p, var_set_p
 
 AnyJaxpr = Union[_jax.ClosedJaxpr, _jax.Jaxpr]
 
@@ -50,3 +51,37 @@ def walk_eqns(jaxpr: AnyJaxpr) -> Iterator[tuple[_jax.JaxprEqn, _jax.Jaxpr]]:
         yield eqn, holder
         for sub in subjaxprs(eqn):
             yield from walk_eqns(sub)
+
+
+
+def enclosing(jaxpr: AnyJaxpr, target: _jax.JaxprEqn) -> list[_jax.JaxprEqn]:
+    """The equations whose bodies hold ``target``, outermost first ([] at top level).
+
+    For error messages: JAX restarts the name stack in every body, so the module scope
+    of a nested equation is its enclosing equations' scopes followed by its own (see
+    ``errors.enclosing``)."""
+    return _chain_to(jaxpr, target) or []
+
+
+def _chain_to(jaxpr: AnyJaxpr, target: _jax.JaxprEqn) -> list[_jax.JaxprEqn] | None:
+    for eqn in open_jaxpr(jaxpr).eqns:
+        if eqn is target:
+            return []
+        for sub in subjaxprs(eqn):
+            found = _chain_to(sub, target)
+            if found is not None:
+                return [eqn, *found]
+    return None
+
+
+def first_variable(jaxprs: Iterable[AnyJaxpr]) -> tuple[str | None, tuple | None]:
+    """``(collection, path)`` of the first variable read or written, or ``(stream, None)``
+    of the first RNG draw, in ``jaxprs`` (nested bodies included); ``(None, None)`` if
+    none.  For error messages about a higher-order equation as a whole."""
+    for jaxpr in jaxprs:
+        for eqn, _ in walk_eqns(jaxpr):
+            if eqn.primitive in (var_get_p, var_set_p):
+                return eqn.params["collection"], eqn.params["path"]
+            if eqn.primitive is rng_draw_p:
+                return eqn.params["stream"], None
+    return None, None

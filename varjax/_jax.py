@@ -202,6 +202,12 @@ def map_eqns(closed: ClosedJaxpr, fn: Callable[[JaxprEqn], JaxprEqn]) -> ClosedJ
     return ClosedJaxpr(open_(closed.jaxpr), closed.consts)
 
 
+def scope_names(name_stack: Any) -> list[str]:
+    """The ``named_scope`` entries of a name stack, outermost first (transform entries such
+    as ``vmap`` or ``jvp`` left out)."""
+    return [e.name for e in name_stack.stack if isinstance(e, source_info_util.Scope)]
+
+
 def with_name_stack(eqn: JaxprEqn, name: str) -> JaxprEqn:
     """``eqn`` whose name stack is the single scope ``name``."""
     stack = source_info_util.new_name_stack(name)

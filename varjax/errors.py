@@ -1,19 +1,55 @@
 """Every error varjax raises on purpose.
 
 A varjax error answers four questions in a fixed layout: what happened, which
-variable (collection and path), where in the user's code (``file:line``, read
-from the equation's source info or the current traceback), and how to fix it.
-Catch ``VarjaxError`` to catch them all.
+variable (collection and path), where in the user's code (the module and
+``file:line``), and how to fix it.  Catch ``VarjaxError`` to catch them all::
+
+    <what happened>
+      collection: params                  the collection (or RNG stream)
+      variable:   hidden/kernel           the full variable path
+      module:     MLP/hidden (Dense)      where in the module tree, see below
+      at:         train.py:12 (MLP.__call__)
+      fix:        <one sentence>
+
+A line is left out where its field does not apply (a malformed pipeline string
+has no variable; a plain function has no module); it is never made up.
+
+The ``module`` field is the module's *scope*, the form JAX's name stack gives it:
+the root module's class, then the names of the submodules down to it, joined by
+``/`` (``MLP/hidden``), as in ``jaxpr.pretty_print(name_stack=True)``.
+
+  * Raised while tracing (``varjax.scope``, the layers, Module lifecycle errors):
+    the scope of the module whose method was running, then its class in
+    parentheses: ``MLP/hidden (Dense)``.  The root is just its class, ``MLP``; a
+    module that is not bound is ``Dense (unbound)``.  This is ``Module._label()``.
+  * Raised by a pass after tracing: the equation's name stack, via ``where``;
+    the class is not recorded there, so it reads ``MLP/hidden``.  A method other
+    than ``__call__`` shows as ``MLP.encode/Dense_0``, and a ``jax.named_scope``
+    entered inside a module shows too (``MLP/block/hidden``).
+  * ``module`` is None in code that no module method runs (a ``vj.functionalize``
+    function): a name stack counts as a module's only from the first entry that
+    names a ``varjax.nn.Module`` subclass, so a user's ``jax.named_scope`` in a
+    plain function is not reported as a module.
+
+Use ``where(eqn.source_info)`` for ``source=`` and ``module=`` at every raise site
+that has an equation, and ``where()`` (or ``scope.where()``, which adds the
+running module) while tracing.
 
 Sharp edges:
   * The source line is the first frame outside JAX and varjax.  Code called
     through a library you wrote yourself points at that library.
+  * JAX restarts the name stack inside the body of ``scan``/``while``/``cond``/
+    ``jit``; passes put the enclosing equations back with ``enclosing``.  A method
+    called directly on a submodule of a ``bind`` module traces with that
+    submodule's name as the root of the stack (``hidden``), which is no class
+    name: pass-time errors there have no ``module``.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from varjax import _jax
 
@@ -24,7 +60,7 @@ __all__ = [
     "PipelineError", "PassError", "VerificationError", "ModuleError", "NameInUseError",
     "AssignSubModuleError", "UnboundModuleError", "InvalidScopeError", "FrozenModuleError",
     "ConfigError",
-    "format_path", "source_text",
+    "format_path", "source_text", "module_text", "where", "enclosing", "call_site",
 ]
 
 
@@ -55,6 +91,67 @@ def source_text(source_info: _jax.SourceInfo | None = None) -> str:
     else:
         found = _jax.user_frame_text(source_info) or getattr(_call_site, "text", None)
     return found or "<unknown source>"
+
+
+_enclosing = threading.local()
+
+
+@contextlib.contextmanager
+def enclosing(*source_infos: _jax.SourceInfo) -> Iterator[None]:
+    """While a pass works inside the bodies of higher-order equations, their source infos
+    (outermost first).  JAX restarts the name stack in each body, so an equation inside
+    one carries only the part of its scope below the body; ``module_text`` puts the
+    enclosing equations' scopes in front."""
+    previous = getattr(_enclosing, "infos", ())
+    # A rule that rewrites an equation's bodies through another helper enters it twice.
+    _enclosing.infos = previous + tuple(si for si in source_infos
+                                        if not any(si is p for p in previous))
+    try:
+        yield
+    finally:
+        _enclosing.infos = previous
+
+
+def _module_classes() -> set[str]:
+    """Names of every ``varjax.nn.Module`` subclass defined so far (read at error time)."""
+    module = sys.modules.get("varjax.nn.module")
+    if module is None:
+        return set()
+    names: set[str] = set()
+    todo = [module.Module]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub.__name__ not in names:
+                names.add(sub.__name__)
+                todo.append(sub)
+    return names
+
+
+def module_text(source_info: _jax.SourceInfo | None = None) -> str | None:
+    """The module scope an equation was traced in, from its name stack (see the module
+    docstring): ``MLP/hidden``; None outside modules.  The current name stack if not given."""
+    if source_info is None:
+        stacks = [_jax.current_source_info().name_stack]
+    else:
+        # An equation is not its own enclosure: a rule raising about the equation it is
+        # rewriting runs inside ``enclosing(eqn.source_info)``.
+        outer = [si for si in getattr(_enclosing, "infos", ()) if si is not source_info]
+        stacks = [si.name_stack for si in outer] + [source_info.name_stack]
+    # Scope entries only: transforms (``vmap``, ``jvp``) are no place in the module tree.
+    scopes = [name for stack in stacks for name in _jax.scope_names(stack)]
+    classes = _module_classes()
+    for i, name in enumerate(scopes):
+        if name.split(".")[0] in classes:
+            return "/".join(scopes[i:])
+    return None
+
+
+def where(source_info: _jax.SourceInfo | None = None, module: str | None = None) -> dict[str, Any]:
+    """``source=`` and ``module=`` for an error: the user's line and the module scope of
+    ``source_info`` (an equation's; the current frame and name stack if None).  A given
+    ``module`` (a trace-time ``Module._label()``) wins over the name stack."""
+    return {"source": source_text(source_info),
+            "module": module if module is not None else module_text(source_info)}
 
 
 class VarjaxError(Exception):

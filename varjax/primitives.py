@@ -68,7 +68,7 @@ def _no_impl(name):
             f"{name} ran outside a functionalized function: varjax variables only "
             "exist while @vj.functionalize (or Module.init/apply) traces your code.",
             collection=params.get("collection", params.get("stream")),
-            path=params.get("path"), source=errors.source_text(),
+            path=params.get("path"), **errors.where(),
             fix="call the function through .init / .apply of vj.functionalize(fn)")
     return impl
 
@@ -106,10 +106,11 @@ _jax.primitive_jvps[rng_draw_p] = _draw_jvp
 
 
 def _set_batch(args, dims, *, collection, path, tree):
+    from varjax import scope  # scope imports this module
     raise errors.TransformError(
         "a batched value is written to a variable under raw jax.vmap; a variable has one "
         "value, so varjax cannot tell which batch member should win.",
-        collection=collection, path=path, source=errors.source_text(),
+        collection=collection, path=path, **scope.where(),
         fix="write outside jax.vmap, or keep one copy per batch member in a variable with a "
             "leading batch axis")
 

@@ -81,8 +81,8 @@ class TraceContext:
         # Snapshots share their origin: a module bound in this trace may be used under
         # any of them (custom rules traced lazily), and under no other trace.
         self.origin = self
-        # The module whose method is running, for error messages (not part of the fingerprint).
-        self.module: str | None = None
+        # The Module whose method is running, for error messages (not part of the fingerprint).
+        self.module: Any = None
         # The JAX trace the function runs in; a variable operation under any other trace
         # runs inside an inner transformation (see _observe).
         self.top_trace: Any = None
@@ -174,14 +174,25 @@ def current(api: str = "this function") -> TraceContext:
     if not stack:
         raise errors.ScopeError(
             f"{api} was called outside a functionalized function: there is no variable "
-            "store to read from or write to.", source=errors.source_text(),
+            "store to read from or write to.", **errors.where(),
             fix="decorate the enclosing function with @vj.functionalize and call .init/.apply")
     if stack[-1] is None:
+        # The trace running the init function knows the module that called it.
+        owner = next((c for c in reversed(stack) if c is not None), None)
         raise errors.ScopeError(
             f"{api} was called inside an init function; init functions compute a value "
             "from their arguments and cannot use variables or RNG streams.",
-            source=errors.source_text(), fix="pass what the init function needs as init_args")
+            **where(owner), fix="pass what the init function needs as init_args")
     return stack[-1]
+
+
+def where(ctx: TraceContext | None = None, about: Any = None) -> dict[str, Any]:
+    """``errors.where()`` while tracing: the user's line, and the ``_label()`` of the module
+    whose method is running under ``ctx`` (the active context if not given) -- else of
+    ``about``, the Module the error is about (``MLP/hidden (Dense)``, see ``errors``)."""
+    ctx = active() if ctx is None else ctx
+    module = ctx.module if ctx is not None and ctx.module is not None else about
+    return errors.where(module=module._label() if module is not None else None)
 
 
 def active() -> TraceContext | None:
@@ -232,12 +243,12 @@ def _read(ctx: TraceContext, collection: str, path: Path) -> Any:
     return jax.tree.unflatten(vt.tree, bind_get(collection, path, vt.tree, vt.avals))
 
 
-def _check_collection(collection: str) -> None:
+def _check_collection(ctx: TraceContext, collection: str, path: Path) -> None:
     if is_internal(collection):
         raise errors.ScopeError(
             f"collection names starting with '__' are reserved for varjax's own scratch "
-            f"variables; '{collection}' cannot be used.", collection=collection,
-            source=errors.source_text(), fix="rename the collection")
+            f"variables; '{collection}' cannot be used.", collection=collection, path=path,
+            **where(ctx), fix="rename the collection so that it does not start with '__'")
 
 
 def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
@@ -251,8 +262,7 @@ def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
 def _missing(ctx: TraceContext, collection: str, path: Path, why: str) -> errors.MissingVariableError:
     return errors.MissingVariableError(
         f"variable {errors.format_path(path)!s} of collection '{collection}' does not exist "
-        f"and {why}.", collection=collection, path=path, source=errors.source_text(),
-        module=ctx.module,
+        f"and {why}.", collection=collection, path=path, **where(ctx),
         fix=f"pass it in the variables dict, or run init / apply with mutable=['{collection}'] "
             "so it can be created")
 
@@ -277,12 +287,12 @@ def read_at(ctx: TraceContext, collection: str, path: Path) -> Any:
 
 def write_at(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
     """Store ``value`` (creating the variable); the collection must be mutable."""
-    _check_collection(collection)
+    _check_collection(ctx, collection, path)
     if not ctx.is_mutable(collection):
         raise errors.ImmutableCollectionError(
             f"variable {errors.format_path(path)} is written, but collection '{collection}' "
-            "is not mutable.", collection=collection, path=path, source=errors.source_text(),
-            module=ctx.module, fix=f"pass mutable=['{collection}'] to apply")
+            "is not mutable.", collection=collection, path=path, **where(ctx),
+            fix=f"pass mutable=['{collection}'] to apply")
     _write(ctx, collection, path, value)
 
 
@@ -301,12 +311,12 @@ def make_rng(name: str = PARAMS_STREAM) -> jax.Array:
     return draw_at(ctx, name, ctx.path_prefix)
 
 
-def draw_at(ctx: TraceContext, name: str, where: Path) -> jax.Array:
-    """A fresh key from stream ``name``; ``where`` (the module path) is for the error only."""
+def draw_at(ctx: TraceContext, name: str, where_: Path) -> jax.Array:
+    """A fresh key from stream ``name``; ``where_`` (the module path) is for the error only."""
     if name not in ctx.rng_streams:
         raise errors.MissingRngError(
             f"RNG stream '{name}' was requested but not provided.", collection=name,
-            path=where or None, source=errors.source_text(), module=ctx.module,
+            path=where_ or None, **where(ctx),
             fix=f"pass rngs={{'{name}': jax.random.key(0)}} to init/apply")
     return bind_draw(name, ctx.rng_streams[name])
 
@@ -349,14 +359,16 @@ def _key_dtype() -> Any:
 
 
 def check_type(collection: str, path: Path, have: VarType, want: VarType,
-               module: str | None = None) -> None:
-    """``VariableShapeError`` unless ``have`` and ``want`` agree in structure, shapes, dtypes."""
+               module: Any = None) -> None:
+    """``VariableShapeError`` unless ``have`` and ``want`` agree in structure, shapes, dtypes;
+    ``module`` is the Module reading the variable, for the message."""
     if have.tree != want.tree or [(a.shape, a.dtype) for a in have.avals] != \
             [(a.shape, a.dtype) for a in want.avals]:
         raise errors.VariableShapeError(
             f"the given value of variable {errors.format_path(path)} has type "
             f"{have.describe()}, but the code expects {want.describe()}.",
-            collection=collection, path=path, source=errors.source_text(), module=module,
+            collection=collection, path=path,
+            **errors.where(module=module._label() if module is not None else None),
             fix="re-initialize the variables for these input shapes, or fix the init function")
 
 
@@ -382,8 +394,7 @@ def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_ar
     if PARAMS_STREAM not in ctx.rng_streams:
         raise errors.MissingRngError(
             f"creating parameter {errors.format_path(path)} needs the '{PARAMS_STREAM}' RNG "
-            "stream, which was not provided.", collection="params", path=path,
-            source=errors.source_text(), module=ctx.module,
+            "stream, which was not provided.", collection="params", path=path, **where(ctx),
             fix="call init with a key: fn.init(jax.random.key(0), ...)")
     value = run_init(init_fn, draw_at(ctx, PARAMS_STREAM, path), *init_args)
     _write(ctx, "params", path, value)
@@ -426,7 +437,7 @@ def variable(collection: str, name: str | Sequence[str], init_fn: Callable[..., 
 def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callable[..., Any] | None,
                 init_args: tuple) -> Variable:
     ctx.observe()
-    _check_collection(collection)
+    _check_collection(ctx, collection, path)
     if (collection, path) not in ctx.variables:
         if init_fn is None:
             raise _missing(ctx, collection, path, "no init_fn was given to create it")
@@ -455,7 +466,7 @@ def sow(collection: str, name: str | Sequence[str], value: Any,
 def sow_at(ctx: TraceContext, collection: str, path: Path, value: Any,
            reduce_fn: Callable[[Any, Any], Any] = _append, init_fn: Callable[[], Any] = tuple) -> bool:
     ctx.observe()
-    _check_collection(collection)
+    _check_collection(ctx, collection, path)
     if not ctx.is_mutable(collection):
         return False
     old = _read(ctx, collection, path) if (collection, path) in ctx.variables else init_fn()

@@ -488,7 +488,7 @@ def test_missing_param_in_apply_names_module_and_variable():
     with pytest.raises(errors.MissingVariableError) as info:
         MLP(5, 3).apply({"params": {}}, X)
     assert info.value.path == ("hidden", "kernel")
-    assert info.value.module == "hidden (Dense)"
+    assert info.value.module == "MLP/hidden (Dense)"
 
 
 def test_init_function_cannot_use_variables():

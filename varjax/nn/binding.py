@@ -33,6 +33,7 @@ class TraceRoot:
     def __init__(self, ctx: scope.TraceContext, capture: Callable[[Module, str], bool] | None):
         self.origin = ctx.origin
         self.capture = capture
+        self.adopted: dict[int, tuple[Module, Module]] = {}   # see Module._adopt
 
 
 class BoundRoot:
@@ -49,6 +50,7 @@ class BoundRoot:
         self.origin: scope.TraceContext | None = None  # set while one of our calls traces
         self.version = 0
         self.calls = 0
+        self.adopted: dict[int, tuple[Module, Module]] = {}   # see Module._adopt
         self._fns: dict[Any, Functionalized] = {}
 
     def _next_rngs(self) -> dict[str, Any]:
@@ -114,8 +116,7 @@ class Scope:
         if ctx is None or ctx.origin is not self.root.origin:
             raise errors.InvalidScopeError(
                 f"{api} was called on module {module._label()} after the init/apply that "
-                "bound it had ended (or under another one).", path=self.path,
-                module=module._label(), source=errors.source_text(),
+                "bound it had ended (or under another one).", **scope.where(about=module),
                 fix="do not keep bound modules beyond apply; use Module.bind for a "
                     "long-lived bound module")
         return ctx

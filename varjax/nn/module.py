@@ -113,7 +113,7 @@ class Module:
         if len(compacts) > 1:
             raise errors.ModuleError(
                 f"{cls.__name__} has more than one @compact method ({', '.join(compacts)}).",
-                module=cls.__name__, source=errors.source_text(),
+                module=f"{cls.__name__} (unbound)", source=errors.source_text(),
                 fix="keep one @compact method; define submodules for the others in setup")
         for attr, fn in list(cls.__dict__.items()):
             if _wrappable(attr, fn):
@@ -140,16 +140,22 @@ class Module:
             else:
                 raise errors.AssignSubModuleError(
                     f"submodule {type(self).__name__} of {parent._label()} was constructed outside "
-                    "setup() and outside an @compact method.", module=parent._label(),
-                    source=errors.source_text(),
+                    "setup() and outside an @compact method.", **scope.where(about=parent),
                     fix="construct submodules in setup(), or decorate the method with @nn.compact")
 
     # -- naming and registration ----------------------------------------------------------
     def _label(self) -> str:
+        """The module in error messages: its scope as JAX's name stack shows it (the root's
+        class, then submodule names) and its class, ``MLP/hidden (Dense)``; the root is
+        ``MLP``, a module that is not bound ``Dense (unbound)`` (see ``varjax.errors``)."""
         if self.scope is None:
             return f"{type(self).__name__} (unbound)"
-        path = "/".join(self.scope.path) or "<root>"
-        return f"{path} ({type(self).__name__})"
+        root = self
+        while root.scope.path and isinstance(root.parent, Module) and root.parent.scope is not None:
+            root = root.parent
+        head = () if root.scope.path else (root._scope_name(),)
+        text = "/".join(head + self.scope.path)
+        return f"{text} ({type(self).__name__})" if self.scope.path else text
 
     def _autoname(self, cls: type) -> str:
         prefix = cls.__name__
@@ -161,13 +167,13 @@ class Module:
         if self.scope is None:
             raise errors.UnboundModuleError(
                 f"submodule {name} cannot be added to {self._label()}, which is not bound.",
-                module=self._label(), source=errors.source_text(),
+                **scope.where(about=self),
                 fix="call the module through init/apply/bind")
         state = self._state
         if name in state.call_names:
             raise errors.NameInUseError(
                 f"the name '{name}' is used by two submodules of {self._label()}.",
-                path=self.scope.path + (name,), module=self._label(), source=errors.source_text(),
+                path=self.scope.path + (name,), **scope.where(about=self),
                 fix="give the submodules distinct name= arguments")
         state.call_names.add(name)
         if state.in_setup:
@@ -183,9 +189,17 @@ class Module:
         if child.parent is self:              # constructed in our setup without name=
             self._register_child(child, name)
             return child
-        clone = dataclasses.replace(child, parent=self, name=child.name or name)
+        # One unbound instance held in several places is adopted once, where it is first
+        # met, and shared after that (Linen's sharing by reference).  The field's name wins
+        # over a name= the instance was built with, as in Linen.
+        adopted = self.scope.root.adopted
+        hit = adopted.get(id(child))
+        if hit is not None and hit[0] is child:
+            return hit[1]
+        clone = dataclasses.replace(child, parent=self, name=name)
         if clone.scope is None:
             self._register_child(clone, clone.name)
+        adopted[id(child)] = (child, clone)
         return clone
 
     def __setattr__(self, attr: str, value: Any) -> None:
@@ -196,7 +210,7 @@ class Module:
         if not state.in_setup:
             raise errors.FrozenModuleError(
                 f"cannot set attribute '{attr}' of {self._label()}: modules are frozen "
-                "dataclasses outside setup().", module=self._label(), source=errors.source_text(),
+                "dataclasses outside setup().", **scope.where(about=self),
                 fix="assign attributes in setup(), or make it a dataclass field")
         value = _replace_submodules(value, self._adopt, attr)
         object.__setattr__(self, attr, value)
@@ -234,8 +248,18 @@ class Module:
                     adopted = _replace_submodules(value, self._adopt, field.name)
                     if adopted is not value:
                         object.__setattr__(self, field.name, adopted)
-            with jax.named_scope(self._scope_name()):
-                self.setup()
+            # Errors name this module while its setup runs (also when a parent's attribute
+            # access runs it lazily).
+            ctx = scope.active()
+            previous_module = ctx.module if ctx is not None else None
+            if ctx is not None:
+                ctx.module = self
+            try:
+                with jax.named_scope(self._scope_name()):
+                    self.setup()
+            finally:
+                if ctx is not None:
+                    ctx.module = previous_module
         finally:
             stack.pop()
             state.in_setup = False
@@ -265,13 +289,13 @@ class Module:
             if is_compact:
                 raise errors.UnboundModuleError(
                     f"the @compact method {fn.__name__} was called on {self._label()}.",
-                    module=self._label(), source=errors.source_text(),
+                    **scope.where(about=self),
                     fix="call it through module.init / module.apply (or module.bind)")
             return fn(self, *args, **kwargs)
         if sc.eager():
             return sc.root.run(self, fn, args, kwargs)
         ctx = sc.context(self, f"{type(self).__name__}.{fn.__name__}")
-        previous_module, ctx.module = ctx.module, self._label()
+        previous_module, ctx.module = ctx.module, self
         self._try_setup()
         state = self._state
         if is_compact and state.compact_depth == 0:
@@ -298,7 +322,7 @@ class Module:
         if self.scope is None:
             raise errors.UnboundModuleError(
                 f"{api} needs a bound module, but {self._label()} is not bound.",
-                module=self._label(), source=errors.source_text(),
+                **scope.where(about=self),
                 fix="call the module through init / apply, or use module.bind(variables)")
         return self.scope.context(self, api)
 
@@ -318,15 +342,15 @@ class Module:
             if self.scope.root.has("params", self._path(name)):
                 value = self.scope.root.read("params", self._path(name))
                 scope.check_type("params", self._path(name), scope.VarType.of(value),
-                                 scope.expected_type(init_fn, init_args, True), self._label())
+                                 scope.expected_type(init_fn, init_args, True), self)
                 return value
             return self._eager(lambda m: m.param(name, init_fn, *init_args))
         ctx = self._ctx("Module.param")
         if name in self._state.children:
             raise errors.NameInUseError(
                 f"parameter '{name}' of {self._label()} has the name of a submodule.",
-                collection="params", path=self._path(name), module=self._label(),
-                source=errors.source_text(), fix="rename the parameter or the submodule")
+                collection="params", path=self._path(name), **scope.where(about=self),
+                fix="rename the parameter or the submodule")
         return scope.param_at(ctx, self._path(name), init_fn, init_args)
 
     def variable(self, collection: str, name: str, init_fn: Callable[..., Any] | None = None,
@@ -374,10 +398,15 @@ class Module:
         return value
 
     def make_rng(self, name: str = scope.PARAMS_STREAM) -> jax.Array:
-        """A fresh key from stream ``name``; every call gives a different key."""
+        """A fresh key from stream ``name``; every call gives a different key.  As in Linen,
+        a stream that was not given falls back to ``params`` when that one was (so
+        ``init(key, x, train=True)`` works); with neither, ``MissingRngError``."""
         if self.scope is not None and self.scope.eager():
             return self._eager(lambda m: m.make_rng(name))
-        return scope.draw_at(self._ctx("Module.make_rng"), name, self.scope.path)
+        ctx = self._ctx("Module.make_rng")
+        if name not in ctx.rng_streams and scope.PARAMS_STREAM in ctx.rng_streams:
+            name = scope.PARAMS_STREAM   # Linen: a missing stream falls back to 'params'
+        return scope.draw_at(ctx, name, self.scope.path)
 
     def has_rng(self, name: str) -> bool:
         if self.scope is not None and self.scope.eager():
@@ -399,8 +428,8 @@ class Module:
         """The names from the root module to this one (``()`` for the root)."""
         if self.scope is None:
             raise errors.UnboundModuleError(
-                f"{self._label()} has no path: it is not bound.", module=self._label(),
-                source=errors.source_text(), fix="bind it through init/apply/bind")
+                f"{self._label()} has no path: it is not bound.", **scope.where(about=self),
+                fix="read .path inside a method called through init/apply, or on a module made by bind")
         return self.scope.path
 
     @property
@@ -430,7 +459,7 @@ class Module:
         if self.scope is None or not isinstance(self.scope.root, BoundRoot) or self.scope.path:
             raise errors.UnboundModuleError(
                 f"unbind() needs the root module returned by bind(); got {self._label()}.",
-                module=self._label(), source=errors.source_text(), fix="call unbind on bind's result")
+                **scope.where(about=self), fix="call unbind on the module that bind() returned")
         return self.clone(parent=None), self.scope.root.variables
 
     def functionalize(self, method: Any = None, capture_intermediates: Any = False) -> Functionalized:
@@ -531,13 +560,13 @@ def _resolve_method(module: Module, method: Any) -> Callable:
         fn = getattr(type(module), method, None)
         if fn is None or not callable(fn):
             raise errors.ModuleError(
-                f"{type(module).__name__} has no method '{method}'.", module=type(module).__name__,
-                source=errors.source_text(), fix="pass method= the name of a method of the module")
+                f"{type(module).__name__} has no method '{method}'.", **scope.where(about=module),
+                fix="pass method= the name of a method of the module")
         return fn
     if not callable(method):
         raise errors.ModuleError(
             f"method= must be a method name or a callable taking the module first, got "
-            f"{type(method).__name__}.", module=type(module).__name__, source=errors.source_text(),
+            f"{type(method).__name__}.", **scope.where(about=module),
             fix="pass e.g. method=Model.encode or method='encode'")
     return method
 

@@ -33,7 +33,7 @@ def test_dump_lists_the_effectful_ir_then_every_pass(mlp_vars):
         "effectful", "check-mutability", "lower-rng", "forward-stores", "dead-reads", "discharge"]
     assert "var_get[params:hidden/kernel]" in entries[0][1]
     assert "var_get" not in entries[-1][1]                 # discharged: pure
-    assert "test_dump.py" in entries[0][1]                  # source lines by default
+    assert "test_vj_dump.py" in entries[0][1]                  # source lines by default
 
 
 def test_dump_accepts_functions_functionalized_and_module_methods(mlp_vars):
@@ -61,7 +61,7 @@ def test_dump_to_a_directory_writes_numbered_files_and_diffs(mlp_vars, tmp_path)
     assert "05-discharge.diff" in files and "01-check-mutability.diff" not in files   # unchanged
     assert (run_dir / "00-effectful.txt").read_text().split("\n", 2)[2].rstrip() == \
         entries[0][1].split("\n", 2)[2].rstrip()
-    assert "test_dump.py" not in entries[0][1]
+    assert "test_vj_dump.py" not in entries[0][1]
 
 
 def test_dump_of_a_failing_pipeline_raises_the_varjax_error(tmp_path):
@@ -83,7 +83,7 @@ def test_pretty_annotates_every_equation_with_module_and_source(mlp_vars):
     jaxpr = MLP().functionalize().jaxpr(X, variables=mlp_vars, mutable=True)
     text = vj.pretty(jaxpr, source=True, color=False)
     (line,) = [ln for ln in text.splitlines() if "var_get[params:out/bias]" in ln]
-    assert "# MLP/out" in line and "test_dump.py" in line
+    assert "# MLP/out" in line and "test_vj_dump.py" in line
     assert text.rstrip().endswith(": { Var[params] } }")
 
 
@@ -100,7 +100,7 @@ def test_pretty_shows_effects_on_nested_bodies_and_annotates_writes():
     text = vj.pretty(counted.jaxpr(X, variables=variables, mutable=True), source=True, color=False)
     assert "in (" in text and ": { Var[stats] } }" in text.split("length=")[0]
     (write,) = [ln for ln in text.splitlines() if "var_set[stats:n]" in ln]
-    assert "test_dump.py" in write                           # JAX's printer shows none for it
+    assert "test_vj_dump.py" in write                           # JAX's printer shows none for it
 
 
 def test_pretty_colours_only_when_asked(mlp_vars):
