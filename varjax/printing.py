@@ -2,8 +2,9 @@
 
 ``pretty(jaxpr)`` prints like ``print(jaxpr)`` with these changes:
 
-* every effectful jaxpr, nested bodies included, ends with its effect set
-  (``: { Var[params], Rng[dropout] }``), so each sub-jaxpr says which
+* every effectful jaxpr, nested bodies included, states its effect set on its
+  first line (``{ lambda ; a:f32[3]. let  # effects { Var[params] }``; JAX puts
+  it after the closing ``in (...)``), so each sub-jaxpr says up front which
   collections and streams it touches;
 * variable equations read ``var_get[params:Dense_0/kernel]``: the collection,
   then the path, whose leading names are the module path;
@@ -51,11 +52,33 @@ def pretty(jaxpr: _jax.ClosedJaxpr, *, source: bool = False, name_stack: bool = 
         code = line[:match.start()] + line[match.end():]
         if code.strip():
             lines.append((code.rstrip(), notes[int(match.group(1))]))
+    lines = _effects_to_headers(lines)
     width = min(max((len(c) for c, n in lines if n), default=0), _COMMENT_COLUMN_MAX)
     out = "\n".join(f"{c.ljust(width)}  # {n}" if n else c for c, n in lines)
     if color is None:
         color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     return _colorize(out) if color else out
+
+
+_EFFECTS = re.compile(r" : (\{ (?:(?:Var|Rng)\[[^\]]*\](?:, )?)+ \}) \}$")
+
+
+def _effects_to_headers(lines: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Moves each multi-line jaxpr's effect set from its closing ``in (...) : {...} }`` line
+    to a comment on its opening ``{ lambda`` line, where a reader starts."""
+    out = list(lines)
+    opened: list[int] = []
+    for i, (code, note) in enumerate(lines):
+        closes = code.lstrip().startswith("in (") and code.endswith("}")
+        if "{ lambda" in code and not closes:
+            opened.append(i)
+        elif closes and opened:
+            header = opened.pop()
+            match = _EFFECTS.search(code)
+            if match is not None:
+                out[i] = (code[:match.start()] + " }", note)
+                out[header] = (out[header][0], f"effects {match.group(1)}")
+    return out
 
 
 def _mark(eqn: Any, notes: list[str], source: bool, name_stack: bool) -> Any:
@@ -77,5 +100,5 @@ def _colorize(text: str) -> str:
     text = re.sub(r"var_get\[[^\]]*\]", lambda m: paint("read", m.group(0)), text)
     text = re.sub(r"var_set\[[^\]]*\]", lambda m: paint("write", m.group(0)), text)
     text = re.sub(r"rng_draw\[[^\]]*\]", lambda m: paint("rng", m.group(0)), text)
-    text = re.sub(r": \{ (?:(?:Var|Rng)\[[^\]]*\](?:, )?)+ \}", lambda m: paint("effects", m.group(0)), text)
-    return re.sub(r"  # .*$", lambda m: paint("comment", m.group(0)), text, flags=re.M)
+    text = re.sub(r"  # effects .*$", lambda m: paint("effects", m.group(0)), text, flags=re.M)
+    return re.sub(r"  # (?!effects ).*$", lambda m: paint("comment", m.group(0)), text, flags=re.M)
