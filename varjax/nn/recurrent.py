@@ -87,7 +87,21 @@ class _VectorCell(RNNCellBase):
         return 1
 
 
-class LSTMCell(_VectorCell):
+class _GatedCell(_VectorCell):
+    """The fields LSTM and GRU cells share (in Linen's order, so positional arguments port)."""
+
+    features: int
+    gate_fn: Callable[..., Any] = sigmoid
+    activation_fn: Callable[..., Any] = tanh
+    kernel_init: initializers.Initializer = default_kernel_init
+    recurrent_kernel_init: initializers.Initializer = initializers.orthogonal()
+    bias_init: initializers.Initializer = initializers.zeros_init()
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    carry_init: initializers.Initializer = initializers.zeros_init()
+
+
+class LSTMCell(_GatedCell):
     r"""Long short-term memory cell; the carry is ``(c, h)``.
 
     .. math::
@@ -100,16 +114,6 @@ class LSTMCell(_VectorCell):
     Each ``W`` is a ``Dense`` submodule named by its subscript; only the
     hidden-state ones (``h*``) have biases.
     """
-
-    features: int
-    gate_fn: Callable[..., Any] = sigmoid
-    activation_fn: Callable[..., Any] = tanh
-    kernel_init: initializers.Initializer = default_kernel_init
-    recurrent_kernel_init: initializers.Initializer = initializers.orthogonal()
-    bias_init: initializers.Initializer = initializers.zeros_init()
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    carry_init: initializers.Initializer = initializers.zeros_init()
 
     _carry_parts = 2
 
@@ -130,7 +134,7 @@ class LSTMCell(_VectorCell):
         return (new_c, new_h), new_h
 
 
-class GRUCell(_VectorCell):
+class GRUCell(_GatedCell):
     r"""Gated recurrent unit; the carry is ``h``.
 
     .. math::
@@ -139,16 +143,6 @@ class GRUCell(_VectorCell):
         n = \tanh(W_{in} x + b_{in} + r (W_{hn} h + b_{hn})), \quad
         h' = (1 - z) n + z h
     """
-
-    features: int
-    gate_fn: Callable[..., Any] = sigmoid
-    activation_fn: Callable[..., Any] = tanh
-    kernel_init: initializers.Initializer = default_kernel_init
-    recurrent_kernel_init: initializers.Initializer = initializers.orthogonal()
-    bias_init: initializers.Initializer = initializers.zeros_init()
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    carry_init: initializers.Initializer = initializers.zeros_init()
 
     @compact
     def __call__(self, carry: Array, inputs: Array) -> tuple[Array, Array]:

@@ -25,8 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from varjax.errors import VarjaxError
-from varjax.filters import DenyList
-from varjax.nn.module import Module
+from varjax.nn.module import DEFAULT_INIT_MUTABLE, Module
 from varjax.tools.dataflow import dataflow, to_dot
 from varjax.tools.dump import dump
 from varjax.tools.summary import summary
@@ -133,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dump(parser: argparse.ArgumentParser, args: argparse.Namespace, target: Any,
           inputs: list[jax.Array], rngs: dict[str, jax.Array]) -> int:
-    variables = as_functionalized(target).init(rngs, *inputs, mutable=DenyList("intermediates"))
+    variables = as_functionalized(target).init(rngs, *inputs, mutable=DEFAULT_INIT_MUTABLE)
     mutable = args.mutable or False
     entries = dump(target, *inputs, variables=variables, rngs=rngs, mutable=mutable,
                    to=args.out, source=args.source)

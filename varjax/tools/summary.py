@@ -27,15 +27,14 @@ import jax
 import numpy as np
 
 from varjax import _jax
-from varjax.filters import DenyList
 from varjax.functionalize import flatten_variables
-from varjax.nn.module import Module
+from varjax.nn.module import DEFAULT_INIT_MUTABLE, Module
+from varjax.passes.analysis import key_of
 from varjax.passes.walk import walk_eqns
 from varjax.primitives import Key, var_get_p, var_set_p
 from varjax.tools.target import as_functionalized
 
 # What init returns and what the summarized call may write: everything but sown values.
-_MUTABLE = DenyList("intermediates")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +160,8 @@ def summary(target: Any, *args: Any, rngs: Any = None, **kwargs: Any) -> Summary
     def init_and_trace(*arrays: Any) -> dict[str, Any]:
         it = iter(arrays)
         a, kw = jax.tree.unflatten(tree, [next(it) if arr else x for x, arr in zip(leaves, is_array)])
-        variables = fz.init(rngs, *a, mutable=_MUTABLE, **kw)
-        traced.append(fz.jaxpr(*a, variables=variables, rngs=rngs, mutable=_MUTABLE, **kw))
+        variables = fz.init(rngs, *a, mutable=DEFAULT_INIT_MUTABLE, **kw)
+        traced.append(fz.jaxpr(*a, variables=variables, rngs=rngs, mutable=DEFAULT_INIT_MUTABLE, **kw))
         return variables
 
     shapes = jax.eval_shape(init_and_trace, *(x for x, arr in zip(leaves, is_array) if arr))
@@ -185,7 +184,7 @@ def _access(jaxpr: _jax.ClosedJaxpr) -> tuple[dict[Key, str], dict[Key, int]]:
     reads, writes, order = set(), set(), {}
     for eqn, _ in walk_eqns(jaxpr):
         if eqn.primitive in (var_get_p, var_set_p):
-            key = (eqn.params["collection"], eqn.params["path"])
+            key = key_of(eqn)
             (reads if eqn.primitive is var_get_p else writes).add(key)
             order.setdefault(key, len(order))
     access = {k: "/".join(w for w, hit in (("read", k in reads), ("write", k in writes)) if hit)
