@@ -9,6 +9,9 @@ from varjax import passes as passes
 from varjax.filters import DenyList as DenyList
 from varjax.functionalize import Functionalized as Functionalized
 from varjax.functionalize import functionalize as functionalize
+from varjax.lifting import from_tree as from_tree
+from varjax.lifting import lift as lift
+from varjax.lifting import to_tree as to_tree
 from varjax.printing import pretty as pretty
 from varjax.scope import Variable as Variable
 from varjax.scope import has_variable as has_variable
@@ -19,5 +22,6 @@ from varjax.scope import param as param
 from varjax.scope import sow as sow
 from varjax.scope import variable as variable
 from varjax.tools.dataflow import dataflow as dataflow
+from varjax.transforms import *  # noqa: F403  (vmap, scan, ...: the lifted transforms)
 from varjax.tools.dataflow import dead_params as dead_params
 from varjax.tools.dump import dump as dump

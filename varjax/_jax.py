@@ -251,6 +251,19 @@ def jit_call(jaxpr: ClosedJaxpr, name: str) -> Callable[..., list]:
     return lambda *args: jit_p.bind(*args, **params)
 
 
+def prune(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, list[Any], list[bool]]:
+    """``closed`` without the inputs and constants its outputs do not need.
+
+    Returns the pruned jaxpr (constants that may be tracers of an enclosing trace become
+    leading inputs), the constants it still needs, and which original inputs it still
+    takes; call it as ``f(*consts, *[x for x, used in zip(inputs, mask) if used])``."""
+    n_consts = len(closed.consts)
+    opened = pe.convert_constvars_jaxpr(closed.jaxpr)
+    pruned, used = pe.dce_jaxpr(opened, [True] * len(opened.outvars))
+    consts = [c for c, u in zip(closed.consts, used[:n_consts]) if u]
+    return ClosedJaxpr(pruned, ()), consts, list(used[n_consts:])
+
+
 # Source lines in errors and dumps point at user code, never at varjax itself.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 exclude_from_user_frames(_HERE + os.sep)

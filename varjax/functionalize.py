@@ -167,9 +167,13 @@ class Functionalized:
     """A stateful function with Flax Linen's ``init`` / ``apply`` interface."""
 
     def __init__(self, fn: Callable[..., Any], *, passes: Sequence[str | Pass] | str = (),
-                 dump_dir: str | None = None, verify: bool | None = None):
+                 dump_dir: str | None = None, verify: bool | None = None,
+                 context: Callable[["_Key"], scope.TraceContext] | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        # Builds the TraceContext a trace runs under; a lifted region (varjax.lifting)
+        # supplies one that sees the enclosing trace's modules and lifting filters.
+        self.context = context or _fresh_context
         extra = [passes] if isinstance(passes, str) else list(passes)
         if verify is None:
             verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
@@ -204,7 +208,12 @@ class Functionalized:
     def jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
               mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
         """The effectful jaxpr, as traced; no pass runs, so this works even when one fails."""
-        key, _, _, _ = self._key(variables or {}, args, kwargs, rngs, mutable, False)
+        return self.effectful(_flat(variables), args, kwargs, rngs, mutable, False)
+
+    def effectful(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
+                  rngs: Any, mutable: Any, initializing: bool) -> _jax.ClosedJaxpr:
+        """The effectful jaxpr for flat variables (as ``call`` takes them); traced once."""
+        key, _, _, _ = self._key(flat_vars, args, kwargs, rngs, mutable, initializing)
         return self._effectful(key).jaxpr
 
     def functional_jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None,
@@ -215,13 +224,12 @@ class Functionalized:
     def traced(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
                mutable: Any = False, **kwargs: Any) -> Traced:
         """The whole cache entry (jaxprs, signature, pass statistics) for these arguments."""
-        key, _, _, _ = self._key(variables or {}, args, kwargs, rngs, mutable, False)
+        key, _, _, _ = self._key(_flat(variables), args, kwargs, rngs, mutable, False)
         return self._compiled(key)
 
     # -- machinery ------------------------------------------------------------------
-    def _key(self, variables, args, kwargs, rngs, mutable, initializing):
+    def _key(self, flat_vars, args, kwargs, rngs, mutable, initializing):
         """The cache key: everything a trace depends on (see the module docstring)."""
-        flat_vars = flatten_variables(variables)
         rngs = normalize_rngs(rngs)
         tree, traced, static = _split_args(args, kwargs)
         var_types = tuple(sorted((k, VarType.of_leaves(t, ls)) for k, (t, ls) in flat_vars.items()))
@@ -246,7 +254,7 @@ class Functionalized:
 
     def _trace(self, key: "_Key") -> _Effectful:
         self.trace_count += 1
-        ctx = scope.TraceContext(dict(key.variables), key.mutable, dict(key.rngs), key.initializing)
+        ctx = self.context(key)
         static = dict(key.static)
         positions = [i for i in range(key.tree.num_leaves) if i not in static]
         out_tree_box: list[Any] = []
@@ -274,7 +282,7 @@ class Functionalized:
                      **kwargs: Any) -> tuple[_jax.ClosedJaxpr, PassContext]:
         """Run ``pipeline`` (default: this function's) on the effectful trace, uncached:
         for tools that watch the passes (``vj.dump``).  Returns the result and the context."""
-        key, _, _, _ = self._key(variables or {}, args, kwargs, rngs, mutable, False)
+        key, _, _, _ = self._key(_flat(variables), args, kwargs, rngs, mutable, False)
         return self._run_pipeline(self._effectful(key), pipeline or self.pipeline)
 
     def _run_pipeline(self, traced: _Effectful, pipeline: Pipeline) -> tuple[_jax.ClosedJaxpr, PassContext]:
@@ -303,7 +311,20 @@ class Functionalized:
                       dict(pctx.stats))
 
     def _apply(self, variables, args, kwargs, rngs, mutable, *, initializing: bool):
-        key, flat_vars, rngs, traced = self._key(variables, args, kwargs, rngs, mutable, initializing)
+        flat_vars = flatten_variables(variables)
+        out, written, _ = self.call(flat_vars, args, kwargs, rngs, mutable, initializing)
+        if mutable is False:
+            return out, None
+        updated = {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flat_vars.items()
+                   if filters.matches(mutable, k[0])}
+        updated.update((k, v) for k, v in written.items() if filters.matches(mutable, k[0]))
+        return out, unflatten_variables(dict(sorted(updated.items())))
+
+    def call(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
+             rngs: Any, mutable: Any, initializing: bool) -> tuple[Any, dict[Key, Any], Traced]:
+        """The one way a traced function runs: ``flat_vars`` as from ``flatten_variables``;
+        returns the output, every variable the function wrote (by key) and the cache entry."""
+        key, _, rngs, traced = self._key(flat_vars, args, kwargs, rngs, mutable, initializing)
         entry = self._compiled(key)
         inputs: list[Any] = []
         for (col, path), _ in entry.signature.inputs:
@@ -311,17 +332,21 @@ class Functionalized:
         outs = entry.call(*inputs, *traced)
         n_main = entry.out_tree.num_leaves
         out = jax.tree.unflatten(entry.out_tree, outs[:n_main])
-        if mutable is False:
-            return out, None
-        updated = {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flat_vars.items()
-                   if filters.matches(mutable, k[0])}
-        pos = n_main
+        written, pos = {}, n_main
         for (col, path), vt in entry.signature.outputs:
             n = len(vt.avals)
-            if col != RNG_COLLECTION and filters.matches(mutable, col):
-                updated[(col, path)] = jax.tree.unflatten(vt.tree, outs[pos:pos + n])
+            if col != RNG_COLLECTION:
+                written[(col, path)] = jax.tree.unflatten(vt.tree, outs[pos:pos + n])
             pos += n
-        return out, unflatten_variables(dict(sorted(updated.items())))
+        return out, written, entry
+
+
+def _flat(variables: Mapping[str, Any] | None) -> dict[Key, tuple[Any, list[Any]]]:
+    return flatten_variables(variables or {})
+
+
+def _fresh_context(key: _Key) -> scope.TraceContext:
+    return scope.TraceContext(dict(key.variables), key.mutable, dict(key.rngs), key.initializing)
 
 
 def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),

@@ -67,12 +67,36 @@ class VarType:
         return shapes if self.tree.num_leaves == 1 and not self.tree.children() else f"{self.tree} [{shapes}]"
 
 
+@dataclasses.dataclass(frozen=True)
+class Lifted:
+    """What the body of a lifted transform may touch (see ``varjax.lifting``): variables
+    whose collection matches one of ``groups``, and the RNG streams it was given.
+    ``hidden`` are the enclosing trace's streams that were not lifted; ``fix`` tells
+    the user how to lift a collection (``{collection}`` is filled in)."""
+
+    name: str
+    groups: tuple
+    hidden: frozenset
+    fix: str
+
+    def check(self, ctx: "TraceContext", collection: str, path: Path) -> None:
+        if is_internal(collection) or any(filters.matches(f, collection) for f in self.groups):
+            return
+        raise errors.TransformError(
+            f"variable {errors.format_path(path)} of collection '{collection}' is used inside "
+            f"vj.{self.name}, but '{collection}' matches none of its variable filters, so the "
+            "transform does not know how to lift it.", collection=collection, path=path,
+            **where(ctx), fix=self.fix.format(collection=collection))
+
+
 class TraceContext:
     """The variable view of one functionalize trace."""
 
     def __init__(self, variables: dict[Key, VarType], mutable: Any,
-                 rng_streams: dict[str, Any], initializing: bool):
+                 rng_streams: dict[str, Any], initializing: bool, lift: Lifted | None = None):
         self.variables = dict(variables)
+        # Set in the body of a lifted transform: which collections it may touch.
+        self.lift = lift
         self.mutable = mutable
         self.rng_streams = dict(rng_streams)
         self.initializing = initializing
@@ -90,7 +114,7 @@ class TraceContext:
         # jax.jit bodies -- Python that a cache hit would skip.  Under strict fingerprints
         # such traces never share inner traces with other functionalize traces (a nonce);
         # fully immutable ones can.
-        base = (filters.freeze(mutable), tuple(sorted(self.rng_streams.items())), initializing)
+        base = (filters.freeze(mutable), tuple(sorted(self.rng_streams.items())), initializing, lift)
         nonce = next(_nonces) if (initializing or mutable is not False) else None
         self._base = hash(base)
         self._strict_base = hash((base, nonce))
@@ -132,9 +156,19 @@ class TraceContext:
         traced lazily); they must see variable types as of the call site, not the end.
         """
         ctx = TraceContext({**self.given, **variables}, self.mutable, self.rng_streams,
-                           self.initializing)
+                           self.initializing, self.lift)
         ctx.path_prefix = self.path_prefix
         ctx.origin = self.origin
+        return ctx
+
+    def region(self, variables: dict[Key, VarType], rng_streams: dict[str, Any],
+               lift: Lifted) -> "TraceContext":
+        """The context a lifted region's body traces under: same modules (origin), scope,
+        mutability and init flag as this one; the variables and streams it was handed."""
+        ctx = TraceContext(variables, self.mutable, rng_streams, self.initializing, lift)
+        ctx.path_prefix = self.path_prefix
+        ctx.origin = self.origin
+        ctx.module = self.module
         return ctx
 
     def set_type(self, key: Key, vt: VarType) -> None:
@@ -239,6 +273,8 @@ def activate(ctx: TraceContext) -> _Activation:
 
 def _read(ctx: TraceContext, collection: str, path: Path) -> Any:
     ctx.observe()
+    if ctx.lift is not None:
+        ctx.lift.check(ctx, collection, path)
     vt = ctx.variables[(collection, path)]
     return jax.tree.unflatten(vt.tree, bind_get(collection, path, vt.tree, vt.avals))
 
@@ -253,6 +289,8 @@ def _check_collection(ctx: TraceContext, collection: str, path: Path) -> None:
 
 def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
     ctx.observe()
+    if ctx.lift is not None:
+        ctx.lift.check(ctx, collection, path)
     leaves, tree = jax.tree.flatten(value)
     leaves = [jax.numpy.asarray(x) for x in leaves]
     ctx.set_type((collection, path), VarType.of_leaves(tree, leaves))
@@ -275,6 +313,8 @@ def has_variable(collection: str, name: str | Sequence[str]) -> bool:
 
 def has_at(ctx: TraceContext, collection: str, path: Path) -> bool:
     ctx.observe()
+    if ctx.lift is not None:
+        ctx.lift.check(ctx, collection, path)
     return (collection, path) in ctx.variables
 
 
@@ -313,6 +353,11 @@ def make_rng(name: str = PARAMS_STREAM) -> jax.Array:
 
 def draw_at(ctx: TraceContext, name: str, where_: Path) -> jax.Array:
     """A fresh key from stream ``name``; ``where_`` (the module path) is for the error only."""
+    if ctx.lift is not None and name in ctx.lift.hidden:
+        raise errors.TransformError(
+            f"RNG stream '{name}' is used inside vj.{ctx.lift.name}, which was not asked to "
+            "lift it.", collection=name, path=where_ or None, **where(ctx),
+            fix=f"include '{name}' in the transform's rngs filter")
     if name not in ctx.rng_streams:
         raise errors.MissingRngError(
             f"RNG stream '{name}' was requested but not provided.", collection=name,

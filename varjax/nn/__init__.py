@@ -2,6 +2,7 @@
 from varjax.filters import DenyList as DenyList
 from varjax.nn import initializers as initializers
 from varjax.nn.activation import *  # noqa: F403  (the jax.nn activations, by Linen's names)
+from varjax.transforms import *  # noqa: F403  (the lifted transforms, as in flax.linen)
 from varjax.nn.attention import MultiHeadAttention as MultiHeadAttention
 from varjax.nn.attention import MultiHeadDotProductAttention as MultiHeadDotProductAttention
 from varjax.nn.attention import SelfAttention as SelfAttention

@@ -28,10 +28,9 @@ if TYPE_CHECKING:
 class TraceRoot:
     """The root of a module tree bound inside one ``init``/``apply`` trace."""
 
-    version = 0
-
     def __init__(self, ctx: scope.TraceContext, capture: Callable[[Module, str], bool] | None):
         self.origin = ctx.origin
+        self.version = 0   # bumped around lifted bodies, so setup re-runs inside them
         self.capture = capture
         self.adopted: dict[int, tuple[Module, Module]] = {}   # see Module._adopt
 

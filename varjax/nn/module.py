@@ -104,6 +104,8 @@ class Module:
     """Base class of all varjax.nn modules: Flax Linen's ``nn.Module``."""
 
     parent: Any = dataclasses.field(default=_UNSPECIFIED, kw_only=True, repr=False, compare=False)
+    # Lifted transforms close over a leading Module argument (varjax.lifting.is_module).
+    _varjax_module = True
     name: str | None = dataclasses.field(default=None, kw_only=True)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -296,7 +298,8 @@ class Module:
             return sc.root.run(self, fn, args, kwargs)
         ctx = sc.context(self, f"{type(self).__name__}.{fn.__name__}")
         previous_module, ctx.module = ctx.module, self
-        self._try_setup()
+        if not getattr(fn, "varjax_lifted", False):   # a lifted one sets up in its body
+            self._try_setup()
         state = self._state
         if is_compact and state.compact_depth == 0:
             state.cursor.clear()
@@ -316,6 +319,48 @@ class Module:
         if capture is not None and capture(self, fn.__name__):
             self.sow("intermediates", fn.__name__, out)
         return out
+
+    # -- lifted transforms (the hooks varjax.lifting and varjax.transforms call) ------------
+    def _varjax_body(self, body: Callable) -> Callable:
+        """``body(self, ...)`` as the body of a lifted transform.
+
+        A body may be traced more than once (a peeled scan iteration, two branches); each
+        trace starts from the naming state of the first, so inline submodules get the same
+        names.  Setup runs inside the body (bumping the root's version), where variables
+        have their lifted shapes, and again outside afterwards."""
+        state = self._state
+        saved: list[tuple[dict, set]] = []
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if saved:
+                state.cursor, state.call_names = dict(saved[0][0]), set(saved[0][1])
+            else:
+                saved.append((dict(state.cursor), set(state.call_names)))
+            root = self.scope.root
+            root.version += 1
+            try:
+                return body(self, *args, **kwargs)
+            finally:
+                root.version += 1
+        run.__name__ = getattr(body, "__name__", "body")
+        return run
+
+    @classmethod
+    def _varjax_lift_class(cls, transform: str, lift_method: Callable[[Callable], Callable],
+                           methods: Any = None) -> type:
+        """``{Transform}{Class}`` (Linen's name, so checkpoints line up): a subclass whose
+        ``methods`` (default ``__call__``) run through ``lift_method``."""
+        names = ["__call__"] if methods is None else list(methods)
+        attrs: dict[str, Any] = {}
+        for name in names:
+            method = getattr(cls, name, None)
+            if method is None:
+                raise errors.ModuleError(
+                    f"{cls.__name__} has no method '{name}' to lift with {transform}.",
+                    module=f"{cls.__name__} (unbound)", source=errors.source_text(),
+                    fix="list existing method names in methods=")
+            attrs[name] = lift_method(getattr(method, "__wrapped__", method))
+        return type(transform.capitalize() + cls.__name__, (cls,), attrs)
 
     # -- variables ------------------------------------------------------------------------
     def _ctx(self, api: str) -> scope.TraceContext:

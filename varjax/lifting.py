@@ -1,0 +1,306 @@
+"""The lifting API: run stateful code inside any JAX transformation.
+
+JAX transformations take pure functions; a module body reads and writes
+variables.  ``lift`` bridges the two, the way Flax's ``pack`` does for
+scopes, but by reading the body's variable traffic off the IR:
+
+    lifted = vj.lift(transform, body, variables=(f0, f1, ...), rngs=(g0, ...))
+    out = lifted(*args)              # inside a functionalized function
+
+When ``lifted`` runs, the variables that exist in the enclosing trace are
+split into *groups* by the filters (first matching filter wins), the RNG
+streams likewise, and the author's ``transform`` is called as
+
+    transform(region, groups, rng_groups, *args) -> (out, groups_out)
+
+``groups`` is a tuple of dicts ``{(collection, path): value}``; ``rng_groups``
+a tuple of dicts ``{stream: key}``.  ``region`` is the body in functionalized
+form, a pure function the author may call under any JAX transformation:
+
+    region(groups, rng_groups, *args) -> (out, groups_out)
+
+It traces the body under a context that sees exactly the variables and keys it
+is handed (so inside ``jax.vmap`` it sees per-example shapes), runs the pass
+pipeline on it, and calls the pure result; ``groups_out`` is ``groups`` plus
+every variable the body wrote or created.  ``region.traffic(...)`` traces
+without running and says what the body reads, writes, creates and draws, so a
+transform can decide how to run it (peel a loop iteration, reject a branch).
+
+Around the transform, ``lift`` re-emits effects in the enclosing trace: a
+``var_get`` for each variable the transform's result depends on, an
+``rng_draw`` for each stream it uses, the transform itself as one ``jit``
+equation, and a ``var_set`` for each variable a region wrote.  So lifted
+transforms nest: an inner one is ordinary variable effects to the outer one,
+and each body is traced once per level.
+
+Rules:
+  * a variable touched in the body whose collection matches no filter raises
+    ``TransformError`` naming it (never a silent drop); an RNG stream matching
+    no ``rngs`` filter is not available in the body;
+  * every variable a region wrote must be in ``groups_out`` (under its
+    group); dropping one raises ``TransformError``;
+  * a leading ``Module`` argument of ``lifted`` is closed over by every body
+    rather than passed to the transform (Linen's ``fn(module, *args)``
+    convention); closures over modules and variables work the same way, since
+    the body's variable traffic is read from the IR, not from its arguments.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from varjax import _jax, errors, filters, scope
+from varjax.effects import RngEffect
+from varjax.functionalize import Functionalized, flatten_variables
+from varjax.passes.analysis import traffic as _traffic
+from varjax.primitives import Key
+
+Group = dict  # {(collection, path): value}
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+    """What one trace of a body does with variables and RNG streams."""
+
+    reads: frozenset[Key]      # needed on entry
+    writes: frozenset[Key]     # written on some path (creations included)
+    creates: frozenset[Key]    # written, and not handed in
+    streams: frozenset[str]    # RNG streams drawn from
+
+
+def is_module(x: Any) -> bool:
+    """Whether ``x`` is a varjax.nn Module (duck-typed: this layer sits below varjax.nn)."""
+    return getattr(type(x), "_varjax_module", False)
+
+
+def is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+class Region:
+    """One body of a lifted transform, as a pure function of variable groups, keys and
+    arguments (see the module docstring)."""
+
+    def __init__(self, body: Callable[..., Any], call: "_LiftedCall", path: tuple[str, ...]):
+        self._lifted = call
+        # The scope the body runs in (a leading module's path, else the function's scope):
+        # ``to_tree``/``from_tree`` make group keys relative to it, as Linen's dicts are.
+        self.path = path
+        self._fn = Functionalized(body, context=self._context)
+        self.__name__ = getattr(body, "__name__", "body")
+        self.writes: set[Key] = set()
+
+    def _context(self, key: Any) -> scope.TraceContext:
+        return self._lifted.outer.region(dict(key.variables), dict(key.rngs), self._lifted.view)
+
+    def _flat(self, groups: Sequence[Group], rngs: Sequence[dict]) -> tuple[dict, dict]:
+        self._lifted.check_groups(groups, rngs)
+        flat = {}
+        for group in groups:
+            for key, value in group.items():
+                leaves, tree = jax.tree.flatten(value)
+                flat[key] = (tree, leaves)
+        return flat, {s: k for g in rngs for s, k in g.items()}
+
+    def traffic(self, groups: Sequence[Group], rngs: Sequence[dict], *args: Any,
+                **kwargs: Any) -> Traffic:
+        """Trace the body for these inputs (cached: a later call with the same types does
+        not trace again) and report its traffic; nothing runs."""
+        flat, keys = self._flat(groups, rngs)
+        outer = self._lifted.outer
+        closed = self._fn.effectful(flat, args, kwargs, keys, outer.mutable, outer.initializing)
+        t = _traffic(closed)
+        streams = frozenset(e.stream for e in closed.effects if isinstance(e, RngEffect))
+        return Traffic(t.needs, t.may_write, t.may_write - set(flat), streams)
+
+    def __call__(self, groups: Sequence[Group], rngs: Sequence[dict], *args: Any,
+                 **kwargs: Any) -> tuple[Any, tuple[Group, ...]]:
+        flat, keys = self._flat(groups, rngs)
+        outer = self._lifted.outer
+        out, written, _ = self._fn.call(flat, args, kwargs, keys, outer.mutable, outer.initializing)
+        self.writes.update(written)
+        groups_out = tuple(dict(g) for g in groups)
+        for key, value in written.items():
+            groups_out[self._lifted.group_of(key[0])][key] = value
+        return out, groups_out
+
+
+class _LiftedCall:
+    """One call of a lifted function: the enclosing context, the groups, the regions."""
+
+    def __init__(self, lifted: "Lift", outer: scope.TraceContext):
+        self.lifted = lifted
+        self.outer = outer
+        self.var_types: list[dict[Key, scope.VarType]] = [{} for _ in lifted.variables]
+        for key, vt in outer.variables.items():
+            i = self.group_of(key[0])
+            if i is not None:
+                self.var_types[i][key] = vt
+        self.stream_avals: list[dict[str, Any]] = [{} for _ in lifted.rngs]
+        hidden = set()
+        for stream, aval in sorted(outer.rng_streams.items()):
+            i = next((i for i, f in enumerate(lifted.rngs) if filters.matches(f, stream)), None)
+            if i is None:
+                hidden.add(stream)
+            else:
+                self.stream_avals[i][stream] = aval
+        self.view = scope.Lifted(lifted.name, lifted.variables, frozenset(hidden), lifted.fix)
+
+    def group_of(self, collection: str) -> int | None:
+        return next((i for i, f in enumerate(self.lifted.variables)
+                     if filters.matches(f, collection)), None)
+
+    def check_groups(self, groups: Sequence[Group], rngs: Sequence[dict]) -> None:
+        if len(groups) != len(self.var_types) or len(rngs) != len(self.stream_avals):
+            raise errors.TransformError(
+                f"the region of vj.{self.lifted.name} was called with {len(groups)} variable "
+                f"groups and {len(rngs)} RNG groups; it has {len(self.var_types)} and "
+                f"{len(self.stream_avals)}.", **scope.where(self.outer),
+                fix="pass the groups the transform received, in the same order")
+
+    def run(self, bodies: Sequence[Callable], path: tuple[str, ...], args: tuple,
+            kwargs: dict) -> Any:
+        name = self.lifted.name
+        regions = [Region(b, self, path) for b in bodies]
+        var_specs = [(i, key, vt) for i, types in enumerate(self.var_types)
+                     for key, vt in sorted(types.items())]
+        streams = [(i, s, aval) for i, avals in enumerate(self.stream_avals)
+                   for s, aval in avals.items()]
+        leaves, arg_tree = jax.tree.flatten((args, kwargs))
+        traced_at = [j for j, x in enumerate(leaves) if is_array(x)]
+        in_avals = [a for _, _, vt in var_specs for a in vt.avals]
+        in_avals += [aval for _, _, aval in streams]
+        in_avals += [_jax.get_aval(leaves[j]) for j in traced_at]
+        result: dict[str, Any] = {}
+
+        def transformed(*flat):
+            flat = list(flat)
+            groups: list[Group] = [{} for _ in self.var_types]
+            for i, key, vt in var_specs:
+                n = len(vt.avals)
+                groups[i][key] = jax.tree.unflatten(vt.tree, flat[:n])
+                del flat[:n]
+            rng_groups: list[dict] = [{} for _ in self.stream_avals]
+            for i, s, _ in streams:
+                rng_groups[i][s] = flat.pop(0)
+            full = list(leaves)
+            for j, x in zip(traced_at, flat):
+                full[j] = x
+            a, k = jax.tree.unflatten(arg_tree, full)
+            out, groups_out = self.lifted.transform(*regions, tuple(groups), tuple(rng_groups),
+                                                    *a, **k)
+            written = sorted(set().union(*(r.writes for r in regions)))
+            outs, result["out_tree"] = jax.tree.flatten(out)
+            result["written"] = []
+            for key in written:
+                group = groups_out[self.group_of(key[0])] if len(groups_out) == len(groups) else {}
+                if key not in group:
+                    raise errors.TransformError(
+                        f"vj.{name} dropped variable {errors.format_path(key[1])}: its body wrote "
+                        "it, but the transform did not return it in its variable groups.",
+                        collection=key[0], path=key[1], **scope.where(self.outer),
+                        fix="return every group the region returned (groups_out), "
+                            "transformed as needed")
+                v_leaves, tree = jax.tree.flatten(group[key])
+                result["written"].append((key, tree, len(v_leaves)))
+                outs += v_leaves
+            return outs
+
+        closed = _jax.trace_to_jaxpr(transformed, in_avals, name=name)
+        pruned, consts, used = _jax.prune(closed)
+        inputs, pos = [], 0
+        for _, (col, path), vt in var_specs:
+            n = len(vt.avals)
+            if any(used[pos:pos + n]):
+                value = jax.tree.leaves(scope.read_at(self.outer, col, path))
+                inputs += [x for x, u in zip(value, used[pos:pos + n]) if u]
+            pos += n
+        for _, stream, _ in streams:
+            if used[pos]:
+                inputs.append(scope.draw_at(self.outer, stream, self.outer.path_prefix))
+            pos += 1
+        inputs += [leaves[j] for j, u in zip(traced_at, used[pos:]) if u]
+        outs = _jax.jit_call(pruned, f"{name}({'/'.join(r.__name__ for r in regions)})")(
+            *consts, *inputs)
+        n_out = result["out_tree"].num_leaves
+        out = jax.tree.unflatten(result["out_tree"], outs[:n_out])
+        pos = n_out
+        for (col, path), tree, n in result["written"]:
+            scope.write_at(self.outer, col, path, jax.tree.unflatten(tree, outs[pos:pos + n]))
+            pos += n
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Lift:
+    """A transform lifted over stateful bodies; see the module docstring."""
+
+    transform: Callable[..., Any]
+    bodies: tuple[Callable[..., Any], ...]
+    variables: tuple
+    rngs: tuple
+    name: str
+    fix: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        outer = scope.current(f"vj.{self.name}")
+        bodies, path = self.bodies, outer.path_prefix
+        if args and is_module(args[0]):
+            module, args = args[0], args[1:]
+            bodies = tuple(module._varjax_body(b) for b in bodies)
+            path = module.path
+        with errors.call_site(_jax.python_user_frame_text()):
+            return _LiftedCall(self, outer).run(bodies, path, args, kwargs)
+
+
+def to_tree(group: Group, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A group as Linen's nested ``{collection: {name: ...}}`` dict, relative to ``path``
+    (variables outside ``path`` keep their full path)."""
+    tree: dict[str, Any] = {}
+    for (col, full), value in sorted(group.items()):
+        rel = full[len(path):] if full[:len(path)] == path else full
+        node = tree.setdefault(col, {})
+        for name in rel[:-1]:
+            node = node.setdefault(name, {})
+        node[rel[-1]] = value
+    return tree
+
+
+def from_tree(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Group:
+    """The inverse of ``to_tree``: a nested dict relative to ``path`` as a group."""
+    return {(col, path + rel): jax.tree.unflatten(t, leaves)
+            for (col, rel), (t, leaves) in flatten_variables(tree).items()}
+
+
+def partition(args: tuple) -> tuple[list[Any], Callable[[Sequence[Any]], tuple]]:
+    """Split ``args`` into its array leaves and a function rebuilding ``args`` from new
+    ones: transforms that only take arrays (``jax.checkpoint``, ``lax.cond``) pass the
+    arrays through and close over everything else (Python scalars, modules, None)."""
+    leaves, tree = jax.tree.flatten(args)
+    at = [i for i, x in enumerate(leaves) if is_array(x)]
+
+    def rebuild(arrays: Sequence[Any]) -> tuple:
+        full = list(leaves)
+        for i, x in zip(at, arrays):
+            full[i] = x
+        return jax.tree.unflatten(tree, full)
+    return [leaves[i] for i in at], rebuild
+
+
+def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
+         variables: Sequence[filters.Filter] = (True,), rngs: Sequence[filters.Filter] = (True,),
+         name: str = "lift", fix: str | None = None) -> Lift:
+    """Lift ``transform`` over ``bodies``: see the module docstring.
+
+    ``variables`` and ``rngs`` are sequences of collection / stream filters, one per
+    group; ``name`` appears in errors and in the IR (the ``jit`` equation's name);
+    ``fix`` is the advice given when a body touches a collection no filter matches
+    (``{collection}`` is replaced by its name)."""
+    if not bodies:
+        raise TypeError("vj.lift needs at least one body")
+    fix = fix or (f"add '{{collection}}' to one of the variable filters of vj.{name}")
+    return Lift(transform, tuple(bodies), tuple(filters.freeze(f) for f in variables),
+                tuple(filters.freeze(f) for f in rngs), name, fix)

@@ -1,0 +1,139 @@
+"""Lifted ``vmap``, ``shard_map`` and ``pmap``: one body, many members.
+
+``variable_axes`` maps collection filters to an axis (the variable has one
+slice per member, stacked along that axis) or ``None`` (one value shared by
+every member, read-only in practice: a batched write raises JAX's
+"mapped output but out_axes is None").  A touched collection that no filter
+names raises ``TransformError``.  ``split_rngs`` maps stream filters to
+``True`` (one key per member: members initialise and drop out differently)
+or ``False``; every other stream is broadcast (the same key for all members).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import jax
+from jax.sharding import PartitionSpec
+
+from varjax.lifting import is_array, lift
+from varjax.transforms.target import (apply_to, array_axes, filter_items, reject, rng_groups,
+                                      split_keys)
+
+_AXES_FIX = ("add '{collection}' to variable_axes: an axis to give each member its own "
+             "copy, or None to share one")
+
+
+def vmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
+         split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
+         axis_size: int | None = None, axis_name: Any = None, spmd_axis_name: Any = None,
+         metadata_params: Mapping[str, Any] | None = None, methods: Any = None) -> Any:
+    """Lifted ``jax.vmap`` (Linen's ``nn.vmap``).
+
+    ``metadata_params`` is accepted for Linen compatibility; varjax has no boxed
+    partitioning metadata, so there is nothing for it to annotate."""
+    axes = filter_items(variable_axes, "variable_axes")
+    var_axes = tuple(a for _, a in axes)
+    rng_filters, split = rng_groups(split_rngs)
+
+    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any) -> Any:
+        arg_axes = array_axes(in_axes, args)
+        n = axis_size if axis_size is not None else _infer_size(args, arg_axes, groups, var_axes)
+        reject(n is None and any(g for g, do in zip(rngs, split) if do), "vmap",
+               "split_rngs needs the mapped axis size, and no mapped argument or variable "
+               "shows it.", "pass axis_size=")
+        keys = split_keys(rngs, split, n) if n is not None else rngs
+        rng_axes = tuple(0 if do else None for do in split)
+        return jax.vmap(lambda gs, ks, *a: region(gs, ks, *a),
+                        in_axes=(var_axes, rng_axes, *arg_axes), out_axes=(out_axes, var_axes),
+                        axis_size=n, axis_name=axis_name,
+                        spmd_axis_name=spmd_axis_name)(groups, keys, *args)
+
+    return apply_to(target, "vmap", lambda fn: lift(
+        transform, fn, variables=tuple(f for f, _ in axes), rngs=rng_filters, name="vmap",
+        fix=_AXES_FIX), methods)
+
+
+def _infer_size(args: tuple, arg_axes: tuple, groups: tuple, var_axes: tuple) -> int | None:
+    for ax, x in zip(jax.tree.leaves(arg_axes, is_leaf=lambda a: a is None),
+                     jax.tree.leaves(args)):
+        if ax is not None and is_array(x):
+            return x.shape[ax]
+    for ax, group in zip(var_axes, groups):
+        leaves = jax.tree.leaves(group)
+        if ax is not None and leaves:
+            return leaves[0].shape[ax]
+    return None
+
+
+def shard_map(target: Any, mesh: Any, in_specs: Any, out_specs: Any,
+              variable_specs: Mapping[Any, Any] | None = None,
+              split_rngs: Mapping[Any, bool] | None = None, check_vma: bool = True,
+              methods: Any = None) -> Any:
+    """Lifted ``jax.shard_map`` (Flax has none): the body runs once per shard.
+
+    ``variable_specs`` maps collection filters to a ``PartitionSpec`` for every
+    variable of the group (``P()``: replicated; ``P('data')``: sharded along its first
+    axis).  A split stream gives each shard its own key (the key folded with the shard's
+    index over the mesh axes); other streams are the same on every shard."""
+    specs = filter_items(variable_specs, "variable_specs")
+    return _sharded(target, "shard_map", mesh, specs, split_rngs, in_specs, out_specs,
+                    check_vma, squeeze=False, methods=methods,
+                    fix="add '{collection}' to variable_specs with its PartitionSpec")
+
+
+def pmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
+         split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
+         axis_name: str = "devices", devices: Any = None, methods: Any = None) -> Any:
+    """``pmap`` as a thin wrapper of the lifted ``shard_map`` over a one-axis mesh of
+    ``devices`` (default: all): mapped arguments, outputs and variables have a leading
+    axis of one entry per device, and the body sees one entry (axes 0 or None only)."""
+    mesh = jax.sharding.Mesh(list(jax.devices() if devices is None else devices), (axis_name,))
+    spec = {0: PartitionSpec(axis_name), None: PartitionSpec()}
+
+    def to_spec(ax: Any, what: str) -> PartitionSpec:
+        reject(ax not in spec, "pmap", f"{what} {ax!r} is not supported.", "use 0 or None")
+        return spec[ax]
+    axes = [(f, to_spec(ax, "variable axis")) for f, ax in filter_items(variable_axes, "variable_axes")]
+    in_specs = (tuple(to_spec(ax, "in_axes") for ax in in_axes) if isinstance(in_axes, tuple)
+                else to_spec(in_axes, "in_axes"))
+    return _sharded(target, "pmap", mesh, axes, split_rngs, in_specs, to_spec(out_axes, "out_axes"),
+                    False, squeeze=True, methods=methods, fix=_AXES_FIX)
+
+
+def _sharded(target: Any, name: str, mesh: Any, specs: list, split_rngs: Any, in_specs: Any,
+             out_specs: Any, check_vma: bool, *, squeeze: bool, methods: Any, fix: str) -> Any:
+    """The lifted ``jax.shard_map``; with ``squeeze``, sharded values lose their per-shard
+    axis of one before the body sees them and regain it after (``pmap``)."""
+    var_specs = tuple(s for _, s in specs)
+    rng_filters, split = rng_groups(split_rngs)
+    axis_names = tuple(mesh.axis_names)
+
+    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any) -> Any:
+        arg_specs = in_specs if isinstance(in_specs, tuple) else (in_specs,) * len(args)
+
+        def strip(x: Any, spec: Any) -> Any:
+            sharded = squeeze and spec != PartitionSpec()
+            return jax.tree.map(lambda v: v[0], x) if sharded else x
+
+        def add(x: Any, spec: Any) -> Any:
+            sharded = squeeze and spec != PartitionSpec()
+            return jax.tree.map(lambda v: v[None], x) if sharded else x
+
+        def per_shard(gs, ks, *a):
+            index = 0
+            for axis in axis_names:
+                index = index * jax.lax.axis_size(axis) + jax.lax.axis_index(axis)
+            ks = tuple({s: jax.random.fold_in(k, index) for s, k in g.items()} if do else g
+                       for g, do in zip(ks, split))
+            gs = tuple(strip(g, sp) for g, sp in zip(gs, var_specs))
+            a = tuple(strip(x, sp) for x, sp in zip(a, arg_specs))
+            out, gs_out = region(gs, ks, *a)
+            return add(out, out_specs), tuple(add(g, sp) for g, sp in zip(gs_out, var_specs))
+        rng_specs = tuple(PartitionSpec() for _ in rngs)
+        return jax.shard_map(per_shard, mesh=mesh, in_specs=(var_specs, rng_specs, *arg_specs),
+                             out_specs=(out_specs, var_specs), check_vma=check_vma)(
+            groups, rngs, *args)
+
+    return apply_to(target, name, lambda fn: lift(
+        transform, fn, variables=tuple(f for f, _ in specs), rngs=rng_filters, name=name,
+        fix=fix), methods)

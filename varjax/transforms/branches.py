@@ -1,0 +1,60 @@
+"""Lifted ``cond`` and ``switch``.
+
+Every branch gets the same variable groups; the result carries the union of
+what the branches write, and a branch that does not write a variable passes
+its value through -- so, beyond Linen, branches may mutate different
+variables.  A variable *created* by some branches but not all would exist on
+one path only: that raises ``VariableCreationError`` naming the variable and
+the branches.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from varjax import errors, scope
+from varjax.lifting import lift, partition
+from varjax.transforms.target import call_direct
+
+
+def cond(pred: Any, true_fun: Callable, false_fun: Callable, mdl: Any, *operands: Any,
+         variables: Any = True, rngs: Any = True) -> Any:
+    """Lifted ``jax.lax.cond``: ``true_fun(mdl, *operands)`` if ``pred`` else
+    ``false_fun(mdl, *operands)`` (without ``mdl`` when it is None)."""
+    index = jnp.asarray(pred).astype(jnp.int32)
+    return _branches("cond", index, [false_fun, true_fun], ["false_fun", "true_fun"], mdl,
+                     operands, variables, rngs)
+
+
+def switch(index: Any, branches: Sequence[Callable], mdl: Any, *operands: Any,
+           variables: Any = True, rngs: Any = True) -> Any:
+    """Lifted ``jax.lax.switch``: ``branches[index](mdl, *operands)``."""
+    return _branches("switch", index, list(branches), [f"branch {i}" for i in range(len(branches))],
+                     mdl, operands, variables, rngs)
+
+
+def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl: Any,
+              operands: tuple, variables: Any, rngs: Any) -> Any:
+    def transform(*regions_and_rest: Any) -> Any:
+        regions = regions_and_rest[:len(fns)]
+        groups, rng_groups, index, *ops = regions_and_rest[len(fns):]
+        created = [r.traffic(groups, rng_groups, *ops).creates for r in regions]
+        for key in sorted(frozenset().union(*created)):
+            makers = [label for label, c in zip(labels, created) if key in c]
+            others = [label for label, c in zip(labels, created) if key not in c]
+            if others:
+                raise errors.VariableCreationError(
+                    f"variable {errors.format_path(key[1])} is created in {', '.join(makers)} of "
+                    f"vj.{name} but not in {', '.join(others)}, so after the {name} it would "
+                    "exist on some paths only.", collection=key[0], path=key[1],
+                    **scope.where(), fix=f"create it in every branch, or before the {name}")
+        leaves, rebuild = partition(tuple(ops))
+
+        def branch(region: Callable) -> Callable:
+            return lambda gs, ks, *arrays: region(gs, ks, *rebuild(arrays))
+        return jax.lax.switch(index, [branch(r) for r in regions], groups, rng_groups, *leaves)
+
+    lifted = lift(transform, *fns, variables=(variables,), rngs=(rngs,), name=name)
+    return call_direct(lifted, mdl, index, *operands)

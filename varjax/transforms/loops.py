@@ -1,0 +1,238 @@
+"""Lifted ``scan``, ``remat_scan``, ``while_loop`` and ``fori_loop``.
+
+``scan`` puts every variable in one of three groups, first matching filter
+first: ``variable_axes`` (one slice per step, stacked along the axis, like
+``xs``/``ys``), ``variable_broadcast`` (one value for all steps, read-only)
+and ``variable_carry`` (threaded through the steps, like the carry).
+
+Beyond Linen, carry and broadcast variables may be *created* in the body:
+when the body's trace shows a creation in those groups, the first step is
+peeled -- run once before ``lax.scan`` to create them -- and the remaining
+steps are scanned.  The body is then traced twice (once per form); every
+other scan traces it once.  ``while_loop`` cannot peel (the loop may run zero
+times), so a creation in its body raises ``VariableCreationError``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from varjax import errors, filters
+from varjax.lifting import Traffic, lift
+from varjax.transforms.calls import checkpoint
+from varjax.transforms.target import apply_to, call_direct, filter_items, reject, rng_groups
+
+
+class _Broadcast:
+    """The ``in_axes`` entry of a scan argument that every step sees whole."""
+
+    def __repr__(self) -> str:
+        return "vj.broadcast"
+
+
+broadcast = _Broadcast()
+
+
+def _move(tree: Any, src: int, dst: int) -> Any:
+    return tree if src == dst else jax.tree.map(lambda x: jnp.moveaxis(x, src, dst), tree)
+
+
+def _group_index(var_filters: Sequence[Any], collection: str) -> int | None:
+    return next((i for i, f in enumerate(var_filters) if filters.matches(f, collection)), None)
+
+
+def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
+         variable_broadcast: Any = False, variable_carry: Any = False,
+         split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
+         length: int | None = None, reverse: bool = False, unroll: int = 1,
+         data_transform: Any = None, metadata_params: Mapping[str, Any] | None = None,
+         methods: Any = None) -> Any:
+    """Lifted ``jax.lax.scan`` (Linen's ``nn.scan``): the body is
+    ``fn(carry, *xs) -> (carry, ys)`` (after the module, if any).
+
+    ``in_axes`` gives each ``xs`` argument's scanned axis, or ``vj.broadcast``.
+    ``metadata_params`` is accepted for Linen compatibility (varjax has no boxed
+    partitioning metadata); ``data_transform`` is not supported."""
+    reject(data_transform is not None, "scan", "data_transform is not supported.",
+           "annotate shardings inside the body instead")
+    axes = filter_items(variable_axes, "variable_axes")
+    n_ax = len(axes)
+    var_filters = (*[f for f, _ in axes], filters.freeze(variable_broadcast),
+                   filters.freeze(variable_carry))
+    rng_filters, split = rng_groups(split_rngs)
+
+    def transform(region: Callable, groups: tuple, rngs: tuple, carry: Any, *xs: Any) -> Any:
+        xs_axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(xs)
+        scanned_xs = [_move(x, ax, 0) if ax is not broadcast else None
+                      for x, ax in zip(xs, xs_axes)]
+        scanned_vars = [_move(g, ax, 0) for g, (_, ax) in zip(groups[:n_ax], axes)]
+        n = length
+        for tree in (scanned_xs, scanned_vars):
+            leaves = jax.tree.leaves(tree)
+            if n is None and leaves:
+                n = leaves[0].shape[0]
+        reject(n is None, "scan", "the number of steps is unknown: no scanned argument or "
+               "variable shows it.", "pass length=")
+        keys = tuple({s: jax.random.split(k, n) for s, k in g.items()} if do else None
+                     for g, do in zip(rngs, split))
+
+        def step(carry, carried, bcast, sliced):
+            var_slices, key_slices, x_slices = sliced
+            gs = (*var_slices, bcast, carried)
+            ks = tuple(k if k is not None else g for k, g in zip(key_slices, rngs))
+            xs_now = [x if ax is not broadcast else whole
+                      for x, whole, ax in zip(x_slices, xs, xs_axes)]
+            out, gs_out = region(gs, ks, carry, *xs_now)
+            reject(not (isinstance(out, (tuple, list)) and len(out) == 2), "scan",
+                   "the body must return (carry, ys).", "return a pair from the body")
+            return out[0], gs_out[n_ax + 1], gs_out[n_ax], (out[1], gs_out[:n_ax])
+
+        sliced = (scanned_vars, keys, scanned_xs)
+        first = n - 1 if reverse else 0
+        at_first = jax.tree.map(lambda x: x[first], sliced)
+        probe = region.traffic((*at_first[0], groups[n_ax], groups[n_ax + 1]),
+                               tuple(k if k is not None else g for k, g in zip(at_first[1], rngs)),
+                               carry, *[x if ax is not broadcast else whole for x, whole, ax
+                                        in zip(at_first[2], xs, xs_axes)])
+        peel = _check_traffic(probe, var_filters, n_ax)
+        carried, bcast = groups[n_ax + 1], groups[n_ax]
+        if peel:
+            carry, carried, bcast, (ys0, vars0) = step(carry, carried, bcast, at_first)
+            if n == 1:
+                stacked = jax.tree.map(lambda x: x[None], (ys0, vars0))
+            else:
+                rest = jax.tree.map(lambda x: x[:-1] if reverse else x[1:], sliced)
+                carry, carried, stacked = _scan(step, carry, carried, bcast, rest, reverse, unroll)
+                first_part = jax.tree.map(lambda x: x[None], (ys0, vars0))
+                parts = (stacked, first_part) if reverse else (first_part, stacked)
+                stacked = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *parts)
+        else:
+            carry, carried, stacked = _scan(step, carry, carried, bcast, sliced, reverse, unroll)
+        ys, var_out = stacked
+        ys = _move(ys, 0, out_axes) if isinstance(out_axes, int) else ys
+        var_out = [_move(g, 0, ax) for g, (_, ax) in zip(var_out, axes)]
+        return (carry, ys), (*var_out, bcast, carried)
+
+    return apply_to(target, "scan", lambda fn: lift(
+        transform, fn, variables=var_filters, rngs=rng_filters, name="scan",
+        fix="add '{collection}' to variable_axes, variable_broadcast or variable_carry"),
+        methods)
+
+
+def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, reverse: bool,
+          unroll: int) -> tuple:
+    def body(c, x):
+        carry, carried = c
+        carry, carried, _, ys = step(carry, carried, bcast, x)
+        return (carry, carried), ys
+    (carry, carried), stacked = jax.lax.scan(body, (carry, carried), sliced, reverse=reverse,
+                                             unroll=unroll)
+    return carry, carried, stacked
+
+
+def _check_traffic(probe: Traffic, var_filters: Sequence[Any], n_ax: int) -> bool:
+    """Whether the first step must be peeled (it creates carry or broadcast variables);
+    a write to an existing broadcast variable is an error."""
+    peel = False
+    for key in sorted(probe.writes):
+        group = _group_index(var_filters, key[0])
+        if group is not None and group >= n_ax:
+            if key in probe.creates:
+                peel = True
+            elif group == n_ax:
+                reject(True, "scan", f"variable {errors.format_path(key[1])} is in "
+                       "variable_broadcast, which is read-only inside the loop, but the body "
+                       "writes it.", "move its collection to variable_carry", key)
+    return peel
+
+
+def remat_scan(target: Any, lengths: Sequence[int] = (), policy: Any = None,
+               variable_broadcast: Any = False, variable_carry: Any = False,
+               variable_axes: Mapping[Any, int] | None = None,
+               split_rngs: Mapping[Any, bool] | None = None) -> Any:
+    """``scan`` of ``remat`` nested once per entry of ``lengths``: the body
+    ``fn(carry) -> carry`` runs ``prod(lengths)`` times with O(sum(lengths)) memory for
+    the backward pass; variables get one leading axis per level (Linen's defaults:
+    every collection scanned, every stream split)."""
+    kw = dict(variable_broadcast=variable_broadcast, variable_carry=variable_carry,
+              variable_axes={True: 0} if variable_axes is None else variable_axes,
+              split_rngs={True: True} if split_rngs is None else split_rngs)
+    reject(not lengths, "remat_scan", "lengths is empty.", "pass lengths=(n,) or (n, m, ...)")
+
+    def nest(fn: Callable, depth: int) -> Callable:
+        inner = fn if depth == len(lengths) - 1 else nest(fn, depth + 1)
+
+        def step(*args: Any) -> Any:
+            return inner(*args), ()
+        step.__name__ = getattr(fn, "__name__", "body")
+        looped = scan(checkpoint(step, policy=policy, prevent_cse=depth == len(lengths) - 1),
+                      length=lengths[depth], **kw)
+        return lambda *args: looped(*args)[0]
+    return apply_to(target, "remat_scan", lambda fn: nest(fn, 0))
+
+
+def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any,
+               carry_variables: Any = False, broadcast_variables: Any = True,
+               split_rngs: Mapping[Any, bool] | None = None) -> Any:
+    """Lifted ``jax.lax.while_loop``: ``cond_fn(mdl, c) -> bool``, ``body_fn(mdl, c) -> c``
+    (without ``mdl`` when it is None).  Carry variables are threaded through the loop,
+    broadcast ones are read-only; a split stream draws a fresh key per iteration."""
+    rng_filters, split = rng_groups(split_rngs)
+    var_filters = (filters.freeze(carry_variables), filters.freeze(broadcast_variables))
+
+    def transform(cond_region: Callable, body_region: Callable, groups: tuple, rngs: tuple,
+                  init: Any) -> Any:
+        carried, bcast = groups
+
+        def keys_at(i: Any, which: int) -> tuple:
+            return tuple({s: jax.random.fold_in(k, 2 * i + which) for s, k in g.items()}
+                         if do else g for g, do in zip(rngs, split))
+        zero = jnp.zeros((), jnp.int32)
+        for region, which, what in ((cond_region, 0, "cond_fn"), (body_region, 1, "body_fn")):
+            probe = region.traffic(groups, keys_at(zero, which), init)
+            for key in sorted(probe.writes):
+                reject(key in probe.creates, "while_loop", f"{what} creates variable "
+                       f"{errors.format_path(key[1])}; a loop carry needs a value before the "
+                       "loop, and the loop may run zero times.",
+                       "create it before the loop (call body_fn once first, or initialise it "
+                       "in setup)", key)
+                group = _group_index(var_filters, key[0])
+                reject(what == "cond_fn" or group == 1, "while_loop",
+                       f"{what} writes variable {errors.format_path(key[1])}, which is "
+                       f"{'read-only in cond_fn' if what == 'cond_fn' else 'a broadcast variable'}.",
+                       "write it in body_fn, with its collection in carry_variables", key)
+
+        def cond(state):
+            i, c, cv = state
+            return cond_region((cv, bcast), keys_at(i, 0), c)[0]
+
+        def body(state):
+            i, c, cv = state
+            c, gs_out = body_region((cv, bcast), keys_at(i, 1), c)
+            return i + 1, c, gs_out[0]
+        _, out, carried = jax.lax.while_loop(cond, body, (zero, init, carried))
+        return out, (carried, bcast)
+
+    lifted = lift(transform, cond_fn, body_fn, variables=var_filters, rngs=rng_filters,
+                  name="while_loop",
+                  fix="add '{collection}' to carry_variables (mutable) or broadcast_variables")
+    return call_direct(lifted, mdl, init)
+
+
+def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any,
+              carry_variables: Any = False, broadcast_variables: Any = True,
+              split_rngs: Mapping[Any, bool] | None = None) -> Any:
+    """Lifted ``jax.lax.fori_loop``: ``body_fn(mdl, i, c) -> c`` for ``lower <= i < upper``
+    (``body_fn(i, c)`` when ``mdl`` is None); built on ``while_loop``."""
+    def cond(*a: Any) -> Any:
+        return a[-1][0] < upper
+
+    def body(*a: Any) -> Any:
+        i, c = a[-1]
+        return i + 1, body_fn(*a[:-1], i, c)
+    _, out = while_loop(cond, body, mdl, (jnp.asarray(lower, jnp.int32), init),
+                        carry_variables, broadcast_variables, split_rngs)
+    return out
+

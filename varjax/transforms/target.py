@@ -1,0 +1,98 @@
+"""What a lifted transform can be applied to, and helpers the built-ins share.
+
+A target is a Module class (lifted methods on a ``{Transform}{Class}``
+subclass, named as Linen names it), or a function -- a plain function using
+``vj.param``/``vj.variable``, or one taking a module first (Linen's
+convention, also how a decorated method receives ``self``).  Every built-in
+transform turns its options into a ``vj.lift`` call; this file holds the
+glue that is the same for all of them.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+
+from varjax import errors, scope
+from varjax.lifting import is_array
+
+
+def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],
+             methods: Any = None) -> Any:
+    """``make(fn)`` wrapped for ``target``: a lifted subclass for a Module class (hook
+    ``_varjax_lift_class``), else a function calling the lift."""
+    if isinstance(target, type) and getattr(target, "_varjax_module", False):
+        return target._varjax_lift_class(transform, lambda fn: lifted_function(make(fn), fn),
+                                         methods)
+    if not callable(target):
+        raise TypeError(f"vj.{transform} needs a Module class or a function, got "
+                        f"{type(target).__name__}")
+    return lifted_function(make(target), target)
+
+
+def lifted_function(lift: Callable, target: Callable) -> Callable:
+    """A plain function calling ``lift`` (a ``Lift``, or lifted transforms composed; so a class body can use it as a method); marked
+    so a Module runs its setup inside the lifted body, not before it."""
+    @functools.wraps(target)
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        return lift(*args, **kwargs)
+    fn.varjax_lifted = True
+    return fn
+
+
+def call_direct(lift: Callable, mdl: Any, *args: Any) -> Any:
+    """Linen's direct form ``transform(fn, mdl, *args)``; ``mdl=None`` for a plain function."""
+    return lift(*args) if mdl is None else lift(mdl, *args)
+
+
+def filter_items(mapping: Mapping[Any, Any] | None, what: str) -> list[tuple[Any, Any]]:
+    """``variable_axes={'params': 0}`` / ``split_rngs={'params': True}`` as a list."""
+    if mapping is None:
+        return []
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"{what} must be a dict of collection filter -> value, got "
+                        f"{type(mapping).__name__}")
+    return list(mapping.items())
+
+
+def split_keys(rngs: Sequence[dict], split: Sequence[bool], n: int) -> tuple[dict, ...]:
+    """Each RNG group whose ``split`` flag is set, with every key split into ``n``."""
+    return tuple({s: jax.random.split(k, n) for s, k in g.items()} if do else g
+                 for g, do in zip(rngs, split))
+
+
+def rng_groups(split_rngs: Mapping[Any, bool] | None) -> tuple[tuple, list[bool]]:
+    """RNG filters and split flags: the ``split_rngs`` entries, then every other stream
+    (broadcast, as in Linen)."""
+    items = filter_items(split_rngs, "split_rngs")
+    return tuple(f for f, _ in items) + (True,), [bool(v) for _, v in items] + [False]
+
+
+def array_axes(axes: Any, args: tuple) -> tuple:
+    """``in_axes`` as a full per-leaf tree over ``args``, with ``None`` for leaves that are
+    not arrays (Python scalars, modules, None are broadcast, never mapped)."""
+    if not isinstance(axes, (tuple, list)):
+        axes = (axes,) * len(args)
+    if len(axes) != len(args):
+        raise ValueError(f"in_axes has {len(axes)} entries for {len(args)} arguments")
+
+    def per_arg(ax: Any, arg: Any) -> Any:
+        return jax.tree.map(lambda a, x: a if is_array(x) else None,
+                            _broadcast_prefix(ax, arg), arg, is_leaf=lambda x: x is None)
+    return tuple(per_arg(ax, arg) for ax, arg in zip(axes, args))
+
+
+def _broadcast_prefix(prefix: Any, tree: Any) -> Any:
+    if prefix is None or isinstance(prefix, int):
+        return jax.tree.map(lambda _: prefix, tree)
+    return jax.tree.map(lambda p, sub: jax.tree.map(lambda _: p, sub), prefix, tree,
+                        is_leaf=lambda x: x is None or isinstance(x, int))
+
+
+def reject(condition: bool, transform: str, message: str, fix: str, key: Any = None) -> None:
+    """Raise ``TransformError`` about ``key`` (collection, path) when ``condition`` holds."""
+    if condition:
+        collection, path = key if key is not None else (None, None)
+        raise errors.TransformError(f"vj.{transform}: {message}", collection=collection,
+                                    path=path, **scope.where(), fix=fix)
