@@ -156,7 +156,7 @@ def test_raw_vmap_with_a_batched_write_is_rejected():
     with pytest.raises(errors.TransformError) as info:
         f.init(jax.random.key(0), X)
     _assert_names(info.value, "state", "s")
-    assert "raw jax.vmap" in str(info.value) and "leading batch axis" in str(info.value)
+    assert "raw jax.vmap" in str(info.value) and "vj.vmap" in str(info.value)
 
 
 def test_primitive_without_a_discharge_rule():

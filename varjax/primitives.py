@@ -111,8 +111,8 @@ def _set_batch(args, dims, *, collection, path, tree):
         "a batched value is written to a variable under raw jax.vmap; a variable has one "
         "value, so varjax cannot tell which batch member should win.",
         collection=collection, path=path, **scope.where(),
-        fix="write outside jax.vmap, or keep one copy per batch member in a variable with a "
-            "leading batch axis")
+        fix="use the lifted vj.vmap (nn.vmap) with variable_axes={'%s': 0}, which keeps one "
+            "copy per batch member along a variable axis" % collection)
 
 
 _jax.primitive_batchers[var_set_p] = _set_batch

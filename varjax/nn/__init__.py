@@ -2,7 +2,6 @@
 from varjax.filters import DenyList as DenyList
 from varjax.nn import initializers as initializers
 from varjax.nn.activation import *  # noqa: F403  (the jax.nn activations, by Linen's names)
-from varjax.transforms import *  # noqa: F403  (the lifted transforms, as in flax.linen)
 from varjax.nn.attention import MultiHeadAttention as MultiHeadAttention
 from varjax.nn.attention import MultiHeadDotProductAttention as MultiHeadDotProductAttention
 from varjax.nn.attention import SelfAttention as SelfAttention
@@ -41,3 +40,4 @@ from varjax.nn.recurrent import RNNCellBase as RNNCellBase
 from varjax.nn.recurrent import SimpleCell as SimpleCell
 from varjax.nn.stochastic import Dropout as Dropout
 from varjax.scope import Variable as Variable
+from varjax.transforms import *  # noqa: F403  (the lifted transforms, as in flax.linen)

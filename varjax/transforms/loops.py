@@ -104,12 +104,13 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
                 stacked = jax.tree.map(lambda x: x[None], (ys0, vars0))
             else:
                 rest = jax.tree.map(lambda x: x[:-1] if reverse else x[1:], sliced)
-                carry, carried, stacked = _scan(step, carry, carried, bcast, rest, reverse, unroll)
+                carry, carried, stacked = _scan(step, carry, carried, bcast, rest, n - 1, reverse,
+                                                unroll)
                 first_part = jax.tree.map(lambda x: x[None], (ys0, vars0))
                 parts = (stacked, first_part) if reverse else (first_part, stacked)
                 stacked = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *parts)
         else:
-            carry, carried, stacked = _scan(step, carry, carried, bcast, sliced, reverse, unroll)
+            carry, carried, stacked = _scan(step, carry, carried, bcast, sliced, n, reverse, unroll)
         ys, var_out = stacked
         ys = _move(ys, 0, out_axes) if isinstance(out_axes, int) else ys
         var_out = [_move(g, 0, ax) for g, (_, ax) in zip(var_out, axes)]
@@ -121,14 +122,14 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
         methods)
 
 
-def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, reverse: bool,
-          unroll: int) -> tuple:
+def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, length: int,
+          reverse: bool, unroll: int) -> tuple:
     def body(c, x):
         carry, carried = c
         carry, carried, _, ys = step(carry, carried, bcast, x)
         return (carry, carried), ys
-    (carry, carried), stacked = jax.lax.scan(body, (carry, carried), sliced, reverse=reverse,
-                                             unroll=unroll)
+    (carry, carried), stacked = jax.lax.scan(body, (carry, carried), sliced, length=length,
+                                             reverse=reverse, unroll=unroll)
     return carry, carried, stacked
 
 

@@ -32,8 +32,9 @@ def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],
 
 
 def lifted_function(lift: Callable, target: Callable) -> Callable:
-    """A plain function calling ``lift`` (a ``Lift``, or lifted transforms composed; so a class body can use it as a method); marked
-    so a Module runs its setup inside the lifted body, not before it."""
+    """A plain function calling ``lift`` (a ``Lift``, or lifted transforms composed), so a
+    class body can use it as a method; marked so a Module runs its setup inside the lifted
+    body, not before it."""
     @functools.wraps(target)
     def fn(*args: Any, **kwargs: Any) -> Any:
         return lift(*args, **kwargs)
