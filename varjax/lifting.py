@@ -129,16 +129,26 @@ class Region:
 
 
 class _LiftedCall:
-    """One call of a lifted function: the enclosing context, the groups, the regions."""
+    """One call of a lifted function: the enclosing context, the groups, the regions.
 
-    def __init__(self, lifted: "Lift", outer: scope.TraceContext):
+    The groups hold the variables under ``scope`` (the lifted module's path; everything
+    for a plain function) plus ``extra``: variables outside it that an earlier attempt
+    found the body touching (closures over other modules)."""
+
+    def __init__(self, lifted: "Lift", outer: scope.TraceContext, scope_: tuple[str, ...],
+                 extra: frozenset[Key]):
         self.lifted = lifted
         self.outer = outer
         self.var_types: list[dict[Key, scope.VarType]] = [{} for _ in lifted.variables]
+        outside = set(outer.lift.outside) if outer.lift is not None else set()
         for key, vt in outer.variables.items():
             i = self.group_of(key[0])
-            if i is not None:
+            if i is None:
+                continue
+            if key[1][:len(scope_)] == scope_ or key in extra:
                 self.var_types[i][key] = vt
+            else:
+                outside.add(key)
         self.stream_avals: list[dict[str, Any]] = [{} for _ in lifted.rngs]
         hidden = set()
         for stream, aval in sorted(outer.rng_streams.items()):
@@ -147,7 +157,8 @@ class _LiftedCall:
                 hidden.add(stream)
             else:
                 self.stream_avals[i][stream] = aval
-        self.view = scope.Lifted(lifted.name, lifted.variables, frozenset(hidden), lifted.fix)
+        self.view = scope.Lifted(lifted.name, lifted.variables, frozenset(hidden), lifted.fix,
+                                 frozenset(outside))
 
     def group_of(self, collection: str) -> int | None:
         return next((i for i, f in enumerate(self.lifted.variables)
@@ -252,8 +263,16 @@ class Lift:
             module, args = args[0], args[1:]
             bodies = tuple(module._varjax_body(b) for b in bodies)
             path = module.path
+        extra: frozenset[Key] = frozenset()
         with errors.call_site(_jax.python_user_frame_text()):
-            return _LiftedCall(self, outer).run(bodies, path, args, kwargs)
+            while True:
+                call = _LiftedCall(self, outer, path, extra)
+                try:
+                    return call.run(bodies, path, args, kwargs)
+                except scope.LiftRetry as retry:
+                    if retry.key not in outer.variables or retry.key in extra:
+                        raise          # outside an enclosing lift too: its retry
+                    extra |= {retry.key}
 
 
 def to_tree(group: Group, path: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -78,8 +78,14 @@ class Lifted:
     groups: tuple
     hidden: frozenset
     fix: str
+    # Variables of the enclosing trace (or of any enclosing lifted region) that match a
+    # filter but were not handed in, because they are outside the lifted module: touching
+    # one raises ``LiftRetry`` and the lift runs again with it handed in.
+    outside: frozenset = frozenset()
 
     def check(self, ctx: "TraceContext", collection: str, path: Path) -> None:
+        if (collection, path) in self.outside and (collection, path) not in ctx.variables:
+            raise LiftRetry((collection, path))
         if is_internal(collection) or any(filters.matches(f, collection) for f in self.groups):
             return
         raise errors.TransformError(
@@ -87,6 +93,15 @@ class Lifted:
             f"vj.{self.name}, but '{collection}' matches none of its variable filters, so the "
             "transform does not know how to lift it.", collection=collection, path=path,
             **where(ctx), fix=self.fix.format(collection=collection))
+
+
+class LiftRetry(Exception):
+    """A lifted body touched a variable outside the lifted module (a closure): not an error,
+    the lift catches it and traces again with the variable handed in."""
+
+    def __init__(self, key: Key):
+        super().__init__(key)
+        self.key = key
 
 
 class TraceContext:
@@ -320,6 +335,8 @@ def has_at(ctx: TraceContext, collection: str, path: Path) -> bool:
 
 def read_at(ctx: TraceContext, collection: str, path: Path) -> Any:
     """The variable's current value; ``MissingVariableError`` if it does not exist."""
+    if ctx.lift is not None:
+        ctx.lift.check(ctx, collection, path)
     if (collection, path) not in ctx.variables:
         raise _missing(ctx, collection, path, "it was never created in this trace")
     return _read(ctx, collection, path)
@@ -429,6 +446,8 @@ def param(name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
 
 def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_args: tuple) -> Any:
     ctx.observe()
+    if ctx.lift is not None:
+        ctx.lift.check(ctx, "params", path)
     key = ("params", path)
     if key in ctx.variables:
         check_type("params", path, ctx.variables[key], expected_type(init_fn, init_args, True),
@@ -483,6 +502,8 @@ def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callabl
                 init_args: tuple) -> Variable:
     ctx.observe()
     _check_collection(ctx, collection, path)
+    if ctx.lift is not None:
+        ctx.lift.check(ctx, collection, path)
     if (collection, path) not in ctx.variables:
         if init_fn is None:
             raise _missing(ctx, collection, path, "no init_fn was given to create it")
@@ -512,6 +533,8 @@ def sow_at(ctx: TraceContext, collection: str, path: Path, value: Any,
            reduce_fn: Callable[[Any, Any], Any] = _append, init_fn: Callable[[], Any] = tuple) -> bool:
     ctx.observe()
     _check_collection(ctx, collection, path)
+    if ctx.lift is not None:
+        ctx.lift.check(ctx, collection, path)
     if not ctx.is_mutable(collection):
         return False
     old = _read(ctx, collection, path) if (collection, path) in ctx.variables else init_fn()
