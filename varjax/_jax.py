@@ -251,6 +251,15 @@ def jit_call(jaxpr: ClosedJaxpr, name: str) -> Callable[..., list]:
     return lambda *args: jit_p.bind(*args, **params)
 
 
+def open_consts(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, list[Any]]:
+    """``closed`` with its constants turned into leading inputs, and the constants: call it
+    as ``f(*consts, *args)``.  Needed when the constants may be tracers of an enclosing
+    trace (a lifted body closing over an array), which a ``jit`` equation cannot hold."""
+    if not closed.consts:
+        return closed, []
+    return ClosedJaxpr(pe.convert_constvars_jaxpr(closed.jaxpr), ()), list(closed.consts)
+
+
 def prune(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, list[Any], list[bool]]:
     """``closed`` without the inputs and constants its outputs do not need.
 

@@ -301,12 +301,14 @@ class Functionalized:
         def run_pure(*flat):
             return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *flat)
         run_pure.__name__ = run_pure.__qualname__ = name
-        compiled, staged = jax.jit(run_pure), _jax.jit_call(pure, name)
+        opened, consts = _jax.open_consts(pure)
+        compiled, staged = jax.jit(run_pure), _jax.jit_call(opened, name)
 
         def call(*flat):
             # Eagerly: jax.jit's compiled fast path.  Under a trace: one jit equation of
-            # the cached jaxpr, bound directly (jax.jit would re-trace it once).
-            return compiled(*flat) if _jax.is_top_level() else staged(*flat)
+            # the cached jaxpr, bound directly (jax.jit would re-trace it once); constants
+            # (tracers, when the function closes over the enclosing trace) become inputs.
+            return compiled(*flat) if _jax.is_top_level() else staged(*consts, *flat)
         return Traced(traced.jaxpr, pure, pctx.results["signature"], traced.out_tree, call,
                       dict(pctx.stats))
 

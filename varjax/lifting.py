@@ -72,7 +72,8 @@ class Traffic:
 
 
 def is_module(x: Any) -> bool:
-    """Whether ``x`` is a varjax.nn Module (duck-typed: this layer sits below varjax.nn)."""
+    """Whether ``x`` is a varjax.nn Module (duck-typed: this layer sits below varjax.nn;
+    a Module provides ``_varjax_bodies`` and ``_varjax_lift_class``)."""
     return getattr(type(x), "_varjax_module", False)
 
 
@@ -261,7 +262,7 @@ class Lift:
         bodies, path = self.bodies, outer.path_prefix
         if args and is_module(args[0]):
             module, args = args[0], args[1:]
-            bodies = tuple(module._varjax_body(b) for b in bodies)
+            bodies = module._varjax_bodies(bodies)
             path = module.path
         extra: frozenset[Key] = frozenset()
         with errors.call_site(_jax.python_user_frame_text()):

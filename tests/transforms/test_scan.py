@@ -208,6 +208,23 @@ def test_unroll_two_equals_unroll_one():
     c, xs = _normal((B, F), 1), _normal((T, B, F), 2)
     variables = one.init(jax.random.key(0), c, xs)
     _close(two.apply(variables, c, xs), one.apply(variables, c, xs))
+    traced = jax.make_jaxpr(lambda v: two.apply(v, c, xs))(variables)
+    assert _scan_params(traced.jaxpr, "unroll") == [2]
+
+
+def _scan_params(jaxpr, name):
+    """``name`` of every ``scan`` equation in ``jaxpr`` and its sub-jaxprs."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn.params[name])
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else [param]:
+                if hasattr(sub, "eqns"):
+                    found += _scan_params(sub, name)
+                elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                    found += _scan_params(sub.jaxpr, name)
+    return found
 
 
 # -- targets ----------------------------------------------------------------------------
@@ -249,3 +266,167 @@ def test_scan_as_method_decorator_matches_linen():
     assert _layout(vj_vars) == _layout(flax_vars) == {
         "['params']['Dense_0']['bias']": (F,), "['params']['Dense_0']['kernel']": (F, F)}
     _close(model(nn).apply(flax_vars, c, xs), model(flax_nn).apply(flax_vars, c, xs))
+
+
+def test_nested_scan_stacks_params_along_both_levels_like_linen():
+    def model(lib):
+        class Inner(lib.Module):
+            @lib.compact
+            def __call__(self, c, _):
+                return jnp.tanh(lib.Dense(F)(c)), None
+
+        class Outer(lib.Module):
+            @lib.compact
+            def __call__(self, c, _):
+                inner = lib.scan(Inner, variable_axes={"params": 0}, split_rngs={"params": True},
+                                 length=3)
+                return inner()(c, None)[0], None
+
+        class Model(lib.Module):
+            @lib.compact
+            def __call__(self, c):
+                outer = lib.scan(Outer, variable_axes={"params": 0}, split_rngs={"params": True},
+                                 length=2)
+                return outer()(c, None)[0]
+        return Model()
+
+    c = _normal((B, F), 1)
+    flax_vars = model(flax_nn).init(jax.random.key(0), c)
+    vj_vars = model(nn).init(jax.random.key(0), c)
+    assert _layout(vj_vars) == _layout(flax_vars)
+    p = vj_vars["params"]["ScanOuter_0"]["ScanInner_0"]["Dense_0"]
+    assert p["kernel"].shape == (2, 3, F, F)
+    got = model(nn).apply(vj_vars, c)
+    h = c
+    for i in range(2):
+        for j in range(3):
+            h = jnp.tanh(_dense(jax.tree.map(lambda v: v[i, j], p), h))
+    _close(got, h)
+    assert len({float(p["kernel"][i, j, 0, 0]) for i in range(2) for j in range(3)}) == 6
+
+
+def test_scan_inside_vmap_gives_each_member_its_own_scanned_params():
+    class Ensemble(nn.Module):
+        @nn.compact
+        def __call__(self, c, xs):
+            scanned = nn.scan(_Step, variable_axes={"params": 0}, split_rngs={"params": True})
+            members = nn.vmap(scanned, variable_axes={"params": 0}, split_rngs={"params": True},
+                              in_axes=0, out_axes=0)
+            return members()(c, xs)
+
+    E = 2
+    c, xs = _normal((E, F), 1), _normal((E, T, F), 2)
+    variables = Ensemble().init(jax.random.key(0), c, xs)
+    p = variables["params"]["VmapScan_Step_0"]["Dense_0"]
+    assert p["kernel"].shape == (E, T, F, F)
+    carry, ys = Ensemble().apply(variables, c, xs)
+    assert ys.shape == (E, T)
+    for e in range(E):
+        h = c[e]
+        for t in range(T):
+            h = jnp.tanh(_dense(jax.tree.map(lambda v: v[e, t], p), h) + xs[e, t])
+            np.testing.assert_allclose(ys[e, t], h.sum(), atol=1e-5)
+        _close(carry[e], h)
+
+
+# -- beyond Linen: carry and broadcast variables created in the body --------------------
+
+class _Counted(nn.Module):
+    """A counter in 'state' (created in the body) and a Dense whose params are broadcast."""
+
+    @nn.compact
+    def __call__(self, c, x):
+        n = self.variable("state", "n", lambda: jnp.zeros((), jnp.int32))
+        n.value = n.value + 1
+        h = jnp.tanh(nn.Dense(F)(c) + x)
+        return h, (n.value, h)
+
+
+def _counted(**kw):
+    return nn.scan(_Counted, variable_carry="state", variable_broadcast="params",
+                   split_rngs={"params": False}, **kw)()
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_creates_carry_variable_by_peeling_first_step(reverse):
+    model = _counted(reverse=reverse)
+    c, xs = _normal((B, F), 1), _normal((T, B, F), 2)
+    (carry, (ns, hs)), variables = model.init_with_output(jax.random.key(0), c, xs)
+    assert int(variables["state"]["n"]) == T
+    order = list(reversed(range(T))) if reverse else list(range(T))
+    expected_n = np.empty(T, np.int32)
+    expected_n[order] = np.arange(1, T + 1)
+    np.testing.assert_array_equal(ns, expected_n)
+    # the broadcast params, created in the peeled step, are the ones every step used
+    p, h = variables["params"]["Dense_0"], c
+    assert p["kernel"].shape == (F, F)
+    for t in order:
+        h = jnp.tanh(_dense(p, h) + xs[t])
+        _close(hs[t], h)
+    _close(carry, h)
+    # applying with the variables in hand continues the count (no peeling needed)
+    _, updated = model.apply(variables, c, xs, mutable=["state"])
+    assert int(updated["state"]["n"]) == 2 * T
+
+
+def test_scan_peels_the_only_step_when_length_is_one():
+    model = _counted()
+    c, xs = _normal((B, F), 1), _normal((1, B, F), 2)
+    (carry, (ns, hs)), variables = model.init_with_output(jax.random.key(0), c, xs)
+    assert int(variables["state"]["n"]) == 1
+    np.testing.assert_array_equal(ns, [1])
+    assert hs.shape == (1, B, F)
+    _close(carry, jnp.tanh(_dense(variables["params"]["Dense_0"], c) + xs[0]))
+
+
+class _WritesBroadcast(nn.Module):
+    @nn.compact
+    def __call__(self, c, x):
+        m = self.variable("stats", "m", lambda: jnp.zeros((F,), jnp.float32))
+        m.value = m.value + x.mean(0)
+        return c, None
+
+
+def test_writing_a_broadcast_variable_in_the_body_raises():
+    model = nn.scan(_WritesBroadcast, variable_broadcast="stats")()
+    c, xs = _normal((B, F), 1), _normal((T, B, F), 2)
+    variables = {"stats": {"m": jnp.zeros((F,), jnp.float32)}}
+    with pytest.raises(TransformError, match="variable m is in variable_broadcast") as info:
+        model.apply(variables, c, xs, mutable=["stats"])
+    assert "collection: stats" in str(info.value) and "variable_carry" in str(info.value)
+
+
+def test_writing_a_broadcast_variable_it_created_in_the_body_raises_at_init():
+    model = nn.scan(_WritesBroadcast, variable_broadcast="stats")()
+    c, xs = _normal((B, F), 1), _normal((T, B, F), 2)
+    with pytest.raises(TransformError, match="variable m is in variable_broadcast"):
+        model.init(jax.random.key(0), c, xs)
+
+
+# -- remat_scan ---------------------------------------------------------------------------
+
+def test_remat_scan_dense_stacks_params_along_lengths_like_linen():
+    def model(lib):
+        class Stack(lib.Module):
+            @lib.compact
+            def __call__(self, x):
+                return lib.remat_scan(lib.Dense, lengths=(2, 3))(F, name="stack")(x)
+        return Stack()
+
+    x = _normal((B, F), 1)
+    flax_vars = model(flax_nn).init(jax.random.key(0), x)
+    vj_vars = model(nn).init(jax.random.key(0), x)
+    assert _layout(vj_vars) == _layout(flax_vars)
+    p = vj_vars["params"]["stack"]
+    assert p["kernel"].shape == (2, 3, F, F) and p["bias"].shape == (2, 3, F)
+    got = model(nn).apply(flax_vars, x)
+    _close(got, model(flax_nn).apply(flax_vars, x))
+    h, q = x, flax_vars["params"]["stack"]
+    for i in range(2):
+        for j in range(3):
+            h = _dense(jax.tree.map(lambda v: v[i, j], q), h)
+    _close(got, h)
+    # gradients flow through the rematerialised loops
+    grads = jax.grad(lambda v: model(nn).apply(v, x).sum())(vj_vars)
+    assert jax.tree.map(jnp.shape, grads) == jax.tree.map(jnp.shape, vj_vars)
+    assert float(jnp.abs(grads["params"]["stack"]["kernel"][0, 0]).sum()) > 0

@@ -321,29 +321,32 @@ class Module:
         return out
 
     # -- lifted transforms (the hooks varjax.lifting and varjax.transforms call) ------------
-    def _varjax_body(self, body: Callable) -> Callable:
-        """``body(self, ...)`` as the body of a lifted transform.
+    def _varjax_bodies(self, bodies: tuple[Callable, ...]) -> tuple[Callable, ...]:
+        """``body(self, ...)`` for each body of one lifted call.
 
-        A body may be traced more than once (a peeled scan iteration, two branches); each
-        trace starts from the naming state of the first, so inline submodules get the same
-        names.  Setup runs inside the body (bumping the root's version), where variables
-        have their lifted shapes, and again outside afterwards."""
+        A body may be traced more than once (a peeled scan step), and a call may have
+        several bodies (the branches of a cond); every trace starts from the naming state
+        the first one saw, so inline submodules get the same names in each.  Setup runs
+        inside the body (bumping the root's version), where variables have their lifted
+        shapes, and again outside afterwards."""
         state = self._state
         saved: list[tuple[dict, set]] = []
 
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if saved:
-                state.cursor, state.call_names = dict(saved[0][0]), set(saved[0][1])
-            else:
-                saved.append((dict(state.cursor), set(state.call_names)))
-            root = self.scope.root
-            root.version += 1
-            try:
-                return body(self, *args, **kwargs)
-            finally:
+        def bind(body: Callable) -> Callable:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                if saved:
+                    state.cursor, state.call_names = dict(saved[0][0]), set(saved[0][1])
+                else:
+                    saved.append((dict(state.cursor), set(state.call_names)))
+                root = self.scope.root
                 root.version += 1
-        run.__name__ = getattr(body, "__name__", "body")
-        return run
+                try:
+                    return body(self, *args, **kwargs)
+                finally:
+                    root.version += 1
+            run.__name__ = getattr(body, "__name__", "body")
+            return run
+        return tuple(bind(b) for b in bodies)
 
     @classmethod
     def _varjax_lift_class(cls, transform: str, lift_method: Callable[[Callable], Callable],

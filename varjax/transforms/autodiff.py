@@ -16,8 +16,9 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
-from varjax.lifting import from_tree, lift, partition, to_tree
+from varjax.lifting import from_tree, is_array, lift, partition, to_tree
 from varjax.transforms.target import call_direct, reject
 
 
@@ -74,7 +75,13 @@ def vjp(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axe
     _no_reduce_axes("vjp", reduce_axes)
 
     def transform(region: Callable, groups: tuple, rngs_: tuple, *primals: Any) -> Any:
-        d, rest = groups
+        # Gradients cover the module's own variables (as in Linen) and those of any other
+        # module the function reads; every other variable is a constant.
+        d_all, rest = groups
+        reads = region.traffic(groups, rngs_, *primals).reads
+        path = region.path
+        d = {k: v for k, v in d_all.items() if k[1][:len(path)] == path or k in reads}
+        rest = {**rest, **{k: v for k, v in d_all.items() if k not in d}}
 
         def f(d, *p):
             out, gs_out = region((d, rest), rngs_, *p)
@@ -118,69 +125,136 @@ def grad(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_ax
     return (grads, aux) if has_aux else grads
 
 
+def _arg_leaves(args: tuple, nondiff: set[int]) -> tuple[list, Callable, list[bool]]:
+    """The array leaves of ``args`` (passed into ``jax.custom_vjp``/``custom_jvp``
+    explicitly: a closed-over tracer would leak into the lazily traced rules), a function
+    rebuilding ``args`` from new leaves, and whether each leaf is in a nondiff argument."""
+    leaves, rebuild = partition(args)
+    in_nondiff = []
+    for i, arg in enumerate(args):
+        in_nondiff += [i in nondiff] * sum(map(is_array, jax.tree.leaves(arg)))
+    return leaves, rebuild, in_nondiff
+
+
+def _positions(nondiff_argnums: Any, mdl: Any, name: str) -> set[int]:
+    """``nondiff_argnums`` count ``fn``'s parameters, the module first (as in Linen and
+    JAX); the lifted call sees the arguments after the module."""
+    nums = (nondiff_argnums,) if isinstance(nondiff_argnums, int) else tuple(nondiff_argnums)
+    shift = 0 if mdl is None else 1
+    reject(bool(shift) and 0 in nums, name, "nondiff_argnums includes 0, the module.",
+           "list only positions of the other arguments (the module is position 0)")
+    return {i - shift for i in nums}
+
+
 def custom_vjp(fn: Callable, forward_fn: Callable, backward_fn: Callable,
                grad_vars: Any = "params", nondiff_argnums: tuple = ()) -> Callable:
     """Lifted ``jax.custom_vjp``, called as ``f(mdl, *args)``: ``forward_fn(mdl, *args) ->
-    (out, residuals)``, ``backward_fn(residuals, ct) -> (variable_grads, *arg_grads)``,
-    where ``variable_grads`` covers ``grad_vars`` (``{'params': {...}}``) and
-    ``arg_grads`` the arguments not in ``nondiff_argnums``."""
-    nondiff = set(nondiff_argnums)
+    (out, residuals)``, ``backward_fn(*nondiff_args, residuals, ct) -> (variable_grads,
+    *arg_grads)``, where ``variable_grads`` covers ``grad_vars`` (``{'params': {...}}``,
+    relative to ``mdl``) and ``arg_grads`` the arguments not in ``nondiff_argnums``.
+    ``nondiff_argnums`` count ``fn``'s parameters, ``mdl`` being 0 (as in Linen)."""
 
-    def transform(r_fn: Callable, r_fwd: Callable, groups: tuple, rngs_: tuple, *args: Any) -> Any:
-        dyn_at = [i for i in range(len(args)) if i not in nondiff]
-        leaves, rebuild = partition(tuple(args[i] for i in dyn_at))
+    def make(nondiff: set[int]) -> Callable:
+        def transform(r_fn: Callable, r_fwd: Callable, groups: tuple, rngs_: tuple,
+                      *args: Any) -> Any:
+            leaves, rebuild, in_nondiff = _arg_leaves(args, nondiff)
 
-        def full(arrays: tuple) -> list:
-            dyn = rebuild(arrays)
-            return [args[i] if i in nondiff else dyn[dyn_at.index(i)] for i in range(len(args))]
+            @jax.custom_vjp
+            def f(d, rest, ks, *arrays):
+                return r_fn((d, rest), ks, *rebuild(arrays))
 
-        @jax.custom_vjp
-        def f(d, rest, ks, *arrays):
-            return r_fn((d, rest), ks, *full(arrays))
+            def f_fwd(d, rest, ks, *arrays):
+                (out, res), gs_out = r_fwd((d, rest), ks, *rebuild(arrays))
+                return (out, gs_out), (res, arrays, _zeros((rest, ks)), _zeros(d))
 
-        def f_fwd(d, rest, ks, *arrays):
-            (out, res), gs_out = r_fwd((d, rest), ks, *full(arrays))
-            return (out, gs_out), (res, _zeros((rest, ks)), _zeros(d))
+            def f_bwd(saved, cotangent):
+                res, arrays, rest_ks_zero, d_zero = saved
+                full = rebuild(arrays)
+                var_grads, *arg_grads = backward_fn(*(full[i] for i in sorted(nondiff)), res,
+                                                    cotangent[0])
+                given = from_tree(var_grads, r_fn.path)
+                d_grad = {k: given.get(k, z) for k, z in d_zero.items()}
+                dyn = [i for i in range(len(args)) if i not in nondiff]
+                reject(len(arg_grads) != len(dyn), "custom_vjp", f"backward_fn returned "
+                       f"{len(arg_grads)} argument gradients for {len(dyn)} differentiable "
+                       "arguments.", "return (variable_grads, *grads), one per argument not "
+                       "in nondiff_argnums")
+                grads = iter(arg_grads)
+                leaf_grads = []
+                for i, arg in enumerate(args):
+                    flat, tree = jax.tree.flatten(arg)
+                    g = (tree.flatten_up_to(next(grads)) if i not in nondiff
+                         else [None] * len(flat))
+                    leaf_grads += [gx for gx, x in zip(g, flat) if is_array(x)]
+                leaf_grads = [_zero_tangent(x) if g is None or skip else g
+                              for g, x, skip in zip(leaf_grads, arrays, in_nondiff)]
+                return (d_grad, *rest_ks_zero, *leaf_grads)
+            f.defvjp(f_fwd, f_bwd)
+            return f(*groups, rngs_, *leaves)
+        return lift(transform, fn, forward_fn, variables=(grad_vars, True), name="custom_vjp")
 
-        def f_bwd(saved, cotangent):
-            res, rest_ks_zero, d_zero = saved
-            var_grads, *arg_grads = backward_fn(res, cotangent[0])
-            given = from_tree(var_grads, r_fn.path)
-            d_grad = {k: given.get(k, z) for k, z in d_zero.items()}
-            dyn_grads = [g for g in arg_grads]
-            leaves_grads, _ = partition(tuple(dyn_grads))
-            return (d_grad, *rest_ks_zero, *leaves_grads)
-        f.defvjp(f_fwd, f_bwd)
-        return f(*groups, rngs_, *leaves)
+    lifts: dict[tuple, Callable] = {}
 
-    lifted = lift(transform, fn, forward_fn, variables=(grad_vars, True), name="custom_vjp")
-    return lambda mdl, *args: call_direct(lifted, mdl, *args)
+    def call(mdl: Any, *args: Any) -> Any:
+        nondiff = frozenset(_positions(nondiff_argnums, mdl, "custom_vjp"))
+        if nondiff not in lifts:
+            lifts[nondiff] = make(set(nondiff))
+        return call_direct(lifts[nondiff], mdl, *args)
+    return call
+
+
+def _instantiate(t: Any, x: Any) -> Any:
+    return _zero_tangent(x) if isinstance(t, SymbolicZero) else t
 
 
 def custom_jvp(fn: Callable, jvp_fn: Callable, nondiff_argnums: tuple = ()) -> Callable:
     """Lifted ``jax.custom_jvp`` (Flax has none), called as ``f(mdl, *args)``:
-    ``jvp_fn(mdl, *nondiff_args, primals, tangents) -> (out, tangent_out)``.  Variables
-    are constants of the rule; writes in ``fn`` are kept, with zero tangent."""
-    nondiff = set(nondiff_argnums)
+    ``jvp_fn(mdl, *nondiff_args, primals, tangents) -> (out, tangent_out)``, where
+    ``primals`` and ``tangents`` are tuples of the other arguments.  ``nondiff_argnums``
+    count ``fn``'s parameters, ``mdl`` being 0.  The rule covers the arguments; the
+    variables are differentiated through ``fn`` by ordinary autodiff (only when a tangent
+    for them is requested).  Writes in ``fn`` are kept, with zero tangent."""
 
-    def transform(r_fn: Callable, r_jvp: Callable, groups: tuple, rngs_: tuple, *args: Any) -> Any:
-        dyn_at = [i for i in range(len(args)) if i not in nondiff]
-        fixed = [args[i] for i in sorted(nondiff)]
-        leaves, rebuild = partition(tuple(args[i] for i in dyn_at))
+    def make(nondiff: set[int]) -> Callable:
+        def transform(r_fn: Callable, r_jvp: Callable, groups: tuple, rngs_: tuple,
+                      *args: Any) -> Any:
+            leaves, rebuild, _ = _arg_leaves(args, nondiff)
+            dyn = [i for i in range(len(args)) if i not in nondiff]
 
-        def full(arrays: tuple) -> list:
-            dyn = rebuild(arrays)
-            return [args[i] if i in nondiff else dyn[dyn_at.index(i)] for i in range(len(args))]
+            @jax.custom_jvp
+            def f(gs, ks, *arrays):
+                return r_fn(gs, ks, *rebuild(arrays))
 
-        @jax.custom_jvp
-        def f(*arrays):
-            return r_fn(groups, rngs_, *full(arrays))
+            def f_jvp(primals, tangents):
+                gs, ks, *arrays = primals
+                gs_t, _, *arrays_t = tangents
+                full = rebuild(arrays)
+                full_t = rebuild([_instantiate(t, x) for t, x in zip(arrays_t, arrays)])
+                (out, out_t), gs_out = r_jvp(gs, ks, *(full[i] for i in sorted(nondiff)),
+                                             tuple(full[i] for i in dyn),
+                                             tuple(full_t[i] for i in dyn))
+                is_zero = lambda t: isinstance(t, SymbolicZero)  # noqa: E731
+                gs_t = jax.tree.leaves(gs_t, is_leaf=is_zero)
+                perturbed = any(not is_zero(t) for t in gs_t)
+                if perturbed or r_jvp.writes != r_fn.writes:
+                    # The variables are differentiated through fn itself; where the rule
+                    # writes other variables than fn (or none), fn's writes are the call's.
+                    gs_tan = jax.tree.unflatten(jax.tree.structure(gs), [
+                        _instantiate(t, x) for t, x in zip(gs_t, jax.tree.leaves(gs))])
+                    (_, gs_out), (var_out_t, _) = jax.jvp(
+                        lambda g: r_fn(g, ks, *full), (gs,), (gs_tan,))
+                    if perturbed:
+                        out_t = jax.tree.map(jnp.add, out_t, var_out_t)
+                return (out, gs_out), (out_t, _zeros(gs_out))
+            f.defjvp(f_jvp, symbolic_zeros=True)
+            return f(groups, rngs_, *leaves)
+        return lift(transform, fn, jvp_fn, name="custom_jvp")
 
-        @f.defjvp
-        def f_jvp(primals, tangents):
-            (out, out_t), gs_out = r_jvp(groups, rngs_, *fixed, rebuild(primals), rebuild(tangents))
-            return (out, gs_out), (out_t, _zeros(gs_out))
-        return f(*leaves)
+    lifts: dict[tuple, Callable] = {}
 
-    lifted = lift(transform, fn, jvp_fn, name="custom_jvp")
-    return lambda mdl, *args: call_direct(lifted, mdl, *args)
+    def call(mdl: Any, *args: Any) -> Any:
+        nondiff = frozenset(_positions(nondiff_argnums, mdl, "custom_jvp"))
+        if nondiff not in lifts:
+            lifts[nondiff] = make(set(nondiff))
+        return call_direct(lifts[nondiff], mdl, *args)
+    return call

@@ -2,19 +2,28 @@
 
 ``variable_axes`` maps collection filters to an axis (the variable has one
 slice per member, stacked along that axis) or ``None`` (one value shared by
-every member, read-only in practice: a batched write raises JAX's
-"mapped output but out_axes is None").  A touched collection that no filter
+every member, read-only in practice: a per-member write raises
+``TransformError``).  A touched collection that no filter
 names raises ``TransformError``.  ``split_rngs`` maps stream filters to
 ``True`` (one key per member: members initialise and drop out differently)
 or ``False``; every other stream is broadcast (the same key for all members).
+
+A group holds every variable of its collections in the enclosing trace, also
+those of modules outside the body; one that lacks the mapped axis (or is not
+divisible by the mesh) is set aside, passed through unchanged, and a body
+that touches it raises ``TransformError``.  Keyword arguments of the call are
+broadcast by ``vmap`` (Linen ignores them with a warning) and must be static
+(non-array) for ``shard_map`` / ``pmap``.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
 import jax
+import numpy as np
 from jax.sharding import PartitionSpec
 
+from varjax import errors, filters, scope
 from varjax.lifting import is_array, lift
 from varjax.transforms.target import (apply_to, array_axes, filter_items, reject, rng_groups,
                                       split_keys)
@@ -35,7 +44,7 @@ def vmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
     var_axes = tuple(a for _, a in axes)
     rng_filters, split = rng_groups(split_rngs)
 
-    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any) -> Any:
+    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any, **kwargs: Any) -> Any:
         arg_axes = array_axes(in_axes, args)
         n = axis_size if axis_size is not None else _infer_size(args, arg_axes, groups, var_axes)
         reject(n is None and any(g for g, do in zip(rngs, split) if do), "vmap",
@@ -43,14 +52,94 @@ def vmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
                "shows it.", "pass axis_size=")
         keys = split_keys(rngs, split, n) if n is not None else rngs
         rng_axes = tuple(0 if do else None for do in split)
-        return jax.vmap(lambda gs, ks, *a: region(gs, ks, *a),
-                        in_axes=(var_axes, rng_axes, *arg_axes), out_axes=(out_axes, var_axes),
-                        axis_size=n, axis_name=axis_name,
-                        spmd_axis_name=spmd_axis_name)(groups, keys, *args)
+        mapped, aside = _set_aside(groups, lambda i, x: n is None or _has_axis(x, var_axes[i], n))
+        body = _guarded(region, aside, "vmap", lambda i: f"no axis {var_axes[i]} of size {n}")
+        # Keyword arguments are broadcast (Linen ignores them with a warning).
+        try:
+            out, gs_out = jax.vmap(lambda gs, ks, *a: body(gs, ks, *a, **kwargs),
+                                   in_axes=(var_axes, rng_axes, *arg_axes),
+                                   out_axes=(out_axes, var_axes), axis_size=n,
+                                   axis_name=axis_name,
+                                   spmd_axis_name=spmd_axis_name)(mapped, keys, *args)
+        except ValueError as e:
+            shared = _shared_write(e, region, [f for f, _ in axes], var_axes)
+            if shared is None:
+                raise
+            raise errors.TransformError(
+                f"vj.vmap: the body writes a per-member value to variable "
+                f"{errors.format_path(shared[1])} of collection '{shared[0]}', whose "
+                "variable_axes entry is None (one value shared by every member).",
+                collection=shared[0], path=shared[1], **scope.where(),
+                fix=f"map '{shared[0]}' along an axis in variable_axes (e.g. "
+                    f"{{'{shared[0]}': 0}}) to keep one copy per member") from e
+        return out, tuple({**a, **g} for a, g in zip(aside, gs_out))
 
     return apply_to(target, "vmap", lambda fn: lift(
         transform, fn, variables=tuple(f for f, _ in axes), rngs=rng_filters, name="vmap",
         fix=_AXES_FIX), methods)
+
+
+def _shared_write(e: ValueError, region: Any, var_filters: list, var_axes: tuple) -> Any:
+    """The variable of a broadcast (axis None) group that JAX's "got axis spec None but
+    output was batched" error ``e`` is about: one the body wrote, named in the message if
+    possible; None if ``e`` is another error."""
+    if "axis spec None but output was batched" not in str(e):
+        return None
+    shared = [k for k in sorted(region.writes)
+              if (i := next((i for i, f in enumerate(var_filters)
+                             if filters.matches(f, k[0])), None)) is not None
+              and var_axes[i] is None]
+    named = [k for k in shared if repr(k) in str(e)]
+    return (named or shared or [None])[0]
+
+
+def _has_axis(x: Any, axis: int | None, n: int) -> bool:
+    if axis is None:
+        return True
+    shape = jax.numpy.shape(x)
+    return -len(shape) <= axis < len(shape) and shape[axis] == n
+
+
+def _set_aside(groups: tuple, fits: Callable[[int, Any], bool]) -> tuple[tuple, tuple]:
+    """Each group split into the variables ``fits(group_index, leaf)`` holds for (on every
+    leaf) and the rest.  A group holds every variable of its collections in the enclosing
+    trace, also those of modules outside the body (pruned later as unused); a variable
+    without the mapped axis cannot be handed to ``jax.vmap`` / ``jax.shard_map`` and is
+    set aside, passed through unchanged (``_guarded`` rejects a body that touches it)."""
+    mapped, aside = [], []
+    for i, group in enumerate(groups):
+        ok = {k: v for k, v in group.items() if all(fits(i, x) for x in jax.tree.leaves(v))}
+        mapped.append(ok)
+        aside.append({k: v for k, v in group.items() if k not in ok})
+    return tuple(mapped), tuple(aside)
+
+
+def _guarded(region: Callable, aside: tuple, name: str, needs: Callable[[int], str]) -> Callable:
+    """``region``, raising ``TransformError`` if the body touches a set-aside variable."""
+    where = {k: (i, v) for i, g in enumerate(aside) for k, v in g.items()}
+
+    def fail(key: Any, at: dict | None = None) -> errors.TransformError:
+        i, value = where[key]
+        shapes = ", ".join(str(tuple(jax.numpy.shape(x))) for x in jax.tree.leaves(value))
+        return errors.TransformError(
+            f"vj.{name}: variable {errors.format_path(key[1])} of collection '{key[0]}' is "
+            f"used in the body, but its value (shape {shapes}) has {needs(i)} to map over.",
+            collection=key[0], path=key[1], **(at or scope.where()),
+            fix=f"give every member its slice of '{key[0]}' along the mapped axis, or map "
+                f"'{key[0]}' with None to share one value")
+
+    def body(gs: tuple, ks: tuple, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out, gs_out = region(gs, ks, *args, **kwargs)
+        except errors.MissingVariableError as e:
+            if (e.collection, e.path) in where:     # a read: keep the line that read it
+                raise fail((e.collection, e.path), {"source": e.source, "module": e.module}) from e
+            raise
+        touched = sorted(k for g in gs_out for k in g if k in where)
+        if touched:
+            raise fail(touched[0])
+        return out, gs_out
+    return body
 
 
 def _infer_size(args: tuple, arg_axes: tuple, groups: tuple, var_axes: tuple) -> int | None:
@@ -108,8 +197,26 @@ def _sharded(target: Any, name: str, mesh: Any, specs: list, split_rngs: Any, in
     rng_filters, split = rng_groups(split_rngs)
     axis_names = tuple(mesh.axis_names)
 
-    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any) -> Any:
+    def fits(i: int, x: Any) -> bool:
+        spec, shape = var_specs[i], jax.numpy.shape(x)
+        if len(spec) > len(shape):
+            return False
+        for d, names in enumerate(spec):
+            if names is not None:
+                names = names if isinstance(names, tuple) else (names,)
+                size = int(np.prod([mesh.shape[a] for a in names]))
+                if shape[d] % size or (squeeze and shape[d] != size):
+                    return False
+        return True
+
+    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any, **kwargs: Any) -> Any:
         arg_specs = in_specs if isinstance(in_specs, tuple) else (in_specs,) * len(args)
+        reject(any(is_array(x) for x in jax.tree.leaves(kwargs)), name,
+               "an array keyword argument has no in_specs entry.",
+               "pass it positionally, with its PartitionSpec in in_specs")
+        groups, aside = _set_aside(groups, fits)
+        body = _guarded(region, aside, name,
+                        lambda i: f"no axis divisible by the mesh for {var_specs[i]}")
 
         def strip(x: Any, spec: Any) -> Any:
             sharded = squeeze and spec != PartitionSpec()
@@ -127,12 +234,14 @@ def _sharded(target: Any, name: str, mesh: Any, specs: list, split_rngs: Any, in
                        for g, do in zip(ks, split))
             gs = tuple(strip(g, sp) for g, sp in zip(gs, var_specs))
             a = tuple(strip(x, sp) for x, sp in zip(a, arg_specs))
-            out, gs_out = region(gs, ks, *a)
+            out, gs_out = body(gs, ks, *a, **kwargs)     # static keyword arguments
             return add(out, out_specs), tuple(add(g, sp) for g, sp in zip(gs_out, var_specs))
         rng_specs = tuple(PartitionSpec() for _ in rngs)
-        return jax.shard_map(per_shard, mesh=mesh, in_specs=(var_specs, rng_specs, *arg_specs),
-                             out_specs=(out_specs, var_specs), check_vma=check_vma)(
+        out, gs_out = jax.shard_map(per_shard, mesh=mesh,
+                                    in_specs=(var_specs, rng_specs, *arg_specs),
+                                    out_specs=(out_specs, var_specs), check_vma=check_vma)(
             groups, rngs, *args)
+        return out, tuple({**a, **g} for a, g in zip(aside, gs_out))
 
     return apply_to(target, name, lambda fn: lift(
         transform, fn, variables=tuple(f for f, _ in specs), rngs=rng_filters, name=name,

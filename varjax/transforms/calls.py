@@ -7,86 +7,149 @@ donation) and ``remat`` wraps the region in ``jax.checkpoint``.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 
-from varjax.lifting import from_tree, lift, partition, to_tree
+from varjax.lifting import from_tree, is_array, is_module, lift, partition, to_tree
 from varjax.scope import is_initializing
 from varjax.transforms.target import apply_to, reject
 
 
-def _static_positions(args: tuple, argnums: Sequence[int] | int) -> tuple[int, ...]:
+def _positions(args: tuple, argnums: Sequence[int] | int, shift: int) -> tuple[int, ...]:
+    """``argnums`` count the target's parameters, a module (``self``) first, as in Linen;
+    the lifted call sees the ``args`` after the module (``shift`` is 1 when there is one).
+    Positions past the arguments given (parameters left to their defaults) are ignored."""
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    return tuple(sorted({i % len(args) for i in nums} if args else set()))
+    at = {i + len(args) if i < 0 else i - shift for i in nums}
+    return tuple(sorted(i for i in at if 0 <= i < len(args)))
+
+
+class _Static:
+    """An array argument marked static: hashable and not an array, so the lift passes it
+    as a constant (non-array arguments are static anyway) and the body gets the concrete
+    value back."""
+
+    __slots__ = ("value", "key")
+
+    def __init__(self, value: Any):
+        v = np.asarray(value)
+        self.value = value
+        self.key = (v.dtype.str, v.shape, v.tobytes())
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Static) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+def _static(transform: str, value: Any, where: str) -> Any:
+    if not is_array(value):
+        return value
+    reject(isinstance(value, jax.core.Tracer), transform, f"{where} is marked static but is a "
+           "traced array: its value is not known while tracing.",
+           "pass a Python or NumPy value, or drop it from the static arguments")
+    return _Static(value)
+
+
+def _unwrapping(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def body(*args: Any, **kwargs: Any) -> Any:
+        return fn(*(a.value if isinstance(a, _Static) else a for a in args),
+                  **{k: v.value if isinstance(v, _Static) else v for k, v in kwargs.items()})
+    return body
+
+
+def _with_static(transform: str, make: Callable[[int, Callable], Callable], fn: Callable,
+                 static_argnums: Any, static_argnames: Any) -> Callable:
+    """``make(shift, body)``'s lift, called with the static arguments made constants.
+    ``shift`` is 1 when the call has a module first (Linen's argument positions count
+    it), else 0; there is one lift per case."""
+    names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    body = _unwrapping(fn)
+    lifts: dict[int, Callable] = {}
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        shift = int(bool(args) and is_module(args[0]))
+        head, args = args[:shift], list(args[shift:])
+        for i in _positions(tuple(args), static_argnums, shift):
+            args[i] = _static(transform, args[i], f"argument {i + shift}")
+        kwargs = {k: _static(transform, v, f"argument '{k}'") if k in names else v
+                  for k, v in kwargs.items()}
+        if shift not in lifts:
+            lifts[shift] = make(shift, body)
+        return lifts[shift](*head, *args, **kwargs)
+    return call
 
 
 def jit(target: Any, variables: Any = True, rngs: Any = True, static_argnums: Any = (),
         static_argnames: Any = (), donate_argnums: Any = (), device: Any = None,
         backend: Any = None, methods: Any = None) -> Any:
     """Lifted ``jax.jit``.  Non-array arguments are static anyway (as in
-    ``vj.functionalize``); ``static_argnums``/``argnames`` may mark more."""
+    ``vj.functionalize``); ``static_argnums``/``argnames`` may mark more (NumPy values).
+    Argument positions count the module first, as in Linen."""
     reject(device is not None or backend is not None, "jit", "device= and backend= are "
            "deprecated in JAX and not supported.", "place inputs with jax.device_put")
 
-    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any, **kwargs: Any) -> Any:
-        static = set(_static_positions(args, static_argnums))
-        dynamic = [i for i in range(len(args)) if i not in static]
-        leaves, rebuild = partition(tuple(args[i] for i in dynamic))
-        fixed = {i: args[i] for i in static}
-        names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
-        fixed_kw = {k: v for k, v in kwargs.items() if k in names}
-        dyn_kw, rebuild_kw = partition(({k: v for k, v in kwargs.items() if k not in names},))
-        donate = tuple(2 + dynamic.index(i) for i in _static_positions(args, donate_argnums)
-                       if i in dynamic)
+    def transform(shift: int, region: Callable, groups: tuple, rngs: tuple, *args: Any,
+                  **kwargs: Any) -> Any:
+        leaves, rebuild = partition((args, kwargs))
+        # donated arguments -> positions of their array leaves after (groups, rngs)
+        donated = set(_positions(args, donate_argnums, shift))
+        owner = [i for i, a in enumerate(args) for x in jax.tree.leaves(a) if is_array(x)]
+        donate = tuple(2 + j for j, i in enumerate(owner) if i in donated)
 
         def call(gs, ks, *arrays):
-            dyn = rebuild(arrays[:len(leaves)])
-            full = [fixed[i] if i in fixed else dyn[dynamic.index(i)] for i in range(len(args))]
-            (kw,) = rebuild_kw(arrays[len(leaves):])
-            return region(gs, ks, *full, **kw, **fixed_kw)
-        return jax.jit(call, donate_argnums=donate)(groups, rngs, *leaves, *dyn_kw)
+            a, kw = rebuild(arrays)
+            return region(gs, ks, *a, **kw)
+        return jax.jit(call, donate_argnums=donate)(groups, rngs, *leaves)
 
-    return apply_to(target, "jit", lambda fn: lift(
-        transform, fn, variables=(variables,), rngs=(rngs,), name="jit"), methods)
+    return apply_to(target, "jit", lambda fn: _with_static("jit", lambda shift, body: lift(
+        functools.partial(transform, shift), body, variables=(variables,), rngs=(rngs,),
+        name="jit"), fn, static_argnums, static_argnames), methods)
 
 
 def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: bool = False,
                prevent_cse: bool = True, static_argnums: Any = (), policy: Any = None,
                methods: Any = None) -> Any:
     """Lifted ``jax.checkpoint``: the body's activations are recomputed on the backward
-    pass.  Non-array arguments are static; ``static_argnums`` may mark more."""
+    pass.  Non-array arguments are static; ``static_argnums`` may mark more (NumPy
+    values).  Argument positions count the module first, as in Linen."""
     reject(concrete, "remat", "concrete=True is deprecated in JAX and not supported.",
            "mark the argument static with static_argnums")
 
-    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any, **kwargs: Any) -> Any:
-        static = set(_static_positions(args, static_argnums))
-        leaves, rebuild = partition((tuple(None if i in static else a for i, a in enumerate(args)),
-                                     kwargs))
+    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any,
+                  **kwargs: Any) -> Any:
+        leaves, rebuild = partition((args, kwargs))
 
         def call(gs, ks, *arrays):
             a, kw = rebuild(arrays)
-            full = [args[i] if i in static else x for i, x in enumerate(a)]
-            return region(gs, ks, *full, **kw)
+            return region(gs, ks, *a, **kw)
         return jax.checkpoint(call, prevent_cse=prevent_cse, policy=policy)(groups, rngs, *leaves)
 
-    return apply_to(target, "checkpoint", lambda fn: lift(
-        transform, fn, variables=(variables,), rngs=(rngs,), name="remat"), methods)
+    return apply_to(target, "checkpoint", lambda fn: _with_static(
+        "remat", lambda shift, body: lift(transform, body, variables=(variables,), rngs=(rngs,),
+                                          name="remat"), fn, static_argnums, ()), methods)
 
 
 remat = checkpoint
 
 
 def named_call(target: Any, name: str | None = None, methods: Any = None) -> Any:
-    """The body as one named ``jit`` equation (``jax.named_call``): it shows in the IR
-    and in profiles under ``name`` (default: the function's name)."""
+    """The body as one ``jit`` equation named ``name`` (default: the function's name),
+    inside the transform's own equation: it shows under that name in the IR and in
+    profiles.  (``jax.named_call`` alone only extends the name stack: no equation.)"""
     def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any, **kwargs: Any) -> Any:
         leaves, rebuild = partition((args, kwargs))
 
         def call(gs, ks, *arrays):
             a, kw = rebuild(arrays)
             return region(gs, ks, *a, **kw)
-        return jax.named_call(call, name=name or region.__name__)(groups, rngs, *leaves)
+        call.__name__ = call.__qualname__ = name or region.__name__
+        return jax.jit(call)(groups, rngs, *leaves)
 
     return apply_to(target, "named_call", lambda fn: lift(
         transform, fn, name="named_call"), methods)

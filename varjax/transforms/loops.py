@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from varjax import errors, filters
+from varjax import errors, filters, scope
 from varjax.lifting import Traffic, lift
 from varjax.transforms.calls import checkpoint
 from varjax.transforms.target import apply_to, call_direct, filter_items, reject, rng_groups
@@ -92,14 +92,19 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
         sliced = (scanned_vars, keys, scanned_xs)
         first = n - 1 if reverse else 0
         at_first = jax.tree.map(lambda x: x[first], sliced)
-        probe = region.traffic((*at_first[0], groups[n_ax], groups[n_ax + 1]),
-                               tuple(k if k is not None else g for k, g in zip(at_first[1], rngs)),
-                               carry, *[x if ax is not broadcast else whole for x, whole, ax
-                                        in zip(at_first[2], xs, xs_axes)])
-        peel = _check_traffic(probe, var_filters, n_ax)
+
+        def probe(carry, carried, bcast):
+            return _check_traffic(region.traffic(
+                (*at_first[0], bcast, carried),
+                tuple(k if k is not None else g for k, g in zip(at_first[1], rngs)),
+                carry, *[x if ax is not broadcast else whole
+                         for x, whole, ax in zip(at_first[2], xs, xs_axes)]), var_filters, n_ax)
         carried, bcast = groups[n_ax + 1], groups[n_ax]
-        if peel:
+        if probe(carry, carried, bcast):
             carry, carried, bcast, (ys0, vars0) = step(carry, carried, bcast, at_first)
+            # The other steps see the variables the peeled one created: a write to a
+            # broadcast variable after its creation is as wrong as one on apply.
+            probe(carry, carried, bcast)
             if n == 1:
                 stacked = jax.tree.map(lambda x: x[None], (ys0, vars0))
             else:
@@ -194,11 +199,13 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any,
         for region, which, what in ((cond_region, 0, "cond_fn"), (body_region, 1, "body_fn")):
             probe = region.traffic(groups, keys_at(zero, which), init)
             for key in sorted(probe.writes):
-                reject(key in probe.creates, "while_loop", f"{what} creates variable "
-                       f"{errors.format_path(key[1])}; a loop carry needs a value before the "
-                       "loop, and the loop may run zero times.",
-                       "create it before the loop (call body_fn once first, or initialise it "
-                       "in setup)", key)
+                if key in probe.creates:
+                    raise errors.VariableCreationError(
+                        f"vj.while_loop: {what} creates variable {errors.format_path(key[1])}; "
+                        "a loop carry needs a value before the loop, and the loop may run zero "
+                        "times.", collection=key[0], path=key[1], **scope.where(),
+                        fix="create it before the loop (call body_fn once first, or initialise "
+                            "it in setup)")
                 group = _group_index(var_filters, key[0])
                 reject(what == "cond_fn" or group == 1, "while_loop",
                        f"{what} writes variable {errors.format_path(key[1])}, which is "
@@ -227,13 +234,17 @@ def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any,
               split_rngs: Mapping[Any, bool] | None = None) -> Any:
     """Lifted ``jax.lax.fori_loop``: ``body_fn(mdl, i, c) -> c`` for ``lower <= i < upper``
     (``body_fn(i, c)`` when ``mdl`` is None); built on ``while_loop``."""
+    # The bounds travel in the loop state, not in closures: a traced ``upper`` is an
+    # array of the enclosing trace, and the bodies are traced on their own.
     def cond(*a: Any) -> Any:
-        return a[-1][0] < upper
+        i, end, _ = a[-1]
+        return i < end
 
     def body(*a: Any) -> Any:
-        i, c = a[-1]
-        return i + 1, body_fn(*a[:-1], i, c)
-    _, out = while_loop(cond, body, mdl, (jnp.asarray(lower, jnp.int32), init),
-                        carry_variables, broadcast_variables, split_rngs)
+        i, end, c = a[-1]
+        return i + 1, end, body_fn(*a[:-1], i, c)
+    _, _, out = while_loop(cond, body, mdl, (jnp.asarray(lower, jnp.int32),
+                                             jnp.asarray(upper, jnp.int32), init),
+                           carry_variables, broadcast_variables, split_rngs)
     return out
 
