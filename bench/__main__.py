@@ -12,12 +12,13 @@ import argparse
 import sys
 import time
 
-from bench import bench_modules, bench_pipeline, bench_trace, harness
+from bench import bench_modules, bench_pipeline, bench_trace, bench_transforms, harness
 
 SUITES = {
     "trace": bench_trace.run,
     "modules": bench_modules.run,
     "pipeline": bench_pipeline.run,
+    "transforms": bench_transforms.run,
 }
 
 

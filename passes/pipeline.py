@@ -119,7 +119,7 @@ class Pipeline:
                     source=source_text(),
                     fix="pass Pass instances (e.g. vj.passes.LowerRng()) or strings such as "
                         "'lower-rng,discharge'")
-        self.passes: tuple[Pass, ...] = _order(given)
+        self.passes: tuple[Pass, ...] = _ordered(tuple(given))
         self.verify = verify
         self.dump_dir = dump_dir
         self.instrumentations = tuple(instrumentations)
@@ -193,6 +193,21 @@ class Pipeline:
 
 
 # --- ordering ----------------------------------------------------------------------
+
+def _ordered(given: tuple[Pass, ...]) -> tuple[Pass, ...]:
+    """``_order``, memoised: every functionalized function and every lifted region builds
+    a pipeline from the same few pass lists, and ordering one costs a networkx sort."""
+    try:
+        found = _ORDERS.get(given)
+    except TypeError:            # a pass with an unhashable option
+        return _order(list(given))
+    if found is None:
+        found = _ORDERS[given] = _order(list(given))
+    return found
+
+
+_ORDERS: dict[tuple[Pass, ...], tuple[Pass, ...]] = {}
+
 
 def _order(given: list[Pass]) -> tuple[Pass, ...]:
     passes = _with_requirements(given)

@@ -168,12 +168,17 @@ class Functionalized:
 
     def __init__(self, fn: Callable[..., Any], *, passes: Sequence[str | Pass] | str = (),
                  dump_dir: str | None = None, verify: bool | None = None,
-                 context: Callable[["_Key"], scope.TraceContext] | None = None):
+                 context: Callable[["_Key"], scope.TraceContext] | None = None,
+                 inline: bool = False):
         functools.update_wrapper(self, fn)
         self.fn = fn
         # Builds the TraceContext a trace runs under; a lifted region (varjax.lifting)
         # supplies one that sees the enclosing trace's modules and lifting filters.
         self.context = context or _fresh_context
+        # Under a trace, bind the pure jaxpr's equations inline instead of one jit equation:
+        # for lifted regions, whose transform stages them anyway (a jit per region would be
+        # re-batched by every enclosing vmap).
+        self.inline = inline
         extra = [passes] if isinstance(passes, str) else list(passes)
         if verify is None:
             verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
@@ -302,7 +307,9 @@ class Functionalized:
             return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *flat)
         run_pure.__name__ = run_pure.__qualname__ = name
         opened, consts = _jax.open_consts(pure)
-        compiled, staged = jax.jit(run_pure), _jax.jit_call(opened, name)
+        compiled = jax.jit(run_pure)
+        staged = run_pure if self.inline else _jax.jit_call(opened, name)
+        consts = [] if self.inline else consts
 
         def call(*flat):
             # Eagerly: jax.jit's compiled fast path.  Under a trace: one jit equation of

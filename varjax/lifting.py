@@ -90,7 +90,7 @@ class Region:
         # The scope the body runs in (a leading module's path, else the function's scope):
         # ``to_tree``/``from_tree`` make group keys relative to it, as Linen's dicts are.
         self.path = path
-        self._fn = Functionalized(body, context=self._context)
+        self._fn = Functionalized(body, context=self._context, inline=True)
         self.__name__ = getattr(body, "__name__", "body")
         self.writes: set[Key] = set()
 
@@ -235,8 +235,11 @@ class _LiftedCall:
                 inputs.append(scope.draw_at(self.outer, stream, self.outer.path_prefix))
             pos += 1
         inputs += [leaves[j] for j, u in zip(traced_at, used[pos:]) if u]
-        outs = _jax.jit_call(pruned, f"{name}({'/'.join(r.__name__ for r in regions)})")(
-            *consts, *inputs)
+        if self.outer.lift is None:   # outermost: one jit equation named after the transform
+            outs = _jax.jit_call(pruned, f"{name}({'/'.join(r.__name__ for r in regions)})")(
+                *consts, *inputs)
+        else:                         # nested: inline, the enclosing transform stages it
+            outs = _jax.eval_jaxpr(pruned.jaxpr, (), *consts, *inputs)
         n_out = result["out_tree"].num_leaves
         out = jax.tree.unflatten(result["out_tree"], outs[:n_out])
         pos = n_out

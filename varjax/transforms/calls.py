@@ -139,20 +139,37 @@ remat = checkpoint
 
 
 def named_call(target: Any, name: str | None = None, methods: Any = None) -> Any:
-    """The body as one ``jit`` equation named ``name`` (default: the function's name),
-    inside the transform's own equation: it shows under that name in the IR and in
-    profiles.  (``jax.named_call`` alone only extends the name stack: no equation.)"""
-    def transform(region: Callable, groups: tuple, rngs: tuple, *args: Any, **kwargs: Any) -> Any:
+    """The body as one ``jit`` equation named ``name``, inside the transform's own
+    equation: it shows under that name in the IR and in profiles (``jax.named_call``
+    alone only extends the name stack).  The default name is Linen's: the module's name
+    (else its class name), plus ``.method`` for a method other than ``__call__``; for a
+    plain function, its name."""
+    def transform(label: str, region: Callable, groups: tuple, rngs: tuple, *args: Any,
+                  **kwargs: Any) -> Any:
         leaves, rebuild = partition((args, kwargs))
 
         def call(gs, ks, *arrays):
             a, kw = rebuild(arrays)
             return region(gs, ks, *a, **kw)
-        call.__name__ = call.__qualname__ = name or region.__name__
+        call.__name__ = call.__qualname__ = label
         return jax.jit(call)(groups, rngs, *leaves)
 
-    return apply_to(target, "named_call", lambda fn: lift(
-        transform, fn, name="named_call"), methods)
+    def make(fn: Callable) -> Callable:
+        fn_name = getattr(fn, "__name__", "fn")
+        lifts: dict[str, Callable] = {}
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            label = name
+            if label is None and args and is_module(args[0]):
+                module = args[0].name or type(args[0]).__name__
+                label = module + ("" if fn_name == "__call__" else f".{fn_name}")
+            label = label or fn_name
+            if label not in lifts:
+                lifts[label] = lift(functools.partial(transform, label), fn, name="named_call")
+            return lifts[label](*args, **kwargs)
+        return call
+
+    return apply_to(target, "named_call", make, methods)
 
 
 def _identity(tree: Any) -> Any:
