@@ -303,3 +303,248 @@ def test_vjp_keeps_batch_stats_written_inside_the_differentiated_function():
     assert set(params_grad["params"]) == {"scale", "bias"}
     np.testing.assert_allclose(params_grad["params"]["bias"], [4.0, 4.0, 4.0], rtol=1e-6)
     np.testing.assert_allclose(x_grad, np.zeros((4, 3)), atol=1e-5)   # sum of a normalized x
+
+
+@functools.cache
+def _nondiff_program(nn):
+    """Linen's ``lift.custom_vjp`` docstring example (``bwd(features, vjp_fn, y_t)`` with
+    ``nondiff_argnums=(2,)``), as a module: positions count the module as 0."""
+
+    class ScaledSignGrad(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            def f(mdl, x, k):
+                return mdl(x) * k
+
+            def fwd(mdl, x, k):
+                y, vjp_fn = nn.vjp(lambda m, x: m(x), mdl, x)
+                return y * k, vjp_fn
+
+            def bwd(k, vjp_fn, y_t):
+                params_t, *inputs_t = vjp_fn(y_t * k)
+                return (jax.tree_util.tree_map(jnp.sign, params_t), *inputs_t)
+
+            sign_grad = nn.custom_vjp(f, forward_fn=fwd, backward_fn=bwd, nondiff_argnums=(2,))
+            return sign_grad(nn.Dense(1), x, -3.0).reshape(())
+    return ScaledSignGrad
+
+
+def test_custom_vjp_passes_nondiff_args_first_to_backward_fn_as_linen():
+    x = jnp.asarray([-0.5, 2.0, 0.25], jnp.float32)
+    fx, vx = _nondiff_program(flax_nn)(), _nondiff_program(vj_nn)()
+    assert _layout(vx.init(jax.random.key(0), x)) == _layout(_plain(fx.init(jax.random.key(0), x)))
+    variables = {"params": {"Dense_0": {"kernel": _data((3, 1), 2), "bias": _data((1,), 3)}}}
+    got = jax.grad(vx.apply, argnums=(0, 1))(variables, x)
+    _close(_plain(got), _plain(jax.grad(fx.apply, argnums=(0, 1))(variables, x)))
+    params_grad, x_grad = got
+    np.testing.assert_array_equal(params_grad["params"]["Dense_0"]["kernel"][:, 0], -jnp.sign(x))
+    np.testing.assert_allclose(x_grad, -3.0 * variables["params"]["Dense_0"]["kernel"][:, 0],
+                               rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------
+# plain functions (mdl=None) under vj.functionalize
+
+
+def test_plain_function_forms_with_mdl_none_differentiate_vj_params():
+    def fn(x):
+        w = vj.param("w", jax.nn.initializers.normal(1.0), (3,))
+        return jnp.sin(w * x)
+
+    def loss(x):
+        return fn(x).sum()
+
+    def program(x, t):
+        y, bwd = vj.vjp(fn, None, x)
+        var_grads, x_grad = bwd(jnp.ones_like(y))
+        ones = {"params": {"w": jnp.ones((3,), jnp.float32)}}
+        y2, y_t = vj.jvp(fn, None, (x,), (t,), variable_tangents=ones)
+        (g,) = vj.grad(loss, None, x)    # a tuple over the primals, as in Linen
+        value, (g2,) = vj.value_and_grad(loss, None, x)
+        return y, var_grads, x_grad, y2, y_t, g, value, g2
+
+    f = vj.functionalize(program)
+    x, t = _data((3,)), _data((3,), 1)
+    variables = f.init(jax.random.key(0), x, t)
+    assert _layout(variables) == {"['params']['w']": ((3,), jnp.float32)}
+    w = variables["params"]["w"]
+    y, var_grads, x_grad, y2, y_t, g, value, g2 = f.apply(variables, x, t)
+    np.testing.assert_allclose(y, jnp.sin(w * x), rtol=1e-6)
+    np.testing.assert_allclose(y2, y, rtol=1e-6)
+    assert set(var_grads) == {"params"} and set(var_grads["params"]) == {"w"}
+    np.testing.assert_allclose(var_grads["params"]["w"], x * jnp.cos(w * x), rtol=1e-5)
+    np.testing.assert_allclose(x_grad, w * jnp.cos(w * x), rtol=1e-5)
+    np.testing.assert_allclose(y_t, jnp.cos(w * x) * (x + w * t), rtol=1e-5)   # dw = 1
+    np.testing.assert_allclose(g, w * jnp.cos(w * x), rtol=1e-5)
+    np.testing.assert_allclose(g2, g, rtol=1e-6)
+    np.testing.assert_allclose(value, jnp.sin(w * x).sum(), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------
+# custom_jvp (beyond Flax)
+
+
+class SinScale(vj_nn.Module):
+    @vj_nn.compact
+    def __call__(self, x):
+        p = self.param("p", vj_nn.initializers.ones_init(), (3,))
+        return p * jnp.sin(x)
+
+
+def _double_rule(mdl, primals, tangents):
+    """Twice the true tangent of ``p * sin(x)``."""
+    (x,), (t,) = primals, tangents
+    y = mdl(x)
+    return y, 2.0 * mdl.variables["params"]["p"] * jnp.cos(x) * t
+
+
+class DoubledSin(vj_nn.Module):
+    @vj_nn.compact
+    def __call__(self, x):
+        return vj.custom_jvp(lambda mdl, x: mdl(x), _double_rule)(SinScale(), x)
+
+
+P = jnp.asarray([1.5, -0.5, 2.0], jnp.float32)
+
+
+def test_custom_jvp_rule_drives_jvp_and_grad_of_the_apply_wrt_inputs():
+    model = DoubledSin()
+    x, t = jnp.asarray([0.1, 0.5, -1.0], jnp.float32), _data((3,), 1)
+    variables = model.init(jax.random.key(0), x)
+    assert _layout(variables) == {"['params']['SinScale_0']['p']": ((3,), jnp.float32)}
+    variables = {"params": {"SinScale_0": {"p": P}}}
+    true_t = P * jnp.cos(x) * t
+    out, out_t = jax.jvp(lambda x: model.apply(variables, x), (x,), (t,))
+    np.testing.assert_allclose(out, P * jnp.sin(x), rtol=1e-6)       # primal unchanged
+    np.testing.assert_allclose(out_t, 2.0 * true_t, rtol=1e-5)
+    grad_x = jax.jit(jax.grad(lambda v, x: model.apply(v, x).sum(), argnums=1))(variables, x)
+    np.testing.assert_allclose(grad_x, 2.0 * P * jnp.cos(x), rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(model.apply)(variables, x), out, rtol=1e-6)
+
+
+def test_custom_jvp_differentiates_variables_through_fn():
+    model = DoubledSin()
+    x = jnp.asarray([0.1, 0.5, -1.0], jnp.float32)
+    variables = {"params": {"SinScale_0": {"p": P}}}
+    grads = jax.grad(lambda v: model.apply(v, x).sum())(variables)
+    np.testing.assert_allclose(grads["params"]["SinScale_0"]["p"], jnp.sin(x), rtol=1e-5)
+
+
+class PowerMask(vj_nn.Module):
+    """``fn(mdl, x, mask, power)`` with the mask (an array) and the power nondiff."""
+
+    @vj_nn.compact
+    def __call__(self, x):
+        def fn(mdl, x, mask, power):
+            return mdl(x) ** power * mask
+
+        def rule(mdl, mask, power, primals, tangents):
+            (x,), (t,) = primals, tangents
+            s = mdl(x)
+            p = mdl.variables["params"]["p"]
+            true_t = power * s ** (power - 1) * p * jnp.cos(x) * t * mask
+            return s ** power * mask, 3.0 * true_t
+
+        mask = jnp.asarray([1.0, 0.0, 2.0], jnp.float32)
+        return vj.custom_jvp(fn, rule, nondiff_argnums=(2, 3))(SinScale(), x, mask, 2)
+
+
+def test_custom_jvp_passes_nondiff_args_before_primals_and_tangents():
+    model = PowerMask()
+    x, t = jnp.asarray([0.1, 0.5, -1.0], jnp.float32), _data((3,), 1)
+    model.init(jax.random.key(0), x)
+    variables = {"params": {"SinScale_0": {"p": P}}}
+    mask = jnp.asarray([1.0, 0.0, 2.0], jnp.float32)
+    s = P * jnp.sin(x)
+    out, out_t = jax.jvp(lambda x: model.apply(variables, x), (x,), (t,))
+    np.testing.assert_allclose(out, s ** 2 * mask, rtol=1e-5)
+    np.testing.assert_allclose(out_t, 3.0 * 2 * s * P * jnp.cos(x) * t * mask, rtol=1e-5)
+
+
+class Tally(vj_nn.Module):
+    @vj_nn.compact
+    def __call__(self, x):
+        calls = self.variable("stats", "calls", lambda: jnp.zeros((), jnp.float32))
+        calls.value = calls.value + 1.0
+        return SinScale(name="inner")(x)
+
+
+@pytest.mark.parametrize("rule_calls_module", [True, False])
+def test_custom_jvp_keeps_writes_of_fn_under_differentiation(rule_calls_module):
+    def rule(mdl, primals, tangents):
+        (x,), (t,) = primals, tangents
+        p = mdl.variables["params"]["inner"]["p"]
+        y = mdl(x) if rule_calls_module else p * jnp.sin(x)   # the rule need not write
+        return y, 2.0 * p * jnp.cos(x) * t
+
+    class Outer(vj_nn.Module):
+        @vj_nn.compact
+        def __call__(self, x):
+            return vj.custom_jvp(lambda mdl, x: mdl(x), rule)(Tally(), x)
+
+    model = Outer()
+    x, t = jnp.asarray([0.1, 0.5, -1.0], jnp.float32), _data((3,), 1)
+    variables = model.init(jax.random.key(0), x)
+    assert _layout(variables) == {"['params']['Tally_0']['inner']['p']": ((3,), jnp.float32),
+                                  "['stats']['Tally_0']['calls']": ((), jnp.float32)}
+    variables = {"params": {"Tally_0": {"inner": {"p": P}}},
+                 "stats": {"Tally_0": {"calls": jnp.float32(5.0)}}}
+    (out, updated), (out_t, _) = jax.jvp(
+        lambda x: model.apply(variables, x, mutable=["stats"]), (x,), (t,))
+    assert float(updated["stats"]["Tally_0"]["calls"]) == 6.0
+    np.testing.assert_allclose(out, P * jnp.sin(x), rtol=1e-6)
+    np.testing.assert_allclose(out_t, 2.0 * P * jnp.cos(x) * t, rtol=1e-5)
+
+
+def test_custom_rules_of_plain_functions_with_mdl_none_count_their_own_parameters():
+    def fn(x, k):
+        w = vj.param("w", jax.nn.initializers.normal(1.0), (3,))
+        return k * jnp.sin(w * x)
+
+    def jvp_rule(k, primals, tangents):          # nondiff k first, no module
+        (x,), (t,) = primals, tangents
+        return fn(x, k), 10.0 * t
+
+    def fwd(x, k):
+        return fn(x, k), x
+
+    def bwd(k, x, ct):                           # nondiff k first, then residuals
+        return {"params": {"w": jnp.full((3,), k, jnp.float32)}}, -ct
+
+    def program(x):
+        a = vj.custom_jvp(fn, jvp_rule, nondiff_argnums=(1,))(None, x, 2.0)
+        b = vj.custom_vjp(fn, fwd, bwd, nondiff_argnums=(1,))(None, x, 3.0)
+        return (a + b).sum()
+
+    f = vj.functionalize(program)
+    x = _data((3,))
+    variables = f.init(jax.random.key(0), x)
+    w = variables["params"]["w"]
+    np.testing.assert_allclose(f.apply(variables, x), (5.0 * jnp.sin(w * x)).sum(), rtol=1e-5)
+    # jax.grad runs both custom rules: 10 (custom_jvp) - 1 (custom_vjp) per input
+    np.testing.assert_allclose(jax.grad(f.apply, argnums=1)(variables, x), np.full((3,), 9.0),
+                               rtol=1e-6)
+    # params: true derivative through the custom_jvp's fn, backward_fn's value for custom_vjp
+    grads = jax.grad(f.apply)(variables, x)["params"]["w"]
+    np.testing.assert_allclose(grads, 2.0 * x * jnp.cos(w * x) + 3.0, rtol=1e-5)
+
+
+def test_custom_vjp_backward_returning_too_few_gradients_raises():
+    class Foo(vj_nn.Module):
+        @vj_nn.compact
+        def __call__(self, x):
+            def f(mdl, x):
+                return mdl(x)
+
+            def fwd(mdl, x):
+                return vj_nn.vjp(f, mdl, x)
+
+            def bwd(vjp_fn, y_t):
+                params_t, *_ = vjp_fn(y_t)
+                return (params_t,)                   # the gradient of x is missing
+            return vj_nn.custom_vjp(f, fwd, bwd)(vj_nn.Dense(1), x).reshape(())
+
+    x = jnp.ones((2,), jnp.float32)
+    variables = Foo().init(jax.random.key(0), x)
+    with pytest.raises(vj.errors.TransformError, match="0 argument gradients for 1"):
+        jax.grad(Foo().apply)(variables, x)

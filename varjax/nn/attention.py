@@ -25,7 +25,7 @@ from varjax import errors, scope
 from varjax.nn import initializers
 from varjax.nn.dtypes import merge_param, promote_dtype
 from varjax.nn.linear import DenseGeneral, default_kernel_init
-from varjax.nn.module import Module, compact
+from varjax.nn.module import Module, compact, nowrap
 from varjax.nn.normalization import LayerNorm
 
 __all__ = [
@@ -241,6 +241,7 @@ class MultiHeadDotProductAttention(Module):
             param_dtype=self.param_dtype, precision=self.precision, dot_general=self.out_dot_general,
             dot_general_cls=self.out_dot_general_cls, name="out")(x)
 
+    @nowrap
     def _decode_step(self, query: Array, key: Array, value: Array,
                      mask: Array | None) -> tuple[Array, Array, Array | None]:
         """Writes this step's key/value into the cache; returns the whole cache and

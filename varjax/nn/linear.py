@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from varjax.nn import dtypes, initializers
-from varjax.nn.module import Module, compact
+from varjax.nn.module import Module, compact, nowrap
 
 __all__ = ["Dense", "DenseGeneral", "Conv", "ConvTranspose", "Embed", "canonicalize_padding"]
 
@@ -317,6 +317,7 @@ class ConvTranspose(Module):
             y = self._wrap_onto_period(y, [n * s for n, s in zip(inputs.shape[1:-1], strides)])
         return _restore_batch(_add_bias(y, bias), batch_shape)
 
+    @nowrap
     def _wrap_onto_period(self, y: jax.Array, periods: list[int]) -> jax.Array:
         """Sums every spatial axis of ``y`` modulo its period (periodic boundary conditions).
 

@@ -570,7 +570,7 @@ def _wrappable(attr: str, fn: Any) -> bool:
         return False
     if getattr(fn, "varjax_wrapped", False) or attr in _API_NAMES or attr == "setup":
         return False
-    return attr == "__call__" or not attr.startswith("_")
+    return attr == "__call__" or not attr.startswith("__")   # private methods too, as in Linen
 
 
 def _wrap_method(fn: Callable) -> Callable:

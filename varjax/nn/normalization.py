@@ -36,7 +36,7 @@ from jax import lax
 
 from varjax.nn import initializers
 from varjax.nn.dtypes import canonicalize_dtype, cast, merge_param, promote_dtype
-from varjax.nn.module import Module, compact
+from varjax.nn.module import Module, compact, nowrap
 
 __all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm"]
 
@@ -190,6 +190,7 @@ class BatchNorm(Module):
                           self.epsilon, self.use_bias, self.use_scale, self.bias_init, self.scale_init,
                           self.force_float32_reductions)
 
+    @nowrap
     def _updated(self, running: jax.Array, batch: jax.Array) -> jax.Array:
         """The exponential moving average step, kept in the running statistic's dtype."""
         return jnp.asarray(self.momentum * running + (1 - self.momentum) * jnp.asarray(batch, running.dtype),
@@ -295,6 +296,7 @@ class GroupNorm(Module):
                           self.epsilon, self.use_bias, self.use_scale, self.bias_init, self.scale_init,
                           self.force_float32_reductions)
 
+    @nowrap
     def _num_groups(self, channels: int) -> int:
         if (self.num_groups is None) == (self.group_size is None):
             raise ValueError("Give exactly one of GroupNorm's num_groups and group_size; to use group_size, "

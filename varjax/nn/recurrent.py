@@ -256,6 +256,7 @@ class RNN(Module):
                                    outputs)
         return (carry, outputs) if return_carry else outputs
 
+    @nowrap
     def _cell_needs_params(self) -> bool:
         """Whether the cell's parameters are still to be created (so its first
         step must run outside the loop)."""

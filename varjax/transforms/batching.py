@@ -17,6 +17,7 @@ broadcast by ``vmap`` (Linen ignores them with a warning) and must be static
 """
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, Mapping
 
 import jax
@@ -25,8 +26,7 @@ from jax.sharding import PartitionSpec
 
 from varjax import errors, filters, scope
 from varjax.lifting import is_array, lift
-from varjax.transforms.target import (apply_to, array_axes, filter_items, reject, rng_groups,
-                                      split_keys)
+from varjax.transforms.target import apply_to, array_axes, filter_items, reject, rng_groups, split_keys
 
 _AXES_FIX = ("add '{collection}' to variable_axes: an axis to give each member its own "
              "copy, or None to share one")
@@ -147,11 +147,12 @@ def _infer_size(args: tuple, arg_axes: tuple, groups: tuple, var_axes: tuple) ->
                      jax.tree.leaves(args)):
         if ax is not None and is_array(x):
             return x.shape[ax]
-    for ax, group in zip(var_axes, groups):
-        leaves = jax.tree.leaves(group)
-        if ax is not None and leaves:
-            return leaves[0].shape[ax]
-    return None
+    # No mapped argument: the size most variables of the mapped groups have along their
+    # axis (a group may also hold variables of modules outside the body, see _set_aside).
+    sizes = collections.Counter(
+        x.shape[ax] for ax, group in zip(var_axes, groups) if ax is not None
+        for x in jax.tree.leaves(group) if -x.ndim <= ax < x.ndim)
+    return sizes.most_common(1)[0][0] if sizes else None
 
 
 def shard_map(target: Any, mesh: Any, in_specs: Any, out_specs: Any,
