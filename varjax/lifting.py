@@ -21,7 +21,9 @@ form, a pure function the author may call under any JAX transformation:
 
 It traces the body under a context that sees exactly the variables and keys it
 is handed (so inside ``jax.vmap`` it sees per-example shapes), runs the pass
-pipeline on it, and calls the pure result; ``groups_out`` is ``groups`` plus
+pipeline on it, and calls the pure result.  A transform may withhold variables
+(``set_aside``: say, ones without the mapped axis); a body touching one raises
+``TransformError`` rather than creating a new variable; ``groups_out`` is ``groups`` plus
 every variable the body wrote or created.  ``region.traffic(...)`` traces
 without running and says what the body reads, writes, creates and draws, so a
 transform can decide how to run it (peel a loop iteration, reject a branch).
@@ -95,7 +97,11 @@ class Region:
         self.writes: set[Key] = set()
 
     def _context(self, key: Any) -> scope.TraceContext:
-        return self._lifted.outer.region(dict(key.variables), dict(key.rngs), self._lifted.view)
+        handed = dict(key.variables)
+        withheld = frozenset(k for types in self._lifted.var_types for k in types
+                             if k not in handed)
+        view = dataclasses.replace(self._lifted.view, withheld=withheld)
+        return self._lifted.outer.region(handed, dict(key.rngs), view)
 
     def _flat(self, groups: Sequence[Group], rngs: Sequence[dict]) -> tuple[dict, dict]:
         self._lifted.check_groups(groups, rngs)
@@ -296,6 +302,21 @@ def from_tree(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Group:
     """The inverse of ``to_tree``: a nested dict relative to ``path`` as a group."""
     return {(col, path + rel): jax.tree.unflatten(t, leaves)
             for (col, rel), (t, leaves) in flatten_variables(tree).items()}
+
+
+def set_aside(groups: Sequence[Group], fits: Callable[[int, Any], bool]
+              ) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
+    """Each group split into the variables whose every leaf ``fits(group_index, leaf)`` and
+    the rest.  A transform hands the first to the region and returns the rest unchanged; a
+    body that touches a withheld variable raises ``TransformError``.  (A group holds every
+    variable of its collections that the body may use, which for a plain function is every
+    variable of the enclosing trace, so some may not fit the transform.)"""
+    kept, aside = [], []
+    for i, group in enumerate(groups):
+        ok = {k: v for k, v in group.items() if all(fits(i, x) for x in jax.tree.leaves(v))}
+        kept.append(ok)
+        aside.append({k: v for k, v in group.items() if k not in ok})
+    return tuple(kept), tuple(aside)
 
 
 def partition(args: tuple) -> tuple[list[Any], Callable[[Sequence[Any]], tuple]]:

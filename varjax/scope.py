@@ -82,10 +82,22 @@ class Lifted:
     # filter but were not handed in, because they are outside the lifted module: touching
     # one raises ``LiftRetry`` and the lift runs again with it handed in.
     outside: frozenset = frozenset()
+    # Variables the transform was given but did not hand to this body (it set them aside,
+    # e.g. a variable without the mapped axis): touching one is an error, not a creation.
+    withheld: frozenset = frozenset()
 
     def check(self, ctx: "TraceContext", collection: str, path: Path) -> None:
-        if (collection, path) in self.outside and (collection, path) not in ctx.variables:
-            raise LiftRetry((collection, path))
+        key = (collection, path)
+        if key in self.outside and key not in ctx.variables:
+            raise LiftRetry(key)
+        if key in self.withheld and key not in ctx.variables:
+            raise errors.TransformError(
+                f"variable {errors.format_path(path)} of collection '{collection}' is used inside "
+                f"vj.{self.name}, which did not hand it to the body: its value does not fit the "
+                "transform (for example, it lacks the mapped or scanned axis).",
+                collection=collection, path=path, **where(ctx),
+                fix=f"give it that axis, or lift '{collection}' without one (variable_axes "
+                    "None, variable_broadcast)")
         if is_internal(collection) or any(filters.matches(f, collection) for f in self.groups):
             return
         raise errors.TransformError(

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from varjax import errors, filters, scope
-from varjax.lifting import Traffic, lift
+from varjax.lifting import Traffic, lift, set_aside
 from varjax.transforms.calls import checkpoint
-from varjax.transforms.target import apply_to, call_direct, filter_items, reject, rng_groups
+from varjax.transforms.target import apply_to, call_direct, filter_items, has_axis, reject, rng_groups
 
 
 class _Broadcast:
@@ -67,14 +67,15 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
         xs_axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(xs)
         scanned_xs = [_move(x, ax, 0) if ax is not broadcast else None
                       for x, ax in zip(xs, xs_axes)]
-        scanned_vars = [_move(g, ax, 0) for g, (_, ax) in zip(groups[:n_ax], axes)]
         n = length
-        for tree in (scanned_xs, scanned_vars):
+        for tree in (scanned_xs, [_move(g, ax, 0) for g, (_, ax) in zip(groups[:n_ax], axes)]):
             leaves = jax.tree.leaves(tree)
             if n is None and leaves:
                 n = leaves[0].shape[0]
         reject(n is None, "scan", "the number of steps is unknown: no scanned argument or "
                "variable shows it.", "pass length=")
+        kept, aside = set_aside(groups[:n_ax], lambda i, x: has_axis(x, axes[i][1], n))
+        scanned_vars = [_move(g, ax, 0) for g, (_, ax) in zip(kept, axes)]
         keys = tuple({s: jax.random.split(k, n) for s, k in g.items()} if do else None
                      for g, do in zip(rngs, split))
 
@@ -118,7 +119,7 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
             carry, carried, stacked = _scan(step, carry, carried, bcast, sliced, n, reverse, unroll)
         ys, var_out = stacked
         ys = _move(ys, 0, out_axes) if isinstance(out_axes, int) else ys
-        var_out = [_move(g, 0, ax) for g, (_, ax) in zip(var_out, axes)]
+        var_out = [{**a, **_move(g, 0, ax)} for a, g, (_, ax) in zip(aside, var_out, axes)]
         return (carry, ys), (*var_out, bcast, carried)
 
     return apply_to(target, "scan", lambda fn: lift(

@@ -91,6 +91,15 @@ def _broadcast_prefix(prefix: Any, tree: Any) -> Any:
                         is_leaf=lambda x: x is None or isinstance(x, int))
 
 
+def has_axis(x: Any, axis: int | None, n: int | None) -> bool:
+    """Whether ``x`` can be mapped or scanned along ``axis`` (``None``: not mapped) of size
+    ``n`` (``None``: unknown)."""
+    if axis is None or n is None:
+        return True
+    shape = jax.numpy.shape(x)
+    return -len(shape) <= axis < len(shape) and shape[axis] == n
+
+
 def reject(condition: bool, transform: str, message: str, fix: str, key: Any = None) -> None:
     """Raise ``TransformError`` about ``key`` (collection, path) when ``condition`` holds."""
     if condition:
