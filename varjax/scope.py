@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
@@ -298,11 +298,30 @@ def activate(ctx: TraceContext) -> _Activation:
 
 # --- the free-function API -------------------------------------------------------------
 
+def _subkeys(ctx: TraceContext, collection: str, path: Path) -> list[Key]:
+    """The variables below ``path``: a variable whose value is a dict is stored as one
+    variable per entry, as a variables dict nests it (so init and apply agree)."""
+    n = len(path)
+    return [k for k in ctx.variables if k[0] == collection and len(k[1]) > n and k[1][:n] == path]
+
+
+def _exists(ctx: TraceContext, collection: str, path: Path) -> bool:
+    return (collection, path) in ctx.variables or bool(_subkeys(ctx, collection, path))
+
+
 def _read(ctx: TraceContext, collection: str, path: Path) -> Any:
     ctx.observe()
     if ctx.lift is not None:
         ctx.lift.check(ctx, collection, path)
-    vt = ctx.variables[(collection, path)]
+    vt = ctx.variables.get((collection, path))
+    if vt is None:                       # a dict-valued variable: read its entries
+        value: dict[str, Any] = {}
+        for _, sub in sorted(_subkeys(ctx, collection, path)):
+            node = value
+            for name in sub[len(path):-1]:
+                node = node.setdefault(name, {})
+            node[sub[-1]] = _read(ctx, collection, sub)
+        return value
     return jax.tree.unflatten(vt.tree, bind_get(collection, path, vt.tree, vt.avals))
 
 
@@ -318,6 +337,10 @@ def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
     ctx.observe()
     if ctx.lift is not None:
         ctx.lift.check(ctx, collection, path)
+    if isinstance(value, Mapping) and value:
+        for name, entry in value.items():   # stored as the variables dict nests it
+            _write(ctx, collection, path + (str(name),), entry)
+        return
     leaves, tree = jax.tree.flatten(value)
     leaves = [jax.numpy.asarray(x) for x in leaves]
     ctx.set_type((collection, path), VarType.of_leaves(tree, leaves))
@@ -342,14 +365,14 @@ def has_at(ctx: TraceContext, collection: str, path: Path) -> bool:
     ctx.observe()
     if ctx.lift is not None:
         ctx.lift.check(ctx, collection, path)
-    return (collection, path) in ctx.variables
+    return _exists(ctx, collection, path)
 
 
 def read_at(ctx: TraceContext, collection: str, path: Path) -> Any:
     """The variable's current value; ``MissingVariableError`` if it does not exist."""
     if ctx.lift is not None:
         ctx.lift.check(ctx, collection, path)
-    if (collection, path) not in ctx.variables:
+    if not _exists(ctx, collection, path):
         raise _missing(ctx, collection, path, "it was never created in this trace")
     return _read(ctx, collection, path)
 
@@ -460,11 +483,11 @@ def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_ar
     ctx.observe()
     if ctx.lift is not None:
         ctx.lift.check(ctx, "params", path)
-    key = ("params", path)
-    if key in ctx.variables:
-        check_type("params", path, ctx.variables[key], expected_type(init_fn, init_args, True),
+    if _exists(ctx, "params", path):
+        value = _read(ctx, "params", path)
+        check_type("params", path, VarType.of(value), expected_type(init_fn, init_args, True),
                    ctx.module)
-        return _read(ctx, "params", path)
+        return value
     if not ctx.is_mutable("params"):
         raise _missing(ctx, "params", path, "collection 'params' is immutable, so it cannot be created")
     if PARAMS_STREAM not in ctx.rng_streams:
@@ -516,7 +539,7 @@ def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callabl
     _check_collection(ctx, collection, path)
     if ctx.lift is not None:
         ctx.lift.check(ctx, collection, path)
-    if (collection, path) not in ctx.variables:
+    if not _exists(ctx, collection, path):
         if init_fn is None:
             raise _missing(ctx, collection, path, "no init_fn was given to create it")
         if not ctx.is_mutable(collection):
@@ -549,6 +572,6 @@ def sow_at(ctx: TraceContext, collection: str, path: Path, value: Any,
         ctx.lift.check(ctx, collection, path)
     if not ctx.is_mutable(collection):
         return False
-    old = _read(ctx, collection, path) if (collection, path) in ctx.variables else init_fn()
+    old = _read(ctx, collection, path) if _exists(ctx, collection, path) else init_fn()
     _write(ctx, collection, path, reduce_fn(old, value))
     return True

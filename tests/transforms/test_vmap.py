@@ -162,13 +162,58 @@ def test_vmap_plain_function_with_vj_param():
     _close(f.apply(v, XS), jnp.sum(XS * w, axis=1))
 
 
+def test_vmap_leaves_alone_params_of_modules_outside_the_body():
+    # The enclosing trace's other params ('params' too, but without the member axis) are
+    # no input of the vmapped body: they neither break jax.vmap nor change.
+    class Outer(nn.Module):
+        @nn.compact
+        def __call__(self, xs):
+            h = nn.Dense(4, name="before")(xs)
+            h = nn.vmap(MLP, variable_axes={"params": 0}, split_rngs={"params": True})()(h)
+            return nn.Dense(2, name="after")(h)
+
+    model = Outer()
+    v = model.init(jax.random.key(0), XS)
+    assert _shapes(v["params"]["before"]) == {"kernel": (4, 4), "bias": (4,)}
+    assert _shapes(v["params"]["after"]) == {"kernel": (1, 2), "bias": (2,)}
+    out, upd = model.apply(v, XS, mutable=["params"])
+    p = v["params"]
+    h = XS @ p["before"]["kernel"] + p["before"]["bias"][None]
+    want = _per_member(p["VmapMLP_0"], h) @ p["after"]["kernel"] + p["after"]["bias"][None]
+    _close(out, want)
+    jax.tree.map(np.testing.assert_array_equal, upd["params"], p)
+
+
+def test_vmap_of_a_plain_function_passes_the_module_s_other_variables_through():
+    # The body's groups hold every 'params' variable of the module, also `scale`, which has
+    # no member axis: it is not handed to jax.vmap, and comes back unchanged.
+    class Outer(nn.Module):
+        @nn.compact
+        def __call__(self, xs):
+            scale = self.param("scale", nn.initializers.ones, (5,))
+
+            def body(x):
+                return x * self.param("w", nn.initializers.normal(1.0), (4,))
+            y = nn.vmap(body, variable_axes={"params": 0}, split_rngs={"params": True})(xs)
+            return y, scale
+
+    model = Outer()
+    v = model.init(jax.random.key(0), XS)
+    assert _shapes(v) == {"params": {"scale": (5,), "w": (3, 4)}}
+    v = {"params": {"scale": jnp.arange(5.0), "w": v["params"]["w"]}}
+    (y, scale), upd = model.apply(v, XS, mutable=["params"])
+    _close(y, XS * v["params"]["w"])
+    np.testing.assert_array_equal(scale, jnp.arange(5.0))
+    jax.tree.map(np.testing.assert_array_equal, upd["params"], v["params"])
+
+
 # --- axes ------------------------------------------------------------------------------
 
 
 def test_vmap_in_axes_none_broadcasts_an_argument_and_out_axes_moves_the_output():
     def body(x, y):
         b = vj.param("b", jax.nn.initializers.normal(1.0), (2,))
-        return x[:, None] * y[None, :] + b      # (4, 2)
+        return x[:, None] * y[None, :] + b[None, :]      # (4, 2)
 
     @vj.functionalize
     def f(xs, y):
@@ -216,7 +261,7 @@ def test_vmap_axis_name_collectives_see_every_member():
     assert v["params"]["VmapCentered_0"]["s"].shape == (4,)
     v = {"params": {"VmapCentered_0": {"s": jnp.full((4,), 2.0)}}}
     centered, total = model.apply(v, XS)
-    _close(centered, (XS - XS.mean(0)) * 2.0)
+    _close(centered, (XS - XS.mean(0)[None]) * 2.0)
     _close(total, jnp.broadcast_to(XS.sum(0), XS.shape))
 
 
@@ -236,8 +281,7 @@ def test_nested_vmap_stacks_params_with_both_axes():
     xss = _data((2, 3, 4))
     model = Outer()
     v = model.init(jax.random.key(0), xss)
-    (name,) = v["params"]
-    p = v["params"][name]["Dense_0"]
+    p = v["params"]["VmapVmapInner_0"]["Dense_0"]      # Linen's name for a vmap of a vmap
     assert _shapes(p) == {"kernel": (2, 3, 4, 2), "bias": (2, 3, 2)}
     flat = p["kernel"].reshape(6, 4, 2)
     assert len({np.asarray(k).tobytes() for k in flat}) == 6     # every member its own init
@@ -275,7 +319,7 @@ def test_vmap_mutable_batch_stats_are_vectorized_per_member():
 
 @functools.cache
 def _parity_program(lib):
-    class StatefulMLP(lib.Module):
+    class MLP(lib.Module):
         train: bool = True
 
         @lib.compact
@@ -289,7 +333,7 @@ def _parity_program(lib):
 
         @lib.compact
         def __call__(self, xs):
-            VmapMLP = lib.vmap(StatefulMLP, variable_axes={"params": 0, "batch_stats": 0},
+            VmapMLP = lib.vmap(MLP, variable_axes={"params": 0, "batch_stats": 0},
                                split_rngs={"params": True})
             return lib.Dense(2)(VmapMLP(train=self.train)(xs))
 
@@ -308,7 +352,8 @@ def test_vmap_layout_and_outputs_match_flax_linen_for_the_same_source():
     flax_vars = jax.eval_shape(flax_model.init, key, xs)
     vj_vars = vj_model.init(key, xs)
     assert _layout(vj_vars) == _layout(flax_vars)
-    assert set(vj_vars["params"]) == {"VmapStatefulMLP_0", "Dense_0"}
+    assert set(vj_vars["params"]) == {"VmapMLP_0", "Dense_0"}
+    assert set(vj_vars["batch_stats"]["VmapMLP_0"]) == {"BatchNorm_0"}
     # Apply both to the *same* (perturbed) variables.
     rng = np.random.default_rng(1)
     variables = jax.tree.map(
@@ -343,7 +388,7 @@ def test_shard_map_replicated_params_and_data_sharded_along_the_mesh():
     v = model.init(jax.random.key(0), x)
     p = v["params"]["Dense_0"]
     assert _shapes(p) == {"kernel": (5, 3), "bias": (3,)}   # replicated: no shard axis
-    _close(model.apply(v, x), x @ p["kernel"] + p["bias"])
+    _close(model.apply(v, x), x @ p["kernel"] + p["bias"][None])
 
 
 def test_shard_map_split_rngs_gives_each_shard_its_own_key():
@@ -369,7 +414,9 @@ def test_pmap_variable_axes_0_gives_each_device_its_own_params():
     class Outer(nn.Module):
         @nn.compact
         def __call__(self, x):
-            return nn.pmap(nn.Dense, variable_axes={"params": 0}, split_rngs={"params": True})(3)(x)
+            scale = self.param("scale", nn.initializers.ones, (3,))   # no device axis
+            y = nn.pmap(nn.Dense, variable_axes={"params": 0}, split_rngs={"params": True})(3)(x)
+            return y * scale[None]
 
     x = _data((2, 5))
     model = Outer()
@@ -377,7 +424,9 @@ def test_pmap_variable_axes_0_gives_each_device_its_own_params():
     p = v["params"]["PmapDense_0"]
     assert _shapes(p) == {"kernel": (2, 5, 3), "bias": (2, 3)}
     assert _differ(p["kernel"][0], p["kernel"][1])
-    _close(model.apply(v, x), jnp.einsum("bi,bio->bo", x, p["kernel"]) + p["bias"])
+    v = {"params": {**v["params"], "scale": jnp.array([1.0, 2.0, 3.0])}}
+    want = jnp.einsum("bi,bio->bo", x, p["kernel"]) + p["bias"]
+    _close(model.apply(v, x), want * jnp.array([[1.0, 2.0, 3.0]]))
 
 
 @pytest.mark.parametrize("axis", [0, None])
@@ -390,4 +439,4 @@ def test_pmap_in_axes_none_broadcasts_the_argument(axis):
 
     x = _data((2, 3))
     y = _data((2, 3), seed=1) if axis == 0 else _data((3,), seed=1)
-    _close(f.apply({}, x, y), x * y)
+    _close(f.apply({}, x, y), x * (y if axis == 0 else y[None]))

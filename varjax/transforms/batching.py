@@ -8,12 +8,12 @@ names raises ``TransformError``.  ``split_rngs`` maps stream filters to
 ``True`` (one key per member: members initialise and drop out differently)
 or ``False``; every other stream is broadcast (the same key for all members).
 
-A group holds every variable of its collections in the enclosing trace, also
-those of modules outside the body; one that lacks the mapped axis (or is not
-divisible by the mesh) is set aside, passed through unchanged, and a body
-that touches it raises ``TransformError``.  Keyword arguments of the call are
-broadcast by ``vmap`` (Linen ignores them with a warning) and must be static
-(non-array) for ``shard_map`` / ``pmap``.
+A group of a plain function's body holds every variable of its collections in
+the enclosing trace; one that lacks the mapped axis (or is not divisible by
+the mesh) is set aside (``varjax.lifting.set_aside``): passed through
+unchanged, and a body that touches it raises ``TransformError``.  Keyword
+arguments of the call are broadcast by ``vmap`` (Linen ignores them with a
+warning) and must be static (non-array) for ``shard_map`` / ``pmap``.
 """
 from __future__ import annotations
 
@@ -25,8 +25,16 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from varjax import errors, filters, scope
-from varjax.lifting import is_array, lift
-from varjax.transforms.target import apply_to, array_axes, filter_items, reject, rng_groups, split_keys
+from varjax.lifting import is_array, lift, set_aside
+from varjax.transforms.target import (
+    apply_to,
+    array_axes,
+    filter_items,
+    has_axis,
+    reject,
+    rng_groups,
+    split_keys,
+)
 
 _AXES_FIX = ("add '{collection}' to variable_axes: an axis to give each member its own "
              "copy, or None to share one")
@@ -52,11 +60,10 @@ def vmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
                "shows it.", "pass axis_size=")
         keys = split_keys(rngs, split, n) if n is not None else rngs
         rng_axes = tuple(0 if do else None for do in split)
-        mapped, aside = _set_aside(groups, lambda i, x: n is None or _has_axis(x, var_axes[i], n))
-        body = _guarded(region, aside, "vmap", lambda i: f"no axis {var_axes[i]} of size {n}")
+        mapped, aside = set_aside(groups, lambda i, x: has_axis(x, var_axes[i], n))
         # Keyword arguments are broadcast (Linen ignores them with a warning).
         try:
-            out, gs_out = jax.vmap(lambda gs, ks, *a: body(gs, ks, *a, **kwargs),
+            out, gs_out = jax.vmap(lambda gs, ks, *a: region(gs, ks, *a, **kwargs),
                                    in_axes=(var_axes, rng_axes, *arg_axes),
                                    out_axes=(out_axes, var_axes), axis_size=n,
                                    axis_name=axis_name,
@@ -93,62 +100,13 @@ def _shared_write(e: ValueError, region: Any, var_filters: list, var_axes: tuple
     return (named or shared or [None])[0]
 
 
-def _has_axis(x: Any, axis: int | None, n: int) -> bool:
-    if axis is None:
-        return True
-    shape = jax.numpy.shape(x)
-    return -len(shape) <= axis < len(shape) and shape[axis] == n
-
-
-def _set_aside(groups: tuple, fits: Callable[[int, Any], bool]) -> tuple[tuple, tuple]:
-    """Each group split into the variables ``fits(group_index, leaf)`` holds for (on every
-    leaf) and the rest.  A group holds every variable of its collections in the enclosing
-    trace, also those of modules outside the body (pruned later as unused); a variable
-    without the mapped axis cannot be handed to ``jax.vmap`` / ``jax.shard_map`` and is
-    set aside, passed through unchanged (``_guarded`` rejects a body that touches it)."""
-    mapped, aside = [], []
-    for i, group in enumerate(groups):
-        ok = {k: v for k, v in group.items() if all(fits(i, x) for x in jax.tree.leaves(v))}
-        mapped.append(ok)
-        aside.append({k: v for k, v in group.items() if k not in ok})
-    return tuple(mapped), tuple(aside)
-
-
-def _guarded(region: Callable, aside: tuple, name: str, needs: Callable[[int], str]) -> Callable:
-    """``region``, raising ``TransformError`` if the body touches a set-aside variable."""
-    where = {k: (i, v) for i, g in enumerate(aside) for k, v in g.items()}
-
-    def fail(key: Any, at: dict | None = None) -> errors.TransformError:
-        i, value = where[key]
-        shapes = ", ".join(str(tuple(jax.numpy.shape(x))) for x in jax.tree.leaves(value))
-        return errors.TransformError(
-            f"vj.{name}: variable {errors.format_path(key[1])} of collection '{key[0]}' is "
-            f"used in the body, but its value (shape {shapes}) has {needs(i)} to map over.",
-            collection=key[0], path=key[1], **(at or scope.where()),
-            fix=f"give every member its slice of '{key[0]}' along the mapped axis, or map "
-                f"'{key[0]}' with None to share one value")
-
-    def body(gs: tuple, ks: tuple, *args: Any, **kwargs: Any) -> Any:
-        try:
-            out, gs_out = region(gs, ks, *args, **kwargs)
-        except errors.MissingVariableError as e:
-            if (e.collection, e.path) in where:     # a read: keep the line that read it
-                raise fail((e.collection, e.path), {"source": e.source, "module": e.module}) from e
-            raise
-        touched = sorted(k for g in gs_out for k in g if k in where)
-        if touched:
-            raise fail(touched[0])
-        return out, gs_out
-    return body
-
-
 def _infer_size(args: tuple, arg_axes: tuple, groups: tuple, var_axes: tuple) -> int | None:
     for ax, x in zip(jax.tree.leaves(arg_axes, is_leaf=lambda a: a is None),
                      jax.tree.leaves(args)):
         if ax is not None and is_array(x):
             return x.shape[ax]
     # No mapped argument: the size most variables of the mapped groups have along their
-    # axis (a group may also hold variables of modules outside the body, see _set_aside).
+    # axis (a group may also hold variables of modules outside the body, see set_aside).
     sizes = collections.Counter(
         x.shape[ax] for ax, group in zip(var_axes, groups) if ax is not None
         for x in jax.tree.leaves(group) if -x.ndim <= ax < x.ndim)
@@ -215,9 +173,7 @@ def _sharded(target: Any, name: str, mesh: Any, specs: list, split_rngs: Any, in
         reject(any(is_array(x) for x in jax.tree.leaves(kwargs)), name,
                "an array keyword argument has no in_specs entry.",
                "pass it positionally, with its PartitionSpec in in_specs")
-        groups, aside = _set_aside(groups, fits)
-        body = _guarded(region, aside, name,
-                        lambda i: f"no axis divisible by the mesh for {var_specs[i]}")
+        groups, aside = set_aside(groups, fits)
 
         def strip(x: Any, spec: Any) -> Any:
             sharded = squeeze and spec != PartitionSpec()
@@ -235,7 +191,7 @@ def _sharded(target: Any, name: str, mesh: Any, specs: list, split_rngs: Any, in
                        for g, do in zip(ks, split))
             gs = tuple(strip(g, sp) for g, sp in zip(gs, var_specs))
             a = tuple(strip(x, sp) for x, sp in zip(a, arg_specs))
-            out, gs_out = body(gs, ks, *a, **kwargs)     # static keyword arguments
+            out, gs_out = region(gs, ks, *a, **kwargs)     # static keyword arguments
             return add(out, out_specs), tuple(add(g, sp) for g, sp in zip(gs_out, var_specs))
         rng_specs = tuple(PartitionSpec() for _ in rngs)
         out, gs_out = jax.shard_map(per_shard, mesh=mesh,
