@@ -92,16 +92,27 @@ class Region:
         # The scope the body runs in (a leading module's path, else the function's scope):
         # ``to_tree``/``from_tree`` make group keys relative to it, as Linen's dicts are.
         self.path = path
+        self.body = body
         self._fn = Functionalized(body, context=self._context, inline=True)
         self.__name__ = getattr(body, "__name__", "body")
         self.writes: set[Key] = set()
+        self._probed = False
+
+    @property
+    def mutable(self) -> Any:
+        """The enclosing trace's mutable filter: with ``False`` the body can neither write
+        nor create a variable, so a transform need not ask ``traffic`` about it."""
+        return self._lifted.outer.mutable
 
     def _context(self, key: Any) -> scope.TraceContext:
-        handed = dict(key.variables)
+        return self._region_context(dict(key.variables), dict(key.rngs))
+
+    def _region_context(self, handed: dict[Key, scope.VarType],
+                        streams: dict[str, Any]) -> scope.TraceContext:
         withheld = frozenset(k for types in self._lifted.var_types for k in types
                              if k not in handed)
         view = dataclasses.replace(self._lifted.view, withheld=withheld)
-        return self._lifted.outer.region(handed, dict(key.rngs), view)
+        return self._lifted.outer.region(handed, streams, view)
 
     def _flat(self, groups: Sequence[Group], rngs: Sequence[dict]) -> tuple[dict, dict]:
         self._lifted.check_groups(groups, rngs)
@@ -116,6 +127,7 @@ class Region:
                 **kwargs: Any) -> Traffic:
         """Trace the body for these inputs (cached: a later call with the same types does
         not trace again) and report its traffic; nothing runs."""
+        self._probed = True   # the call that follows reuses this trace (the IR path)
         flat, keys = self._flat(groups, rngs)
         outer = self._lifted.outer
         closed = self._fn.effectful(flat, args, kwargs, keys, outer.mutable, outer.initializing)
@@ -126,13 +138,33 @@ class Region:
     def __call__(self, groups: Sequence[Group], rngs: Sequence[dict], *args: Any,
                  **kwargs: Any) -> tuple[Any, tuple[Group, ...]]:
         flat, keys = self._flat(groups, rngs)
-        outer = self._lifted.outer
-        out, written, _ = self._fn.call(flat, args, kwargs, keys, outer.mutable, outer.initializing)
+        if self._lifted.direct and not self._probed:
+            out, written = self._run_direct(groups, keys, args, kwargs)
+        else:
+            outer = self._lifted.outer
+            out, written, _ = self._fn.call(flat, args, kwargs, keys, outer.mutable,
+                                            outer.initializing)
         self.writes.update(written)
         groups_out = tuple(dict(g) for g in groups)
         for key, value in written.items():
             groups_out[self._lifted.group_of(key[0])][key] = value
         return out, groups_out
+
+
+    def _run_direct(self, groups: Sequence[Group], keys: dict[str, Any], args: tuple,
+                    kwargs: dict) -> tuple[Any, dict[Key, Any]]:
+        """Run the body in the transform's own trace, with reads and writes resolved in a
+        dictionary (``scope.Direct``): no effectful trace, no pipeline, no re-binding.  A
+        variable used inside an inner JAX trace raises ``DirectFallback`` and the lift runs
+        again through the IR (``Functionalized``)."""
+        values = {k: v for g in groups for k, v in g.items()}
+        ctx = self._region_context({k: scope.VarType.of(v) for k, v in values.items()},
+                                   {s: _jax.get_aval(k) for s, k in keys.items()})
+        ctx.direct = scope.Direct(values, keys)
+        ctx.top_trace = _jax.current_trace()
+        with scope.activate(ctx):
+            out = self.body(*args, **kwargs)
+        return out, {k: ctx.direct.values[k] for k in sorted(ctx.direct.written)}
 
 
 class _LiftedCall:
@@ -143,9 +175,10 @@ class _LiftedCall:
     found the body touching (closures over other modules)."""
 
     def __init__(self, lifted: "Lift", outer: scope.TraceContext, scope_: tuple[str, ...],
-                 extra: frozenset[Key]):
+                 extra: frozenset[Key], direct: bool):
         self.lifted = lifted
         self.outer = outer
+        self.direct = direct
         self.var_types: list[dict[Key, scope.VarType]] = [{} for _ in lifted.variables]
         outside = set(outer.lift.outside) if outer.lift is not None else set()
         for key, vt in outer.variables.items():
@@ -274,15 +307,20 @@ class Lift:
             bodies = module._varjax_bodies(bodies)
             path = module.path
         extra: frozenset[Key] = frozenset()
+        direct = outer.direct is None or _jax.current_trace() is outer.top_trace
         with errors.call_site(_jax.python_user_frame_text()):
             while True:
-                call = _LiftedCall(self, outer, path, extra)
+                call = _LiftedCall(self, outer, path, extra, direct)
                 try:
                     return call.run(bodies, path, args, kwargs)
                 except scope.LiftRetry as retry:
                     if retry.key not in outer.variables or retry.key in extra:
                         raise          # outside an enclosing lift too: its retry
                     extra |= {retry.key}
+                except scope.DirectFallback:
+                    if not direct:
+                        raise          # from an enclosing direct body: its fallback
+                    direct = False
 
 
 def to_tree(group: Group, path: tuple[str, ...] = ()) -> dict[str, Any]:

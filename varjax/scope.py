@@ -116,6 +116,23 @@ class LiftRetry(Exception):
         self.key = key
 
 
+class DirectFallback(Exception):
+    """A lifted body running directly (``Direct``) used a variable inside an inner JAX
+    trace (a raw ``jit``/``scan`` body): the lift runs it again through the IR."""
+
+
+class Direct:
+    """The store of a lifted body that runs directly in its transform's trace: reads and
+    writes are dictionary operations on the values handed in, and draws fold a static,
+    order-based counter into the handed key, exactly as ``lower-rng`` would."""
+
+    def __init__(self, values: dict[Key, Any], keys: dict[str, Any]):
+        self.values = values
+        self.keys = keys
+        self.counters: dict[str, int] = {}
+        self.written: set[Key] = set()
+
+
 class TraceContext:
     """The variable view of one functionalize trace."""
 
@@ -124,6 +141,8 @@ class TraceContext:
         self.variables = dict(variables)
         # Set in the body of a lifted transform: which collections it may touch.
         self.lift = lift
+        # Set when a lifted body runs directly in its transform's trace (see Direct).
+        self.direct: Direct | None = None
         self.mutable = mutable
         self.rng_streams = dict(rng_streams)
         self.initializing = initializing
@@ -171,6 +190,10 @@ class TraceContext:
         (library functions), so sharing them across variable views and traces is safe;
         the inner trace that makes the switch was keyed non-strictly, and no non-strict
         key is ever looked up again."""
+        if self.direct is not None:
+            if _jax.current_trace() is not self.top_trace:
+                raise DirectFallback()
+            return
         if not _strict[0] and _jax.current_trace() is not self.top_trace:
             _strict[0] = True
             _JIT_KEY.set_local(self.fingerprint)
@@ -314,6 +337,8 @@ def _read(ctx: TraceContext, collection: str, path: Path) -> Any:
     if ctx.lift is not None:
         ctx.lift.check(ctx, collection, path)
     vt = ctx.variables.get((collection, path))
+    if vt is not None and ctx.direct is not None:
+        return ctx.direct.values[(collection, path)]
     if vt is None:                       # a dict-valued variable: read its entries
         value: dict[str, Any] = {}
         for _, sub in sorted(_subkeys(ctx, collection, path)):
@@ -344,7 +369,16 @@ def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
     leaves, tree = jax.tree.flatten(value)
     leaves = [jax.numpy.asarray(x) for x in leaves]
     ctx.set_type((collection, path), VarType.of_leaves(tree, leaves))
-    bind_set(collection, path, leaves, tree)
+    if ctx.direct is None:
+        bind_set(collection, path, leaves, tree)
+        return
+    if not ctx.is_mutable(collection):
+        raise _immutable(ctx, collection, path)
+    # Stored values are strongly typed, as a var_get would read them back.
+    leaves = [jax.lax.convert_element_type(x, x.dtype) if _jax.get_aval(x).weak_type else x
+              for x in leaves]
+    ctx.direct.values[(collection, path)] = jax.tree.unflatten(tree, leaves)
+    ctx.direct.written.add((collection, path))
 
 
 def _missing(ctx: TraceContext, collection: str, path: Path, why: str) -> errors.MissingVariableError:
@@ -381,11 +415,15 @@ def write_at(ctx: TraceContext, collection: str, path: Path, value: Any) -> None
     """Store ``value`` (creating the variable); the collection must be mutable."""
     _check_collection(ctx, collection, path)
     if not ctx.is_mutable(collection):
-        raise errors.ImmutableCollectionError(
-            f"variable {errors.format_path(path)} is written, but collection '{collection}' "
-            "is not mutable.", collection=collection, path=path, **where(ctx),
-            fix=f"pass mutable=['{collection}'] to apply")
+        raise _immutable(ctx, collection, path)
     _write(ctx, collection, path, value)
+
+
+def _immutable(ctx: TraceContext, collection: str, path: Path) -> errors.ImmutableCollectionError:
+    return errors.ImmutableCollectionError(
+        f"variable {errors.format_path(path)} is written, but collection '{collection}' "
+        "is not mutable.", collection=collection, path=path, **where(ctx),
+        fix=f"pass mutable=['{collection}'] to apply")
 
 
 def is_initializing() -> bool:
@@ -415,6 +453,12 @@ def draw_at(ctx: TraceContext, name: str, where_: Path) -> jax.Array:
             f"RNG stream '{name}' was requested but not provided.", collection=name,
             path=where_ or None, **where(ctx),
             fix=f"pass rngs={{'{name}': jax.random.key(0)}} to init/apply")
+    direct = ctx.direct
+    if direct is not None:
+        ctx.observe()
+        n = direct.counters.get(name, 0)
+        direct.counters[name] = n + 1
+        return jax.random.fold_in(direct.keys[name], n)
     return bind_draw(name, ctx.rng_streams[name])
 
 

@@ -101,7 +101,9 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
                 carry, *[x if ax is not broadcast else whole
                          for x, whole, ax in zip(at_first[2], xs, xs_axes)]), var_filters, n_ax)
         carried, bcast = groups[n_ax + 1], groups[n_ax]
-        if probe(carry, carried, bcast):
+        # Nothing mutable (inference): nothing can be created or written, no need to trace
+        # the body ahead (the body then runs directly in the scan's trace).
+        if region.mutable is not False and probe(carry, carried, bcast):
             carry, carried, bcast, (ys0, vars0) = step(carry, carried, bcast, at_first)
             # The other steps see the variables the peeled one created: a write to a
             # broadcast variable after its creation is as wrong as one on apply.
