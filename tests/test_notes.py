@@ -32,7 +32,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTES = ("architecture.md", "ir.md", "writing-passes.md", "modules.md", "inspecting.md", "lifting.md", "transforms.md")
+NOTES = ("architecture.md", "ir.md", "writing-passes.md", "modules.md", "inspecting.md", "lifting.md",
+         "transforms.md")
 _FENCE = re.compile(r"^( *)```(\w*)\s*$")
 _LOCATION = re.compile(r"(notes/[\w.-]+\.md):\d+(?::\d+)?")
 

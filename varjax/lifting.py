@@ -19,9 +19,11 @@ form, a pure function the author may call under any JAX transformation:
 
     region(groups, rng_groups, *args) -> (out, groups_out)
 
-It traces the body under a context that sees exactly the variables and keys it
-is handed (so inside ``jax.vmap`` it sees per-example shapes), runs the pass
-pipeline on it, and calls the pure result.  A transform may withhold variables
+It runs the body seeing exactly the variables and keys it is handed (so inside
+``jax.vmap`` it sees per-example shapes): directly in the transform's trace, with
+reads and writes resolved in a dictionary, or -- when the body uses a variable
+inside an inner JAX trace, or the transform asked for its ``traffic`` -- through
+the IR: traced, made pure by the pass pipeline, and its equations bound.  A transform may withhold variables
 (``set_aside``: say, ones without the mapped axis); a body touching one raises
 ``TransformError`` rather than creating a new variable; ``groups_out`` is ``groups`` plus
 every variable the body wrote or created.  ``region.traffic(...)`` traces
