@@ -286,3 +286,48 @@ def test_body_may_close_over_an_array_of_the_enclosing_function(transform):
     v = model.init(jax.random.key(0), X, y)
     v = {"params": {"w": jnp.float32(2.0)}}
     _close(model.apply(v, X, y), X * 6.0)
+
+
+def _vmapped_counter(use_raw_scan: bool):
+    """A vmapped body that creates a per-member param and counts calls in 'state'; with
+    ``use_raw_scan`` the count is updated inside a raw lax.scan (a variable used in an
+    inner JAX trace), which the direct run cannot resolve."""
+    runs = []
+
+    def body(x):
+        runs.append(1)
+        w = vj.param("w", INIT, (x.shape[-1],))
+        n = vj.variable("state", "n", lambda: jnp.zeros((), jnp.float32))
+        if use_raw_scan:
+            def step(c, _):
+                n.value = n.value + 1.0
+                return c, None
+            jax.lax.scan(step, 0.0, None, length=2)
+        else:
+            n.value = n.value + 2.0
+        return x * w
+
+    @vj.functionalize
+    def f(xs):
+        return vj.vmap(body, variable_axes={"params": 0, "state": None},
+                       split_rngs={"params": True})(xs)
+    return f, runs
+
+
+def test_direct_and_ir_paths_initialize_bitwise_identically():
+    direct, direct_runs = _vmapped_counter(use_raw_scan=False)
+    via_ir, ir_runs = _vmapped_counter(use_raw_scan=True)
+    v_direct = direct.init(jax.random.key(3), X)
+    v_ir = via_ir.init(jax.random.key(3), X)
+    np.testing.assert_array_equal(np.asarray(v_direct["params"]["w"]), np.asarray(v_ir["params"]["w"]))
+    assert float(v_direct["state"]["n"]) == float(v_ir["state"]["n"]) == 2.0
+    # The direct body ran once; the one with a raw scan stopped and ran again through the IR.
+    assert len(direct_runs) == 1 and len(ir_runs) == 2
+
+
+def test_body_using_a_variable_in_a_raw_scan_falls_back_to_the_ir_and_still_writes():
+    f, _ = _vmapped_counter(use_raw_scan=True)
+    variables = f.init(jax.random.key(0), X)
+    out, updated = f.apply(variables, X, mutable=["state"])
+    _close(out, X * variables["params"]["w"])
+    assert float(updated["state"]["n"]) == 4.0
