@@ -177,6 +177,10 @@ class TraceContext:
         a variable operation has run inside an inner transformation, no inner trace can
         depend on variables, and the fingerprint leaves them out (see ``_observe``).
         """
+        if self.direct is not None:
+            # A direct body falls back as soon as a variable is used inside an inner trace,
+            # so no inner trace made under it depends on variables: one shared key.
+            return _DIRECT_KEY
         if _strict[0]:
             return ("varjax", self._strict_base, self._vars_hash, self.path_prefix)
         return ("varjax", self._base, self.path_prefix)
@@ -288,6 +292,7 @@ def active() -> TraceContext | None:
 # the jitted library code they call (jax.random, initializers) is traced once per process
 # instead of once per trace context; the stack marker makes any variable use an error.
 _INIT_KEY = ("varjax", "init-fn")
+_DIRECT_KEY = ("varjax", "direct")
 
 
 def run_init(init_fn: Callable[..., Any], *args: Any) -> Any:
