@@ -5,12 +5,13 @@ first: ``variable_axes`` (one slice per step, stacked along the axis, like
 ``xs``/``ys``), ``variable_broadcast`` (one value for all steps, read-only)
 and ``variable_carry`` (threaded through the steps, like the carry).
 
-Beyond Linen, carry and broadcast variables may be *created* in the body:
-when the body's trace shows a creation in those groups, the first step is
-peeled -- run once before ``lax.scan`` to create them -- and the remaining
-steps are scanned.  The body is then traced twice (once per form); every
-other scan traces it once.  ``while_loop`` cannot peel (the loop may run zero
-times), so a creation in its body raises ``VariableCreationError``.
+Beyond Linen, carry and broadcast variables may be *created* in the body: the
+first step is then peeled -- run once before ``lax.scan`` to create them -- and
+the remaining steps are scanned.  A creation shows when the scanned step returns
+variables it was not given, which stops that trace; the body is then traced
+twice more (the peeled step and the scan).  Every other scan traces it once.
+``while_loop`` cannot peel (the loop may run zero times), so a creation in its
+body raises ``VariableCreationError``.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from varjax import errors, filters, scope
-from varjax.lifting import Traffic, lift, set_aside
+from varjax.lifting import Group, lift, set_aside
 from varjax.transforms.calls import checkpoint
 from varjax.transforms.target import apply_to, call_direct, filter_items, has_axis, reject, rng_groups
 
@@ -79,7 +80,7 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
         keys = tuple({s: jax.random.split(k, n) for s, k in g.items()} if do else None
                      for g, do in zip(rngs, split))
 
-        def step(carry, carried, bcast, sliced):
+        def step(carry, carried, bcast, sliced, peeled=False):
             var_slices, key_slices, x_slices = sliced
             gs = (*var_slices, bcast, carried)
             ks = tuple(k if k is not None else g for k, g in zip(key_slices, rngs))
@@ -88,37 +89,31 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
             out, gs_out = region(gs, ks, carry, *xs_now)
             reject(not (isinstance(out, (tuple, list)) and len(out) == 2), "scan",
                    "the body must return (carry, ys).", "return a pair from the body")
+            if not peeled:
+                _check_step(bcast, carried, gs_out[n_ax], gs_out[n_ax + 1])
             return out[0], gs_out[n_ax + 1], gs_out[n_ax], (out[1], gs_out[:n_ax])
 
         sliced = (scanned_vars, keys, scanned_xs)
-        first = n - 1 if reverse else 0
-        at_first = jax.tree.map(lambda x: x[first], sliced)
-
-        def probe(carry, carried, bcast):
-            return _check_traffic(region.traffic(
-                (*at_first[0], bcast, carried),
-                tuple(k if k is not None else g for k, g in zip(at_first[1], rngs)),
-                carry, *[x if ax is not broadcast else whole
-                         for x, whole, ax in zip(at_first[2], xs, xs_axes)]), var_filters, n_ax)
         carried, bcast = groups[n_ax + 1], groups[n_ax]
-        # Nothing mutable (inference): nothing can be created or written, no need to trace
-        # the body ahead (the body then runs directly in the scan's trace).
-        if region.mutable is not False and probe(carry, carried, bcast):
-            carry, carried, bcast, (ys0, vars0) = step(carry, carried, bcast, at_first)
-            # The other steps see the variables the peeled one created: a write to a
-            # broadcast variable after its creation is as wrong as one on apply.
-            probe(carry, carried, bcast)
+        try:
+            carry_out, carried_out, stacked = _scan(step, carry, carried, bcast, sliced, n,
+                                                    reverse, unroll)
+            carry, carried = carry_out, carried_out
+        except _Peel:
+            # The body creates carry or broadcast variables: run the first step on its own to
+            # create them, then scan the others with the variables existing.
+            first = n - 1 if reverse else 0
+            at_first = jax.tree.map(lambda x: x[first], sliced)
+            carry, carried, bcast, (ys0, vars0) = step(carry, carried, bcast, at_first, True)
+            first_part = jax.tree.map(lambda x: x[None], (ys0, vars0))
             if n == 1:
-                stacked = jax.tree.map(lambda x: x[None], (ys0, vars0))
+                stacked = first_part
             else:
                 rest = jax.tree.map(lambda x: x[:-1] if reverse else x[1:], sliced)
                 carry, carried, stacked = _scan(step, carry, carried, bcast, rest, n - 1, reverse,
                                                 unroll)
-                first_part = jax.tree.map(lambda x: x[None], (ys0, vars0))
                 parts = (stacked, first_part) if reverse else (first_part, stacked)
                 stacked = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *parts)
-        else:
-            carry, carried, stacked = _scan(step, carry, carried, bcast, sliced, n, reverse, unroll)
         ys, var_out = stacked
         ys = _move(ys, 0, out_axes) if isinstance(out_axes, int) else ys
         var_out = [{**a, **_move(g, 0, ax)} for a, g, (_, ax) in zip(aside, var_out, axes)]
@@ -141,20 +136,20 @@ def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, len
     return carry, carried, stacked
 
 
-def _check_traffic(probe: Traffic, var_filters: Sequence[Any], n_ax: int) -> bool:
-    """Whether the first step must be peeled (it creates carry or broadcast variables);
-    a write to an existing broadcast variable is an error."""
-    peel = False
-    for key in sorted(probe.writes):
-        group = _group_index(var_filters, key[0])
-        if group is not None and group >= n_ax:
-            if key in probe.creates:
-                peel = True
-            elif group == n_ax:
-                reject(True, "scan", f"variable {errors.format_path(key[1])} is in "
-                       "variable_broadcast, which is read-only inside the loop, but the body "
-                       "writes it.", "move its collection to variable_carry", key)
-    return peel
+class _Peel(Exception):
+    """Raised out of a scan step whose body created a carry or broadcast variable."""
+
+
+def _check_step(bcast: Group, carried: Group, bcast_out: Group, carried_out: Group) -> None:
+    """After one step inside the loop: a created carry or broadcast variable means the first
+    step must be peeled (``_Peel``); a write to an existing broadcast variable is an error."""
+    if any(k not in carried for k in carried_out) or any(k not in bcast for k in bcast_out):
+        raise _Peel()
+    for key in sorted(bcast_out):
+        reject(bcast_out[key] is not bcast[key], "scan", f"variable "
+               f"{errors.format_path(key[1])} is in variable_broadcast, which is read-only "
+               "inside the loop, but the body writes it.", "move its collection to variable_carry",
+               key)
 
 
 def remat_scan(target: Any, lengths: Sequence[int] = (), policy: Any = None,
