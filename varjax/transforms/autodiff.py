@@ -75,13 +75,10 @@ def vjp(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axe
     _no_reduce_axes("vjp", reduce_axes)
 
     def transform(region: Callable, groups: tuple, rngs_: tuple, *primals: Any) -> Any:
-        # Gradients cover the module's own variables (as in Linen) and those of any other
-        # module the function reads; every other variable is a constant.
-        d_all, rest = groups
-        reads = region.traffic(groups, rngs_, *primals).reads
-        path = region.path
-        d = {k: v for k, v in d_all.items() if k[1][:len(path)] == path or k in reads}
-        rest = {**rest, **{k: v for k, v in d_all.items() if k not in d}}
+        # The groups hold the module's own variables (as in Linen) and those of any other
+        # module the function reads (varjax.lifting hands closures in); all are
+        # differentiated, every other variable is a constant.
+        d, rest = groups
 
         def f(d, *p):
             out, gs_out = region((d, rest), rngs_, *p)
