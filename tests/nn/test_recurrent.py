@@ -147,17 +147,27 @@ def test_cell_built_in_a_compact_method_belongs_to_that_module_as_in_linen():
     assert list(variables["params"]) == ["SimpleCell_0", "SimpleCell_1"]
 
 
-def test_dropout_in_cell_gets_a_fresh_key_each_step():
-    class DropCell(vj_rnn.RNNCellBase):
-        num_feature_axes = 1
+class _DropCell(vj_rnn.RNNCellBase):
+    num_feature_axes = 1
 
-        @compact
-        def __call__(self, carry, inputs):
-            return carry, Dropout(0.5, deterministic=False)(inputs)
+    @compact
+    def __call__(self, carry, inputs):
+        return carry, Dropout(0.5, deterministic=False)(inputs)
 
-    rnn = vj_rnn.RNN(DropCell())
+
+def _dropout_masks(rnn):
     x = jnp.ones((1, T, 16))
     rngs = {"dropout": jax.random.key(2)}
     out = rnn.apply({}, x, rngs=rngs, initial_carry=jnp.zeros(()))
-    assert len({np.asarray(out[0, t]).tobytes() for t in range(T)}) == T
     np.testing.assert_array_equal(out, rnn.apply({}, x, rngs=rngs, initial_carry=jnp.zeros(())))
+    return {np.asarray(out[0, t]).tobytes() for t in range(T)}
+
+
+def test_dropout_in_cell_gets_a_fresh_key_each_step_when_its_stream_is_split():
+    rnn = vj_rnn.RNN(_DropCell(), split_rngs={"params": False, "dropout": True})
+    assert len(_dropout_masks(rnn)) == T
+
+
+def test_dropout_in_cell_uses_one_mask_for_every_step_by_default():
+    # Linen's default split_rngs={'params': False}: other streams are broadcast.
+    assert len(_dropout_masks(vj_rnn.RNN(_DropCell()))) == 1

@@ -4,25 +4,18 @@ A cell is a module ``cell(carry, x) -> (new_carry, y)`` for one time step;
 ``initialize_carry`` builds the first carry from the input shape.  Parameter
 names (``ii``, ``hf``, ...), shapes and outputs match ``flax.linen``.
 
-``RNN`` runs the cell under a raw ``jax.lax.scan``: the cell's parameters are
-read inside the loop body and so are loop constants, shared by every step, as
-Linen's ``variable_broadcast='params'`` makes them.
-
-Sharp edges:
-  * A variable cannot be *created* inside a raw scan body, so when the cell's
-    parameters do not exist yet ``RNN`` runs the first step outside the loop
-    (creating them) and scans the rest.  The outputs are the same.
-  * Linen's ``nn.scan`` options on ``RNN`` (``variable_axes``,
-    ``variable_broadcast``, ``variable_carry``, ``split_rngs``) are not fields
-    yet: varjax's lifted scan does not exist.  Under the raw scan every RNG
-    stream drawn in the cell gets a fresh key per step (Linen's
-    ``split_rngs={..., name: True}``).
+``RNN`` runs the cell under the lifted ``nn.scan``, with Linen's fields and
+defaults: ``variable_broadcast='params'`` (one set of cell parameters shared by
+every step, created at init by a peeled first step), ``split_rngs={'params':
+False}`` (every other stream is broadcast too: one dropout mask for all steps
+unless the stream is split), ``variable_axes`` and ``variable_carry``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +25,7 @@ from varjax.nn.activation import sigmoid, tanh
 from varjax.nn.dtypes import promote_dtype
 from varjax.nn.linear import Dense, default_kernel_init
 from varjax.nn.module import Module, compact, nowrap
+from varjax.transforms.loops import scan
 
 __all__ = ["RNNCellBase", "LSTMCell", "GRUCell", "SimpleCell", "RNN"]
 
@@ -211,6 +205,10 @@ class RNN(Module):
     reverse: bool = False
     keep_order: bool = False
     unroll: int = 1
+    variable_axes: Mapping[Any, int] = dataclasses.field(default_factory=dict)
+    variable_broadcast: Any = "params"
+    variable_carry: Any = False
+    split_rngs: Mapping[Any, bool] = dataclasses.field(default_factory=lambda: {"params": False})
 
     def __call__(self, inputs: Array, *, initial_carry: Carry | None = None, init_key: Array | None = None,
                  seq_lengths: Array | None = None, return_carry: bool | None = None,
@@ -234,17 +232,17 @@ class RNN(Module):
         # picked from the per-step carries afterwards, so they are kept too.
         keep_carries = seq_lengths is not None and return_carry
 
-        def step(carry: Carry, x: Array) -> tuple[Carry, Any]:
-            carry, y = self.cell(carry, x)
+        def step(cell: RNNCellBase, carry: Carry, x: Array) -> tuple[Carry, Any]:
+            carry, y = cell(carry, x)
             return carry, ((carry, y) if keep_carries else y)
 
-        xs = jnp.moveaxis(inputs, time_axis, 0)
-        if self._cell_needs_params():
-            carry, first = step(initial_carry, xs[0])
-            carry, rest = jax.lax.scan(step, carry, xs[1:], unroll=self.unroll)
-            ys = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
-        else:
-            carry, ys = jax.lax.scan(step, initial_carry, xs, unroll=self.unroll)
+        # The lifted scan, as in Linen: by default the cell's params are broadcast (created
+        # by a peeled first step at init) and its RNG streams are not split.
+        carry, ys = scan(step, variable_axes=self.variable_axes,
+                         variable_broadcast=self.variable_broadcast,
+                         variable_carry=self.variable_carry, split_rngs=self.split_rngs,
+                         unroll=self.unroll)(self.cell, initial_carry,
+                                             jnp.moveaxis(inputs, time_axis, 0))
 
         if keep_carries:
             carries, ys = ys
@@ -255,12 +253,6 @@ class RNN(Module):
             outputs = jax.tree.map(lambda y: _flip_sequences(y, seq_lengths, num_batch_dims, time_major),
                                    outputs)
         return (carry, outputs) if return_carry else outputs
-
-    @nowrap
-    def _cell_needs_params(self) -> bool:
-        """Whether the cell's parameters are still to be created (so its first
-        step must run outside the loop)."""
-        return self.is_mutable_collection("params") and not self.cell.variables.get("params")
 
 
 def _flip_sequences(inputs: Array, seq_lengths: Array | None, num_batch_dims: int, time_major: bool) -> Array:
