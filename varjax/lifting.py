@@ -152,7 +152,6 @@ class Region:
             groups_out[self._lifted.group_of(key[0])][key] = value
         return out, groups_out
 
-
     def _run_direct(self, groups: Sequence[Group], keys: dict[str, Any], args: tuple,
                     kwargs: dict) -> tuple[Any, dict[Key, Any]]:
         """Run the body in the transform's own trace, with reads and writes resolved in a
