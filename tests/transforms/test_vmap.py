@@ -440,3 +440,43 @@ def test_pmap_in_axes_none_broadcasts_the_argument(axis):
     x = _data((2, 3))
     y = _data((2, 3), seed=1) if axis == 0 else _data((3,), seed=1)
     _close(f.apply({}, x, y), x * (y if axis == 0 else y[None]))
+
+
+def _autoencoder_source(lib):
+    """The same model source for flax.linen and varjax.nn: a vmapped class whose lifted
+    ``__call__`` calls its lifted ``encode``/``decode``."""
+    class AE(lib.Module):
+        def setup(self):
+            self.enc = lib.Dense(2)
+            self.dec = lib.Dense(4)
+
+        def encode(self, x):
+            return self.enc(x)
+
+        def decode(self, z):
+            return self.dec(z)
+
+        def __call__(self, x):
+            return self.decode(self.encode(x))
+
+    class Top(lib.Module):
+        def setup(self):
+            self.ae = lib.vmap(AE, variable_axes={"params": 0}, split_rngs={"params": True},
+                               methods=["__call__", "encode", "decode"])()
+
+        def __call__(self, x):
+            return self.ae(x), self.ae.encode(x)
+    return Top()
+
+
+def test_lifted_methods_calling_each_other_apply_the_transform_once_as_in_linen():
+    x = _data((3, 4))
+    ours, theirs = _autoencoder_source(nn), _autoencoder_source(flax_nn)
+    v_theirs = theirs.init(jax.random.key(0), x)
+    v_ours = ours.init(jax.random.key(0), x)
+    assert _shapes(v_ours) == _shapes(jax.tree.map(np.asarray, v_theirs))
+    assert _shapes(v_ours)["params"]["ae"]["enc"]["kernel"] == (3, 4, 2)
+    (y, z), (y_ref, z_ref) = ours.apply(v_theirs, x), theirs.apply(v_theirs, x)
+    _close(y, y_ref)
+    _close(z, z_ref)
+    assert y.shape == (3, 4) and z.shape == (3, 2)

@@ -74,6 +74,8 @@ class _State:
     setup_names: set[str] = dataclasses.field(default_factory=set)
     call_names: set[str] = dataclasses.field(default_factory=set)
     setup_attrs: list[str] = dataclasses.field(default_factory=list)
+    # Lifted classes (``_varjax_lift_class``) whose transform is running on this instance.
+    lifting: set[type] = dataclasses.field(default_factory=set)
 
 
 _local = threading.local()
@@ -352,9 +354,13 @@ class Module:
     def _varjax_lift_class(cls, transform: str, lift_method: Callable[[Callable], Callable],
                            methods: Any = None) -> type:
         """``{Transform}{Class}`` (Linen's name, so checkpoints line up): a subclass whose
-        ``methods`` (default ``__call__``) run through ``lift_method``."""
+        ``methods`` (default ``__call__``) run through ``lift_method``.
+
+        Inside the transform the methods are the original class's, as in Linen: a lifted
+        ``__call__`` calling the lifted ``encode`` does not apply the transform twice."""
         names = ["__call__"] if methods is None else list(methods)
         attrs: dict[str, Any] = {}
+        lifted_cls: list[type] = []
         for name in names:
             method = getattr(cls, name, None)
             if method is None:
@@ -362,8 +368,10 @@ class Module:
                     f"{cls.__name__} has no method '{name}' to lift with {transform}.",
                     module=f"{cls.__name__} (unbound)", source=errors.source_text(),
                     fix="list existing method names in methods=")
-            attrs[name] = lift_method(getattr(method, "__wrapped__", method))
-        return type(transform.capitalize() + cls.__name__, (cls,), attrs)
+            attrs[name] = _lifted_method(getattr(method, "__wrapped__", method), lift_method,
+                                         lifted_cls)
+        lifted_cls.append(type(transform.capitalize() + cls.__name__, (cls,), attrs))
+        return lifted_cls[0]
 
     # -- variables ------------------------------------------------------------------------
     def _ctx(self, api: str) -> scope.TraceContext:
@@ -571,6 +579,26 @@ def _wrappable(attr: str, fn: Any) -> bool:
     if getattr(fn, "varjax_wrapped", False) or attr in _API_NAMES or attr == "setup":
         return False
     return attr == "__call__" or not attr.startswith("__")   # private methods too, as in Linen
+
+
+def _lifted_method(raw: Callable, lift_method: Callable[[Callable], Callable],
+                   owner: list[type]) -> Callable:
+    """A method of the lifted class ``owner[0]``: the transform around ``raw``, or ``raw``
+    itself when that class's transform is already running on this instance."""
+    lifted = lift_method(raw)
+
+    @functools.wraps(raw)
+    def method(self: Module, *args: Any, **kwargs: Any) -> Any:
+        running = self._state.lifting
+        if owner[0] in running:
+            return raw(self, *args, **kwargs)
+        running.add(owner[0])
+        try:
+            return lifted(self, *args, **kwargs)
+        finally:
+            running.discard(owner[0])
+    method.varjax_lifted = True
+    return method
 
 
 def _wrap_method(fn: Callable) -> Callable:
