@@ -35,25 +35,35 @@ def switch(index: Any, branches: Sequence[Callable], mdl: Any, *operands: Any,
                      mdl, operands, variables, rngs)
 
 
+def _check_creations(name: str, labels: list[str], created: list[set]) -> None:
+    """A variable created by some branches only would exist on some paths only."""
+    for key in sorted(set().union(*created)):
+        makers = [label for label, c in zip(labels, created) if key in c]
+        others = [label for label, c in zip(labels, created) if key not in c]
+        if others:
+            raise errors.VariableCreationError(
+                f"variable {errors.format_path(key[1])} is created in {', '.join(makers)} of "
+                f"vj.{name} but not in {', '.join(others)}, so after the {name} it would "
+                "exist on some paths only.", collection=key[0], path=key[1],
+                **scope.where(), fix=f"create it in every branch, or before the {name}")
+
+
 def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl: Any,
               operands: tuple, variables: Any, rngs: Any) -> Any:
     def transform(*regions_and_rest: Any) -> Any:
         regions = regions_and_rest[:len(fns)]
         groups, rng_groups, index, *ops = regions_and_rest[len(fns):]
-        created = [r.traffic(groups, rng_groups, *ops).creates for r in regions]
-        for key in sorted(frozenset().union(*created)):
-            makers = [label for label, c in zip(labels, created) if key in c]
-            others = [label for label, c in zip(labels, created) if key not in c]
-            if others:
-                raise errors.VariableCreationError(
-                    f"variable {errors.format_path(key[1])} is created in {', '.join(makers)} of "
-                    f"vj.{name} but not in {', '.join(others)}, so after the {name} it would "
-                    "exist on some paths only.", collection=key[0], path=key[1],
-                    **scope.where(), fix=f"create it in every branch, or before the {name}")
         leaves, rebuild = partition(tuple(ops))
+        created: list[set] = []
 
         def branch(region: Callable) -> Callable:
-            return lambda gs, ks, *arrays: region(gs, ks, *rebuild(arrays))
+            def run(gs, ks, *arrays):
+                out, gs_out = region(gs, ks, *rebuild(arrays))
+                created.append({k for g, g_out in zip(gs, gs_out) for k in g_out if k not in g})
+                if len(created) == len(regions):   # lax.switch traces the branches in order
+                    _check_creations(name, labels, created)
+                return out, gs_out
+            return run
         return jax.lax.switch(index, [branch(r) for r in regions], groups, rng_groups, *leaves)
 
     lifted = lift(transform, *fns, variables=(variables,), rngs=(rngs,), name=name)

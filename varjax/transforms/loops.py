@@ -194,29 +194,17 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any,
             return tuple({s: jax.random.fold_in(k, 2 * i + which) for s, k in g.items()}
                          if do else g for g, do in zip(rngs, split))
         zero = jnp.zeros((), jnp.int32)
-        for region, which, what in ((cond_region, 0, "cond_fn"), (body_region, 1, "body_fn")):
-            probe = region.traffic(groups, keys_at(zero, which), init)
-            for key in sorted(probe.writes):
-                if key in probe.creates:
-                    raise errors.VariableCreationError(
-                        f"vj.while_loop: {what} creates variable {errors.format_path(key[1])}; "
-                        "a loop carry needs a value before the loop, and the loop may run zero "
-                        "times.", collection=key[0], path=key[1], **scope.where(),
-                        fix="create it before the loop (call body_fn once first, or initialise "
-                            "it in setup)")
-                group = _group_index(var_filters, key[0])
-                reject(what == "cond_fn" or group == 1, "while_loop",
-                       f"{what} writes variable {errors.format_path(key[1])}, which is "
-                       f"{'read-only in cond_fn' if what == 'cond_fn' else 'a broadcast variable'}.",
-                       "write it in body_fn, with its collection in carry_variables", key)
 
         def cond(state):
             i, c, cv = state
-            return cond_region((cv, bcast), keys_at(i, 0), c)[0]
+            out, gs_out = cond_region((cv, bcast), keys_at(i, 0), c)
+            _check_loop_step("cond_fn", (cv, bcast), gs_out)
+            return out
 
         def body(state):
             i, c, cv = state
             c, gs_out = body_region((cv, bcast), keys_at(i, 1), c)
+            _check_loop_step("body_fn", (cv, bcast), gs_out)
             return i + 1, c, gs_out[0]
         _, out, carried = jax.lax.while_loop(cond, body, (zero, init, carried))
         return out, (carried, bcast)
@@ -225,6 +213,25 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any,
                   name="while_loop",
                   fix="add '{collection}' to carry_variables (mutable) or broadcast_variables")
     return call_direct(lifted, mdl, init)
+
+
+def _check_loop_step(what: str, given: tuple[Group, Group], returned: tuple[Group, Group]) -> None:
+    """``cond_fn``/``body_fn`` of ``while_loop`` returned ``returned`` for the (carry,
+    broadcast) groups ``given``: a variable it created, or a write anywhere but to a carry
+    variable in ``body_fn``, is an error."""
+    for group, (before, after) in enumerate(zip(given, returned)):
+        for key in sorted(after):
+            if key not in before:
+                raise errors.VariableCreationError(
+                    f"vj.while_loop: {what} creates variable {errors.format_path(key[1])}; "
+                    "a loop carry needs a value before the loop, and the loop may run zero "
+                    "times.", collection=key[0], path=key[1], **scope.where(),
+                    fix="create it before the loop (call body_fn once first, or initialise "
+                        "it in setup)")
+            reject(after[key] is not before[key] and (what == "cond_fn" or group == 1),
+                   "while_loop", f"{what} writes variable {errors.format_path(key[1])}, which "
+                   f"is {'read-only in cond_fn' if what == 'cond_fn' else 'a broadcast variable'}.",
+                   "write it in body_fn, with its collection in carry_variables", key)
 
 
 def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any,
