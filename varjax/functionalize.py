@@ -306,16 +306,17 @@ class Functionalized:
         def run_pure(*flat):
             return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *flat)
         run_pure.__name__ = run_pure.__qualname__ = name
-        opened, consts = _jax.open_consts(pure)
-        compiled = jax.jit(run_pure)
-        staged = run_pure if self.inline else _jax.jit_call(opened, name)
-        consts = [] if self.inline else consts
+        compiled, staged = jax.jit(run_pure), run_pure
+        if not self.inline:
+            # One jit equation of the cached jaxpr, bound directly (jax.jit would re-trace
+            # it once); constants (tracers, when the function closes over the enclosing
+            # trace) become inputs.
+            opened, consts = _jax.open_consts(pure)
+            staged = functools.partial(_jax.jit_call(opened, name), *consts)
 
         def call(*flat):
-            # Eagerly: jax.jit's compiled fast path.  Under a trace: one jit equation of
-            # the cached jaxpr, bound directly (jax.jit would re-trace it once); constants
-            # (tracers, when the function closes over the enclosing trace) become inputs.
-            return compiled(*flat) if _jax.is_top_level() else staged(*consts, *flat)
+            # Eagerly: jax.jit's compiled fast path; under a trace: staged.
+            return compiled(*flat) if _jax.is_top_level() else staged(*flat)
         return Traced(traced.jaxpr, pure, pctx.results["signature"], traced.out_tree, call,
                       dict(pctx.stats))
 

@@ -139,10 +139,12 @@ class Region:
 
     def __call__(self, groups: Sequence[Group], rngs: Sequence[dict], *args: Any,
                  **kwargs: Any) -> tuple[Any, tuple[Group, ...]]:
-        flat, keys = self._flat(groups, rngs)
         if self._lifted.direct and not self._probed:
+            self._lifted.check_groups(groups, rngs)
+            keys = {s: k for g in rngs for s, k in g.items()}
             out, written = self._run_direct(groups, keys, args, kwargs)
         else:
+            flat, keys = self._flat(groups, rngs)
             outer = self._lifted.outer
             out, written, _ = self._fn.call(flat, args, kwargs, keys, outer.mutable,
                                             outer.initializing)

@@ -14,29 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from transform_checks import close as _close
+from transform_checks import data as _data
+from transform_checks import layout as _layout
 
 import varjax as vj
 import varjax.nn as vj_nn
-
-ATOL = 1e-5
-
-
-def _data(shape, seed=0):
-    # NumPy draws: no XLA compile per input shape.
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def _layout(tree):
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(p): (np.shape(x), jnp.result_type(x)) for p, x in flat}
-
-
-def _close(a, b, atol=ATOL):
-    a, b = jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b)
-    assert jax.tree.structure(a) == jax.tree.structure(b), (jax.tree.structure(a),
-                                                            jax.tree.structure(b))
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(x, y, atol=atol, rtol=atol)
 
 
 def _plain(tree):

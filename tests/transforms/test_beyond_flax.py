@@ -15,24 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from transform_checks import close as _close
+from transform_checks import data as _data
+from transform_checks import shapes as _shapes
 
 import varjax.nn as nn
 from varjax.errors import TransformError
-
-ATOL = 1e-5
-
-
-def _data(shape, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def _close(a, b, atol=ATOL):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=atol)
-
-
-def _shapes(tree):
-    return jax.tree.map(jnp.shape, tree)
-
 
 XS = _data((3, 4))
 

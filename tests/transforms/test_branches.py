@@ -5,23 +5,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from transform_checks import close as _close
+from transform_checks import shape_layout as _layout
 
 import varjax as vj
 import varjax.nn as nn
 from varjax.errors import VariableCreationError
 
 F = 3
-
-
-def _close(a, b, atol=1e-5):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=atol)
-
-
-def _layout(variables):
-    flat = jax.tree_util.tree_flatten_with_path(variables)[0]
-    return {jax.tree_util.keystr(p): np.shape(x) for p, x in flat}
 
 
 def _x(shape=(2, F), seed=0):

@@ -15,22 +15,13 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from transform_checks import close as _close
+from transform_checks import data as _data
+from transform_checks import layout as _layout
 
 import varjax as vj
 import varjax.nn as vj_nn
 from varjax import errors
-
-ATOL = 1e-5
-
-
-def _data(shape, seed=0):
-    # NumPy draws: no XLA compile per input shape.
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def _layout(tree):
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(p): (np.shape(x), jnp.result_type(x)) for p, x in flat}
 
 
 def _plain(tree):
@@ -40,14 +31,6 @@ def _plain(tree):
     if isinstance(tree, (tuple, list)):
         return type(tree)(_plain(v) for v in tree)
     return tree
-
-
-def _close(a, b, atol=ATOL):
-    a, b = jax.tree.map(np.asarray, _plain(a)), jax.tree.map(np.asarray, _plain(b))
-    assert jax.tree.structure(a) == jax.tree.structure(b), (jax.tree.structure(a),
-                                                            jax.tree.structure(b))
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(x, y, atol=atol, rtol=atol)
 
 
 def _perturb(variables, seed=1):

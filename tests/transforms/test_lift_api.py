@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from transform_checks import close as _close
 
 import varjax as vj
 import varjax.nn as nn
@@ -18,10 +19,6 @@ from varjax.lifting import Traffic
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3)), jnp.float32)
 INIT = jax.nn.initializers.normal(1.0)
-
-
-def _close(a, b, atol=1e-6):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=atol)
 
 
 def _eqns(closed):

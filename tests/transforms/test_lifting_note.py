@@ -27,29 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import random
+from transform_checks import close as _close
+from transform_checks import data as _data
+from transform_checks import layout as _layout
+from transform_checks import shapes as _shapes
 
 import varjax as vj
 import varjax.nn as nn
 from varjax.errors import VarjaxError
-
-ATOL = 1e-5
-
-
-def _data(shape, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def _close(a, b, atol=ATOL):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=atol)
-
-
-def _shapes(tree):
-    return jax.tree.map(jnp.shape, tree)
-
-
-def _layout(tree):
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(p): (tuple(np.shape(x)), jnp.result_type(x)) for p, x in flat}
 
 
 def _perturb(variables, seed=1):

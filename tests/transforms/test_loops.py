@@ -5,16 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from transform_checks import close as _close
 
 import varjax as vj
 import varjax.nn as nn
 from varjax.errors import TransformError, VariableCreationError
-
-
-def _close(a, b, atol=1e-5):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=atol)
 
 
 def _while_loop_example(lib):

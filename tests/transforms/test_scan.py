@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from transform_checks import close as _close
+from transform_checks import shape_layout as _layout
 
 import varjax as vj
 import varjax.nn as nn
@@ -18,17 +20,6 @@ T, B, F, H = 4, 2, 3, 5
 def _normal(shape, seed=0):
     # NumPy draws: no XLA compile per shape.
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def _layout(variables):
-    flat = jax.tree_util.tree_flatten_with_path(variables)[0]
-    return {jax.tree_util.keystr(p): np.shape(x) for p, x in flat}
-
-
-def _close(a, b, atol=1e-5):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=atol)
 
 
 def _dense(p, x):

@@ -15,24 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from transform_checks import close as _close
+from transform_checks import data as _data
+from transform_checks import layout as _layout
+from transform_checks import shapes as _shapes
 
 import varjax as vj
 import varjax.nn as nn
-
-ATOL = 1e-5
-
-
-def _data(shape, seed=0):
-    # NumPy draws: no XLA compile per input shape.
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def _shapes(tree):
-    return jax.tree.map(jnp.shape, tree)
-
-
-def _close(a, b, atol=ATOL):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=atol)
 
 
 def _differ(a, b):
@@ -338,11 +327,6 @@ def _parity_program(lib):
             return lib.Dense(2)(VmapMLP(train=self.train)(xs))
 
     return Outer
-
-
-def _layout(tree):
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(p): (tuple(np.shape(x)), jnp.result_type(x)) for p, x in flat}
 
 
 def test_vmap_layout_and_outputs_match_flax_linen_for_the_same_source():

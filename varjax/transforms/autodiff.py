@@ -143,6 +143,20 @@ def _positions(nondiff_argnums: Any, mdl: Any, name: str) -> set[int]:
     return {i - shift for i in nums}
 
 
+def _per_nondiff(make: Callable[[set[int]], Callable], nondiff_argnums: Any,
+                 name: str) -> Callable:
+    """``f(mdl, *args)`` calling ``make(nondiff positions)``'s lift, one lift per set of
+    positions (they shift by one when there is a module)."""
+    lifts: dict[frozenset, Callable] = {}
+
+    def call(mdl: Any, *args: Any) -> Any:
+        nondiff = frozenset(_positions(nondiff_argnums, mdl, name))
+        if nondiff not in lifts:
+            lifts[nondiff] = make(set(nondiff))
+        return call_direct(lifts[nondiff], mdl, *args)
+    return call
+
+
 def custom_vjp(fn: Callable, forward_fn: Callable, backward_fn: Callable,
                grad_vars: Any = "params", nondiff_argnums: tuple = ()) -> Callable:
     """Lifted ``jax.custom_vjp``, called as ``f(mdl, *args)``: ``forward_fn(mdl, *args) ->
@@ -190,14 +204,7 @@ def custom_vjp(fn: Callable, forward_fn: Callable, backward_fn: Callable,
             return f(*groups, rngs_, *leaves)
         return lift(transform, fn, forward_fn, variables=(grad_vars, True), name="custom_vjp")
 
-    lifts: dict[tuple, Callable] = {}
-
-    def call(mdl: Any, *args: Any) -> Any:
-        nondiff = frozenset(_positions(nondiff_argnums, mdl, "custom_vjp"))
-        if nondiff not in lifts:
-            lifts[nondiff] = make(set(nondiff))
-        return call_direct(lifts[nondiff], mdl, *args)
-    return call
+    return _per_nondiff(make, nondiff_argnums, "custom_vjp")
 
 
 def _instantiate(t: Any, x: Any) -> Any:
@@ -247,11 +254,4 @@ def custom_jvp(fn: Callable, jvp_fn: Callable, nondiff_argnums: tuple = ()) -> C
             return f(groups, rngs_, *leaves)
         return lift(transform, fn, jvp_fn, name="custom_jvp")
 
-    lifts: dict[tuple, Callable] = {}
-
-    def call(mdl: Any, *args: Any) -> Any:
-        nondiff = frozenset(_positions(nondiff_argnums, mdl, "custom_jvp"))
-        if nondiff not in lifts:
-            lifts[nondiff] = make(set(nondiff))
-        return call_direct(lifts[nondiff], mdl, *args)
-    return call
+    return _per_nondiff(make, nondiff_argnums, "custom_jvp")

@@ -40,10 +40,6 @@ def _move(tree: Any, src: int, dst: int) -> Any:
     return tree if src == dst else jax.tree.map(lambda x: jnp.moveaxis(x, src, dst), tree)
 
 
-def _group_index(var_filters: Sequence[Any], collection: str) -> int | None:
-    return next((i for i, f in enumerate(var_filters) if filters.matches(f, collection)), None)
-
-
 def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
          variable_broadcast: Any = False, variable_carry: Any = False,
          split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
