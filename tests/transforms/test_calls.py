@@ -18,19 +18,11 @@ import pytest
 from transform_checks import close as _close
 from transform_checks import data as _data
 from transform_checks import layout as _layout
+from transform_checks import plain as _plain
 
 import varjax as vj
 import varjax.nn as vj_nn
 from varjax import errors
-
-
-def _plain(tree):
-    """Nested dicts all the way down (Linen may return FrozenDicts)."""
-    if hasattr(tree, "items"):
-        return {k: _plain(v) for k, v in tree.items()}
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_plain(v) for v in tree)
-    return tree
 
 
 def _perturb(variables, seed=1):

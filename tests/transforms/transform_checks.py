@@ -38,3 +38,12 @@ def layout(tree: Any) -> dict:
 def shape_layout(tree: Any) -> dict:
     """``{path: shape}`` of a variables dict."""
     return {path: shape for path, (shape, _) in layout(tree).items()}
+
+
+def plain(tree: Any) -> Any:
+    """Nested dicts all the way down (Linen may return FrozenDicts)."""
+    if hasattr(tree, "items"):
+        return {k: plain(v) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(plain(v) for v in tree)
+    return tree
