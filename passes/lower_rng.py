@@ -1,16 +1,16 @@
 """lower-rng: turn ``rng_draw`` into key arithmetic on variables.
 
-Two modes, same model code:
+Each stream is lowered in the mode the call chose for it (``varjax.streams``):
 
-* ``explicit`` (default): stream ``s``'s key is the read-only variable
-  ``__rng__:s`` (``functionalize`` feeds the key given in ``rngs=``).  Draws
-  in straight-line code get ``fold_in(key, n)`` with a *static*, order-based
-  counter ``n`` -- exactly what hand-written JAX does.  Branches of a
-  conditional each start from the same counter; afterwards it continues
-  from the largest.
-* ``implicit``: the stream lives in collection ``rngs`` as variables
-  ``s/key`` and ``s/count``; a draw reads both, returns ``fold_in(key, count)``
-  and writes ``count + 1``, so repeated calls draw fresh keys.
+* ``explicit`` -- the caller gave a key: it is the read-only variable
+  ``__rng__:s``.  Draws in straight-line code get ``fold_in(key, n)`` with a
+  *static*, order-based counter ``n`` -- exactly what hand-written JAX does.
+  Branches of a conditional each start from the same counter; afterwards it
+  continues from the largest.
+* ``implicit`` -- the stream is state in collection ``rngs``: variables
+  ``s/key`` and ``s/count``.  A draw reads both, returns ``fold_in(key, count)``
+  and writes ``count + 1``, so repeated calls draw fresh keys.  The collection
+  must be mutable (``ImmutableCollectionError`` names the stream and the line).
 
 A loop (``scan``/``while``) that draws cannot use a static counter: every
 iteration must differ.  Before the loop the pass draws one key for it and
@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from varjax import _jax, errors
+from varjax import _jax, errors, filters, streams
 from varjax.effects import streams_of
 from varjax.passes import hop
 from varjax.passes.base import Pass, PassContext
@@ -43,7 +43,6 @@ from varjax.passes.rewrite import Region, Rewriter
 from varjax.passes.walk import enclosing, walk_eqns
 from varjax.primitives import Path, bind_get, bind_set, rng_draw_p
 
-RNG_COLLECTION = "__rng__"
 COUNT_AVAL = _jax.ShapedArray((), jnp.uint32)
 _SCALAR_TREE = jax.tree.structure(0)
 
@@ -70,15 +69,35 @@ def _set(var: tuple[str, Path], value: Any) -> None:
     bind_set(var[0], var[1], [value], _SCALAR_TREE)
 
 
-def stream_state(stream: str, aval: Any, mode: str):
-    """Where a stream's key (and count) live at the top level, per mode."""
-    if mode == "explicit":
-        return _Static((RNG_COLLECTION, (stream,)), aval)
-    if mode == "implicit":
-        return _Dynamic(("rngs", (stream, "key")), ("rngs", (stream, "count")), aval)
-    raise errors.PipelineError(f"lower-rng mode must be 'explicit' or 'implicit', not {mode!r}",
-                               source=errors.source_text(),
-                               fix="write lower-rng{mode=explicit} or lower-rng{mode=implicit}")
+def _first_draw(jaxpr: _jax.ClosedJaxpr, stream: str) -> dict[str, Any]:
+    """``errors.where`` of the first draw from ``stream`` (the user's line, and the lines of
+    the calls around it); draws in custom rules are not walked."""
+    draw = next((e for e, _ in walk_eqns(jaxpr)
+                 if e.primitive is rng_draw_p and e.params["stream"] == stream), None)
+    outer = enclosing(jaxpr, draw) if draw is not None else []
+    with errors.enclosing(*(e.source_info for e in outer)):
+        return errors.where(draw.source_info if draw else None)
+
+
+def stream_state(jaxpr: _jax.ClosedJaxpr, stream: str, ctx: PassContext) -> "_Static | _Dynamic":
+    """Where a stream's key (and count) live at the top level: an explicit key if the call
+    gave one, else its implicit state in ``rngs``."""
+    if stream in ctx.rng_streams:
+        return _Static(streams.explicit_key(stream), ctx.rng_streams[stream])
+    key, count = streams.key_of(stream), streams.count_of(stream)
+    if key in ctx.variables and count in ctx.variables:
+        if not filters.matches(ctx.mutable, streams.STATE):
+            raise errors.ImmutableCollectionError(
+                f"RNG stream '{stream}' is kept as state in collection '{streams.STATE}', and "
+                "drawing from it advances its count, but the collection is not mutable.",
+                collection=streams.STATE, path=count[1], **_first_draw(jaxpr, stream),
+                fix=f"pass mutable=['{streams.STATE}'] to apply (and keep the returned state), "
+                    f"or give the stream a key: rngs={{'{stream}': key}}")
+        return _Dynamic(key, count, ctx.variables[key].avals[0])
+    raise errors.MissingRngError(
+        f"RNG stream '{stream}' is drawn from but was not provided.", collection=stream,
+        **_first_draw(jaxpr, stream),
+        fix=f"pass rngs={{'{stream}': jax.random.key(0)}} (or a vj.Rngs) to init/apply")
 
 
 class _Lowerer(Rewriter):
@@ -104,17 +123,17 @@ class _Lowerer(Rewriter):
         return jax.random.fold_in(key, n)
 
     def eqn(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
-        streams: dict = region.state
+        state: dict = region.state
         if eqn.primitive is rng_draw_p:
             with _jax.source_info_of(eqn):
-                return [self.draw(streams[eqn.params["stream"]])]
+                return [self.draw(state[eqn.params["stream"]])]
         used = streams_of(eqn.effects)
         if not used:
             return region.bind(eqn, invals)
         kind = hop.TABLE[eqn.primitive].kind if eqn.primitive in hop.TABLE else None
         if kind == "loop":
-            return region.bind(eqn, invals, self.loop_params(eqn, used, streams))
-        entry = copy.deepcopy(streams)
+            return region.bind(eqn, invals, self.loop_params(eqn, used, state))
+        entry = copy.deepcopy(state)
         ends: list[dict] = []
 
         def lower(body):
@@ -124,26 +143,26 @@ class _Lowerer(Rewriter):
 
         params = hop.with_bodies(eqn, lower)
         n_bodies = len(hop.bodies(eqn))
-        for s, st in streams.items():   # continue after the furthest branch/body
+        for s, st in state.items():   # continue after the furthest branch/body
             if isinstance(st, _Static):
                 st.counter = max(e[s].counter for e in ends[:n_bodies])
         return region.bind(eqn, invals, params)
 
-    def loop_params(self, eqn: _jax.JaxprEqn, used: set[str], streams: dict) -> dict:
+    def loop_params(self, eqn: _jax.JaxprEqn, used: set[str], state: dict) -> dict:
         if eqn.primitive is _jax.while_p and streams_of(eqn.params["cond_jaxpr"].effects):
             raise errors.UnsupportedPrimitiveError(
                 "an RNG draw inside a while_loop cond_fun cannot advance its stream.",
                 collection=sorted(streams_of(eqn.params["cond_jaxpr"].effects))[0],
                 **errors.where(eqn.source_info),
                 fix="draw the key in body_fun and carry what cond_fun needs in the loop state")
-        inner = dict(streams)
+        inner = dict(state)
         loop = next(self.loop_ids)
         with _jax.source_info_of(eqn):
             for s in sorted(used):
-                st = streams[s]
+                st = state[s]
                 base: Path = (s, f"loop{loop}")
-                dyn = _Dynamic((RNG_COLLECTION, base + ("key",)),
-                               (RNG_COLLECTION, base + ("count",)), st.aval)
+                dyn = _Dynamic((streams.KEYS, base + ("key",)), (streams.KEYS, base + ("count",)),
+                               st.aval)
                 _set(dyn.key, self.draw(st))
                 _set(dyn.count, jnp.zeros((), jnp.uint32))
                 inner[s] = dyn
@@ -155,25 +174,12 @@ class LowerRng(Pass):
     name = "lower-rng"
     summary = "lower rng_draw to fold_in over key/counter variables"
     after = ("check-mutability",)
-    mode: str = "explicit"
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         used = streams_of(jaxpr.effects)
         if not used:
             return jaxpr
-        missing = sorted(used - set(ctx.rng_streams))
-        if missing:
-            # The first draw from it names the line (draws in custom rules are not walked).
-            draw = next((e for e, _ in walk_eqns(jaxpr)
-                         if e.primitive is rng_draw_p and e.params["stream"] == missing[0]), None)
-            outer = enclosing(jaxpr, draw) if draw is not None else []
-            with errors.enclosing(*(e.source_info for e in outer)):
-                where = errors.where(draw.source_info if draw else None)
-            raise errors.MissingRngError(
-                f"RNG stream '{missing[0]}' is drawn from but was not provided.",
-                collection=missing[0], **where,
-                fix=f"pass rngs={{'{missing[0]}': jax.random.key(0)}} to init/apply")
+        state = {s: stream_state(jaxpr, s, ctx) for s in sorted(used)}
         lowerer = _Lowerer()
-        state = {s: stream_state(s, ctx.rng_streams[s], self.mode) for s in used}
         ctx.count(self.name, "streams", len(used))
         return lowerer.run(jaxpr, Region(lowerer, state=state))

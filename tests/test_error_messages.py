@@ -151,6 +151,24 @@ def missing_rng_stream_in_dropout():
     Net(nn.Dropout(0.5, deterministic=False)).apply({}, X)
 
 
+def unknown_stream_of_rngs():
+    vj.Rngs(params=0).dropout()
+
+
+def reseed_unknown_stream():
+    vj.reseed({"rngs": {"dropout": {"key": KEY, "count": jnp.uint32(0)}}}, noise=1)
+
+
+def rngs_bad_seed():
+    vj.Rngs(dropout=1.5)
+
+
+def rngs_advanced_from_a_closure_under_jit():
+    rngs = vj.Rngs(0)
+    f = vj.functionalize(lambda x: jax.random.normal(vj.make_rng("noise"), x.shape))
+    jax.jit(lambda x: f.apply({}, x, rngs=rngs))(X)
+
+
 def missing_params_stream_in_function():
     vj.functionalize(lambda x: vj.param("w", ones, (2,))).apply({}, X, mutable=True)
 
@@ -226,6 +244,13 @@ TRACE_TIME = {
                                      "dropout"),
     "rng/stream in nn.Dropout": Case(missing_rng_stream_in_dropout, errors.MissingRngError,
                                      "dropout", ("inner",), "Net/inner (Dropout)"),
+    "rng/Rngs without the stream or a default": Case(unknown_stream_of_rngs,
+                                                     errors.UnknownStreamError, "dropout"),
+    "rng/reseed of a stream not in the state": Case(reseed_unknown_stream,
+                                                    errors.UnknownStreamError, "rngs", ("noise",)),
+    "rng/Rngs seed neither int nor key": Case(rngs_bad_seed, errors.ConfigError, "dropout"),
+    "rng/Rngs advanced by a closure under jax.jit": Case(rngs_advanced_from_a_closure_under_jit,
+                                                         errors.TransformError, "default"),
     "rng/params stream in a function": Case(missing_params_stream_in_function,
                                             errors.MissingRngError, "params", ("w",)),
     "rng/params stream in nn.Dense": Case(missing_params_stream_in_dense, errors.MissingRngError,
@@ -419,6 +444,16 @@ def lower_rng_without_the_stream():
     Pipeline(["lower-rng"]).run(jaxpr, PassContext(rng_streams={}))
 
 
+def implicit_stream_in_immutable_rngs_in_function():
+    f = vj.functionalize(lambda x: vj.make_rng("dropout"))
+    f.apply(f.init(vj.Rngs(dropout=1), X), X)
+
+
+def implicit_stream_in_immutable_rngs_in_dropout():
+    net = Net(nn.Dropout(0.5, deterministic=False))
+    net.apply(net.init(vj.Rngs(0), X), X)
+
+
 def verify_effects_after_discharge():
     f = vj.functionalize(lambda x: x * vj.param("w", ones, (2,)))
     verify(f.jaxpr(X, variables=f.init(KEY, X)), discharged=True)
@@ -466,6 +501,12 @@ PASS_TIME = {
                                                     errors.TransformError, "state", ("v",)),
     "rng/lower-rng without the stream": Case(lower_rng_without_the_stream,
                                              errors.MissingRngError, "noise"),
+    "rng/implicit stream, rngs immutable": Case(implicit_stream_in_immutable_rngs_in_function,
+                                                errors.ImmutableCollectionError, "rngs",
+                                                ("dropout", "count")),
+    "rng/implicit default stream in nn.Dropout": Case(
+        implicit_stream_in_immutable_rngs_in_dropout, errors.ImmutableCollectionError, "rngs",
+        ("default", "count"), "Net/inner"),
     "verify/var_get after discharge": Case(verify_effects_after_discharge,
                                            errors.VerificationError, "params", ("w",)),
     "verify/var_get after discharge in a module": Case(
@@ -538,22 +579,17 @@ def broken_pass():
     Pipeline([Broken()]).run(jaxpr, PassContext())
 
 
-def lower_rng_mode_rejected_when_run():
-    jaxpr = vj.functionalize(lambda x: vj.make_rng("noise")).jaxpr(X, rngs={"noise": KEY})
-    Pipeline.parse("lower-rng{mode=sideways}").run(jaxpr, PassContext(rng_streams={"noise": jax.typeof(KEY)}))
-
-
 PIPELINE = {
     "unknown pass": Case(lambda: Pipeline.parse("no-such-pass"), errors.PipelineError),
-    "unparsable spec": Case(lambda: Pipeline.parse("lower-rng{mode=explicit}x"),
+    "unparsable spec": Case(lambda: Pipeline.parse("cast-params{dtype=bfloat16}x"),
                             errors.PipelineError),
-    "unclosed brace": Case(lambda: Pipeline.parse("lower-rng{mode=explicit"),
+    "unclosed brace": Case(lambda: Pipeline.parse("cast-params{dtype=bfloat16"),
                            errors.PipelineError),
-    "nested braces": Case(lambda: Pipeline.parse("lower-rng{{mode=explicit}}"),
+    "nested braces": Case(lambda: Pipeline.parse("cast-params{{dtype=bfloat16}}"),
                           errors.PipelineError),
-    "option not key=value": Case(lambda: Pipeline.parse("lower-rng{explicit}"),
+    "option not key=value": Case(lambda: Pipeline.parse("cast-params{bfloat16}"),
                                  errors.PipelineError),
-    "option given twice": Case(lambda: Pipeline.parse("lower-rng{mode=explicit,mode=implicit}"),
+    "option given twice": Case(lambda: Pipeline.parse("cast-params{dtype=bfloat16,dtype=float16}"),
                                errors.PipelineError),
     "unknown option": Case(lambda: Pipeline.parse("lower-rng{bogus=1}"), errors.PipelineError),
     "pass class without a name": Case(pass_class_without_name, errors.PipelineError),
@@ -564,7 +600,6 @@ PIPELINE = {
     "option value rejected by the pass": Case(lambda: _with_sized("tem-sized{size=-1}"),
                                               errors.PipelineError),
     "ordering cycle": Case(ordering_cycle, errors.PipelineError),
-    "lower-rng mode checked when run": Case(lower_rng_mode_rejected_when_run, errors.PipelineError),
     "bad entry": Case(lambda: Pipeline([42]), errors.PipelineError),
     "pass with a bug": Case(broken_pass, errors.PassError),
 }

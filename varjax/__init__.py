@@ -13,6 +13,9 @@ from varjax.lifting import from_tree as from_tree
 from varjax.lifting import lift as lift
 from varjax.lifting import to_tree as to_tree
 from varjax.printing import pretty as pretty
+from varjax.rngs import Rngs as Rngs
+from varjax.rngs import RngStream as RngStream
+from varjax.rngs import reseed as reseed
 from varjax.scope import Variable as Variable
 from varjax.scope import has_variable as has_variable
 from varjax.scope import is_initializing as is_initializing

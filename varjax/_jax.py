@@ -134,6 +134,11 @@ def current_trace() -> Any:
     return core.trace_ctx.trace
 
 
+def trace_of(x: Any) -> Any:
+    """The trace a tracer belongs to, or None for a concrete value."""
+    return x._trace if isinstance(x, core.Tracer) else None
+
+
 def jit_key_state(name: str):
     """A thread-local config value that JAX folds into every jit cache key.
 

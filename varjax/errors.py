@@ -55,7 +55,7 @@ from varjax import _jax
 
 __all__ = [
     "VarjaxError", "ScopeError", "ImmutableCollectionError", "MissingVariableError",
-    "MissingRngError", "VariableShapeError", "VariableCreationError",
+    "MissingRngError", "UnknownStreamError", "VariableShapeError", "VariableCreationError",
     "VariableStructureError", "TransformError", "UnsupportedPrimitiveError",
     "PipelineError", "PassError", "VerificationError", "ModuleError", "NameInUseError",
     "AssignSubModuleError", "UnboundModuleError", "InvalidScopeError", "FrozenModuleError",
@@ -194,6 +194,11 @@ class MissingVariableError(VarjaxError):
 
 class MissingRngError(VarjaxError):
     """An RNG stream was drawn from that the caller did not provide."""
+
+
+class UnknownStreamError(MissingRngError, AttributeError):
+    """A ``vj.Rngs`` (or the ``rngs`` state given to ``vj.reseed``) has no such stream and
+    nothing to fall back to.  Also an ``AttributeError``, so ``hasattr(rngs, name)`` works."""
 
 
 class VariableShapeError(VarjaxError):

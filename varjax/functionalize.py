@@ -40,10 +40,9 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from varjax import _jax, errors, filters, scope
+from varjax import _jax, errors, filters, scope, streams
 from varjax.passes import Pass, PassContext, Pipeline
 from varjax.passes.discharge import Signature
-from varjax.passes.lower_rng import RNG_COLLECTION
 from varjax.primitives import Key
 from varjax.scope import VarType
 
@@ -116,13 +115,40 @@ def _split_args(args: tuple, kwargs: dict):
 
 
 def normalize_rngs(rngs: Any) -> dict[str, Any]:
+    """Explicit keys: a key (the ``params`` stream) or a dict of stream name -> key."""
     if rngs is None:
         return {}
     if isinstance(rngs, Mapping):
         return dict(rngs)
     if _is_traced(rngs):
-        return {scope.PARAMS_STREAM: rngs}
-    raise TypeError(f"rngs must be a key or a dict of stream name -> key, got {type(rngs).__name__}")
+        return {streams.PARAMS: rngs}
+    raise TypeError(f"rngs must be a key, a dict of stream name -> key or a vj.Rngs, got "
+                    f"{type(rngs).__name__}")
+
+
+def is_rng_state(rngs: Any) -> bool:
+    """Whether ``rngs`` holds streams as state (a ``vj.Rngs``, recognised by its hooks
+    ``_varjax_rng_state`` and ``_varjax_advance``: the RNG layer sits above this one)."""
+    return hasattr(rngs, "_varjax_rng_state")
+
+
+_SCALAR = jax.tree.structure(0)
+
+
+def _inputs(variables: Mapping[str, Any] | None, rngs: Any, mutable: Any):
+    """What a call runs with: flat variables, explicit keys and the mutable filter.
+
+    A ``vj.Rngs`` is the call's RNG state: its streams replace the ``rngs`` collection of
+    ``variables`` and are mutable whatever ``mutable`` says (the caller handed them in to be
+    drawn from); ``_apply`` advances the ``Rngs`` afterwards."""
+    flat = flatten_variables(variables or {})
+    if not is_rng_state(rngs):
+        return flat, normalize_rngs(rngs), mutable
+    flat = {k: v for k, v in flat.items() if k[0] != streams.STATE}
+    for stream, (key, count) in rngs._varjax_rng_state().items():
+        flat[streams.key_of(stream)] = (_SCALAR, [key])
+        flat[streams.count_of(stream)] = (_SCALAR, [count])
+    return flat, {}, mutable if mutable is True else [mutable, streams.STATE]
 
 
 # --- the cache entry ---------------------------------------------------------------------
@@ -213,7 +239,7 @@ class Functionalized:
     def jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
               mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
         """The effectful jaxpr, as traced; no pass runs, so this works even when one fails."""
-        return self.effectful(_flat(variables), args, kwargs, rngs, mutable, False)
+        return self._effectful(self._inspected(variables, args, kwargs, rngs, mutable)).jaxpr
 
     def effectful(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
                   rngs: Any, mutable: Any, initializing: bool) -> _jax.ClosedJaxpr:
@@ -229,10 +255,14 @@ class Functionalized:
     def traced(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
                mutable: Any = False, **kwargs: Any) -> Traced:
         """The whole cache entry (jaxprs, signature, pass statistics) for these arguments."""
-        key, _, _, _ = self._key(_flat(variables), args, kwargs, rngs, mutable, False)
-        return self._compiled(key)
+        return self._compiled(self._inspected(variables, args, kwargs, rngs, mutable))
 
     # -- machinery ------------------------------------------------------------------
+    def _inspected(self, variables, args, kwargs, rngs, mutable) -> "_Key":
+        """The cache key of a non-init call, for the inspection entry points."""
+        flat, keys, mutable = _inputs(variables, rngs, mutable)
+        return self._key(flat, args, kwargs, keys, mutable, False)[0]
+
     def _key(self, flat_vars, args, kwargs, rngs, mutable, initializing):
         """The cache key: everything a trace depends on (see the module docstring)."""
         rngs = normalize_rngs(rngs)
@@ -287,14 +317,13 @@ class Functionalized:
                      **kwargs: Any) -> tuple[_jax.ClosedJaxpr, PassContext]:
         """Run ``pipeline`` (default: this function's) on the effectful trace, uncached:
         for tools that watch the passes (``vj.dump``).  Returns the result and the context."""
-        key, _, _, _ = self._key(_flat(variables), args, kwargs, rngs, mutable, False)
+        key = self._inspected(variables, args, kwargs, rngs, mutable)
         return self._run_pipeline(self._effectful(key), pipeline or self.pipeline)
 
     def _run_pipeline(self, traced: _Effectful, pipeline: Pipeline) -> tuple[_jax.ClosedJaxpr, PassContext]:
         key = traced.key
         given = dict(key.variables)
-        given.update({(RNG_COLLECTION, (s,)): VarType(jax.tree.structure(0), (a,))
-                      for s, a in key.rngs})
+        given.update({streams.explicit_key(s): VarType(_SCALAR, (a,)) for s, a in key.rngs})
         pctx = PassContext(variables=given, mutable=key.mutable, rng_streams=dict(key.rngs))
         with scope.activate(traced.context):  # passes may re-trace user code (custom rules)
             return pipeline.run(traced.jaxpr, pctx, label=self.__name__), pctx
@@ -321,13 +350,21 @@ class Functionalized:
                       dict(pctx.stats))
 
     def _apply(self, variables, args, kwargs, rngs, mutable, *, initializing: bool):
-        flat_vars = flatten_variables(variables)
-        out, written, _ = self.call(flat_vars, args, kwargs, rngs, mutable, initializing)
+        flat_vars, keys, run_mutable = _inputs(variables, rngs, mutable)
+        out, written, _ = self.call(flat_vars, args, kwargs, keys, run_mutable, initializing)
+        held = is_rng_state(rngs)
+        if held:
+            rngs._varjax_advance({s: written[streams.count_of(s)]
+                                  for s in rngs._varjax_rng_state()
+                                  if streams.count_of(s) in written})
         if mutable is False:
             return out, None
         updated = {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flat_vars.items()
                    if filters.matches(mutable, k[0])}
         updated.update((k, v) for k, v in written.items() if filters.matches(mutable, k[0]))
+        if held and initializing:   # init keeps the streams that model code draws from later
+            updated = {k: v for k, v in updated.items()
+                       if k[0] != streams.STATE or k[1][0] != streams.PARAMS}
         return out, unflatten_variables(dict(sorted(updated.items())))
 
     def call(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
@@ -338,25 +375,26 @@ class Functionalized:
         entry = self._compiled(key)
         inputs: list[Any] = []
         for (col, path), _ in entry.signature.inputs:
-            inputs.extend([rngs[path[0]]] if col == RNG_COLLECTION else flat_vars[(col, path)][1])
+            inputs.extend([rngs[path[0]]] if col == streams.KEYS else flat_vars[(col, path)][1])
         outs = entry.call(*inputs, *traced)
         n_main = entry.out_tree.num_leaves
         out = jax.tree.unflatten(entry.out_tree, outs[:n_main])
         written, pos = {}, n_main
         for (col, path), vt in entry.signature.outputs:
             n = len(vt.avals)
-            if col != RNG_COLLECTION:
+            if col != streams.KEYS:
                 written[(col, path)] = jax.tree.unflatten(vt.tree, outs[pos:pos + n])
             pos += n
         return out, written, entry
 
 
-def _flat(variables: Mapping[str, Any] | None) -> dict[Key, tuple[Any, list[Any]]]:
-    return flatten_variables(variables or {})
-
-
 def _fresh_context(key: _Key) -> scope.TraceContext:
-    return scope.TraceContext(dict(key.variables), key.mutable, dict(key.rngs), key.initializing)
+    """A top-level trace draws from the given keys and from the streams kept as state in the
+    given variables; a key given for a stream overrides its state."""
+    variables = dict(key.variables)
+    rngs = {s: vt.avals[0] for s, vt in streams.implicit_streams(variables).items()}
+    rngs.update(key.rngs)
+    return scope.TraceContext(variables, key.mutable, rngs, key.initializing)
 
 
 def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),

@@ -56,7 +56,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from varjax import _jax, errors, filters, scope
+from varjax import _jax, errors, filters, scope, streams
 from varjax.effects import RngEffect
 from varjax.functionalize import Functionalized, flatten_variables
 from varjax.passes.analysis import traffic as _traffic
@@ -195,13 +195,25 @@ class _LiftedCall:
         self.stream_avals: list[dict[str, Any]] = [{} for _ in lifted.rngs]
         hidden = set()
         for stream, aval in sorted(outer.rng_streams.items()):
-            i = next((i for i, f in enumerate(lifted.rngs) if filters.matches(f, stream)), None)
+            i = self.rng_group_of(stream)
             if i is None:
                 hidden.add(stream)
             else:
                 self.stream_avals[i][stream] = aval
+        # A stream a filter names that the enclosing trace has only through its fallback
+        # (vj.Rngs(0): every stream is 'default') is handed in under its own name, drawn
+        # from the fallback: split_rngs={'dropout': True} splits dropout even then.
+        if streams.DEFAULT in outer.rng_streams and streams.DEFAULT not in hidden:
+            named = set().union(*(_names(f) for f in lifted.rngs))
+            for name in sorted(named - set(outer.rng_streams)):
+                i = self.rng_group_of(name)
+                if i is not None:
+                    self.stream_avals[i][name] = outer.rng_streams[streams.DEFAULT]
         self.view = scope.Lifted(lifted.name, lifted.variables, frozenset(hidden), lifted.fix,
                                  frozenset(outside))
+
+    def rng_group_of(self, stream: str) -> int | None:
+        return next((i for i, f in enumerate(self.lifted.rngs) if filters.matches(f, stream)), None)
 
     def group_of(self, collection: str) -> int | None:
         return next((i for i, f in enumerate(self.lifted.variables)
@@ -289,6 +301,15 @@ class _LiftedCall:
             scope.write_at(self.outer, col, path, jax.tree.unflatten(tree, outs[pos:pos + n]))
             pos += n
         return out
+
+
+def _names(f: Any) -> set[str]:
+    """The stream names a filter spells out (``'dropout'``, ``('a', 'b')``)."""
+    if isinstance(f, str):
+        return {f}
+    if isinstance(f, tuple):
+        return set().union(*(_names(x) for x in f))
+    return set()
 
 
 @dataclasses.dataclass(frozen=True)

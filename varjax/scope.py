@@ -32,11 +32,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from varjax import _jax, errors, filters
+from varjax import _jax, errors, filters, streams
 from varjax.primitives import Key, Path, bind_draw, bind_get, bind_set, is_internal, leaf_aval
-
-# The stream used to initialise parameters, as in Flax.
-PARAMS_STREAM = "params"
 
 
 @dataclasses.dataclass
@@ -440,31 +437,46 @@ def is_mutable_collection(collection: str) -> bool:
     return current("vj.is_mutable_collection").is_mutable(collection)
 
 
-def make_rng(name: str = PARAMS_STREAM) -> jax.Array:
-    """A fresh key from RNG stream ``name``: different on every call, same for same inputs."""
+def make_rng(name: str = streams.PARAMS) -> jax.Array:
+    """A fresh key from RNG stream ``name`` (or, if it was not given, from ``default``):
+    different on every call, same for same inputs."""
     ctx = current("vj.make_rng")
     return draw_at(ctx, name, ctx.path_prefix)
 
 
-def draw_at(ctx: TraceContext, name: str, where_: Path) -> jax.Array:
-    """A fresh key from stream ``name``; ``where_`` (the module path) is for the error only."""
-    if ctx.lift is not None and name in ctx.lift.hidden:
-        raise errors.TransformError(
-            f"RNG stream '{name}' is used inside vj.{ctx.lift.name}, which was not asked to "
-            "lift it.", collection=name, path=where_ or None, **where(ctx),
-            fix=f"include '{name}' in the transform's rngs filter")
-    if name not in ctx.rng_streams:
-        raise errors.MissingRngError(
-            f"RNG stream '{name}' was requested but not provided.", collection=name,
-            path=where_ or None, **where(ctx),
-            fix=f"pass rngs={{'{name}': jax.random.key(0)}} to init/apply")
+def resolve_stream(ctx: TraceContext, name: str, where_: Path,
+                   fallbacks: tuple[str, ...] = (streams.DEFAULT,)) -> str:
+    """The stream a draw from ``name`` comes from: ``name`` if it was given, else the first
+    given fallback (see ``varjax.streams``).  A stream the enclosing lifted transform did
+    not lift is an error, not a reason to fall back."""
+    for stream in streams.candidates(name, fallbacks):
+        if ctx.lift is not None and stream in ctx.lift.hidden:
+            raise errors.TransformError(
+                f"RNG stream '{stream}' is used inside vj.{ctx.lift.name}, which was not asked "
+                "to lift it.", collection=stream, path=where_ or None, **where(ctx),
+                fix=f"include '{stream}' in the transform's rngs filter")
+        if stream in ctx.rng_streams:
+            return stream
+    tried = " nor ".join(f"'{s}'" for s in streams.candidates(name, fallbacks))
+    raise errors.MissingRngError(
+        f"RNG stream '{name}' was requested, but neither {tried} was provided." if fallbacks
+        else f"RNG stream '{name}' was requested but not provided.",
+        collection=name, path=where_ or None, **where(ctx),
+        fix=f"pass rngs={{'{name}': jax.random.key(0)}} (or a vj.Rngs) to init/apply")
+
+
+def draw_at(ctx: TraceContext, name: str, where_: Path,
+            fallbacks: tuple[str, ...] = (streams.DEFAULT,)) -> jax.Array:
+    """A fresh key from stream ``name`` or a fallback; ``where_`` (the module path) is for
+    errors only."""
+    stream = resolve_stream(ctx, name, where_, fallbacks)
     direct = ctx.direct
     if direct is not None:
         ctx.observe()
-        n = direct.counters.get(name, 0)
-        direct.counters[name] = n + 1
-        return jax.random.fold_in(direct.keys[name], n)
-    return bind_draw(name, ctx.rng_streams[name])
+        n = direct.counters.get(stream, 0)
+        direct.counters[stream] = n + 1
+        return jax.random.fold_in(direct.keys[stream], n)
+    return bind_draw(stream, ctx.rng_streams[stream])
 
 
 _expected: dict[Any, VarType] = {}
@@ -539,12 +551,12 @@ def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_ar
         return value
     if not ctx.is_mutable("params"):
         raise _missing(ctx, "params", path, "collection 'params' is immutable, so it cannot be created")
-    if PARAMS_STREAM not in ctx.rng_streams:
+    if not any(s in ctx.rng_streams for s in streams.candidates(streams.PARAMS)):
         raise errors.MissingRngError(
-            f"creating parameter {errors.format_path(path)} needs the '{PARAMS_STREAM}' RNG "
+            f"creating parameter {errors.format_path(path)} needs the '{streams.PARAMS}' RNG "
             "stream, which was not provided.", collection="params", path=path, **where(ctx),
-            fix="call init with a key: fn.init(jax.random.key(0), ...)")
-    value = run_init(init_fn, draw_at(ctx, PARAMS_STREAM, path), *init_args)
+            fix="call init with a key or a vj.Rngs: fn.init(jax.random.key(0), ...)")
+    value = run_init(init_fn, draw_at(ctx, streams.PARAMS, path), *init_args)
     _write(ctx, "params", path, value)
     return value
 
@@ -617,10 +629,10 @@ def sow_at(ctx: TraceContext, collection: str, path: Path, value: Any,
            reduce_fn: Callable[[Any, Any], Any] = _append, init_fn: Callable[[], Any] = tuple) -> bool:
     ctx.observe()
     _check_collection(ctx, collection, path)
+    if not ctx.is_mutable(collection):
+        return False          # before the lift check: a no-op needs no lifting
     if ctx.lift is not None:
         ctx.lift.check(ctx, collection, path)
-    if not ctx.is_mutable(collection):
-        return False
     old = _read(ctx, collection, path) if _exists(ctx, collection, path) else init_fn()
     _write(ctx, collection, path, reduce_fn(old, value))
     return True

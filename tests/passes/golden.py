@@ -6,16 +6,15 @@ import jax
 import varjax as vj
 from varjax.functionalize import flatten_variables
 from varjax.passes import PassContext, get_pass
-from varjax.passes.lower_rng import RNG_COLLECTION
 from varjax.scope import VarType
+from varjax.streams import explicit_key
 
 
 def context(variables=None, rngs=None, mutable=True) -> PassContext:
     """The PassContext functionalize would build for these inputs."""
     types = {k: VarType.of_leaves(t, ls) for k, (t, ls) in flatten_variables(variables or {}).items()}
     rng_avals = {s: jax.typeof(k) for s, k in (rngs or {}).items()}
-    types.update({(RNG_COLLECTION, (s,)): VarType(jax.tree.structure(0), (a,))
-                  for s, a in rng_avals.items()})
+    types.update({explicit_key(s): VarType(jax.tree.structure(0), (a,)) for s, a in rng_avals.items()})
     return PassContext(variables=types, mutable=mutable, rng_streams=rng_avals)
 
 

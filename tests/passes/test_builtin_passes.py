@@ -89,11 +89,12 @@ def test_lower_rng_static_counters_and_a_carried_counter_in_loops():
           in (c, f) }""")
 
 
-def test_lower_rng_implicit_mode_keeps_key_and_count_in_the_rngs_collection():
+def test_lower_rng_lowers_a_stream_kept_as_state_implicitly_in_the_rngs_collection():
     def f(x):
         return vj.make_rng("dropout")
 
-    _, after = run_pass("lower-rng", f, ONE, rngs={"dropout": jax.random.key(0)}, mode="implicit")
+    state = {"rngs": {"dropout": {"key": jax.random.key(0), "count": jnp.uint32(0)}}}
+    _, after = run_pass("lower-rng", f, ONE, variables=state, mutable=["rngs"])
     text = str(after)
     assert "var_get[rngs:dropout/key]" in text and "var_set[rngs:dropout/count]" in text
 

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import jax
 
 from varjax import errors, scope
-from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
+from varjax.functionalize import (
+    Functionalized,
+    flatten_variables,
+    is_rng_state,
+    normalize_rngs,
+    unflatten_variables,
+)
 from varjax.primitives import Path
 
 if TYPE_CHECKING:
@@ -44,7 +50,10 @@ class BoundRoot:
     def __init__(self, variables: Mapping[str, Any], rngs: Any, mutable: Any):
         self.variables = unflatten_variables(
             {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
-        self.rngs = normalize_rngs(rngs)
+        # A vj.Rngs is state: every call draws from it and advances it.  Keys are folded
+        # with the call index instead (see _next_rngs).
+        self.held = rngs if is_rng_state(rngs) else None
+        self.rngs = {} if self.held is not None else normalize_rngs(rngs)
         self.mutable = mutable
         self.origin: scope.TraceContext | None = None  # set while one of our calls traces
         self.version = 0
@@ -52,10 +61,16 @@ class BoundRoot:
         self.adopted: dict[int, tuple[Module, Module]] = {}   # see Module._adopt
         self._fns: dict[Any, Functionalized] = {}
 
-    def _next_rngs(self) -> dict[str, Any]:
-        """Call n >= 1 folds n into every key, so repeated calls draw fresh randomness."""
+    def _next_rngs(self) -> Any:
+        """The held ``Rngs``, or the keys with call n >= 1 folding n into every key: either
+        way repeated calls draw fresh randomness."""
+        if self.held is not None:
+            return self.held
         n, self.calls = self.calls, self.calls + 1
         return self.rngs if n == 0 else {s: jax.random.fold_in(k, n) for s, k in self.rngs.items()}
+
+    def has_rng(self, name: str) -> bool:
+        return name in (self.held if self.held is not None else self.rngs)
 
     def run(self, module: Module, fn: Callable, args: tuple, kwargs: dict, *,
             method: bool = True) -> Any:

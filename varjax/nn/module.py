@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-from varjax import errors, filters, scope
+from varjax import errors, filters, scope, streams
 from varjax.functionalize import Functionalized, flatten_variables, unflatten_variables
 from varjax.nn.binding import BoundRoot, BoundVariable, Scope, TraceRoot
 from varjax.primitives import Path
@@ -453,20 +453,19 @@ class Module:
             return value + self.get_variable(collection, name)
         return value
 
-    def make_rng(self, name: str = scope.PARAMS_STREAM) -> jax.Array:
-        """A fresh key from stream ``name``; every call gives a different key.  As in Linen,
-        a stream that was not given falls back to ``params`` when that one was (so
-        ``init(key, x, train=True)`` works); with neither, ``MissingRngError``."""
+    def make_rng(self, name: str = streams.PARAMS) -> jax.Array:
+        """A fresh key from stream ``name``; every call gives a different key.  A stream that
+        was not given falls back to ``default`` (a ``vj.Rngs`` seed, as in NNX), then to
+        ``params`` (as in Linen, so ``init(key, x, train=True)`` works); with none of them,
+        ``MissingRngError``."""
         if self.scope is not None and self.scope.eager():
             return self._eager(lambda m: m.make_rng(name))
         ctx = self._ctx("Module.make_rng")
-        if name not in ctx.rng_streams and scope.PARAMS_STREAM in ctx.rng_streams:
-            name = scope.PARAMS_STREAM   # Linen: a missing stream falls back to 'params'
-        return scope.draw_at(ctx, name, self.scope.path)
+        return scope.draw_at(ctx, name, self.scope.path, (streams.DEFAULT, streams.PARAMS))
 
     def has_rng(self, name: str) -> bool:
         if self.scope is not None and self.scope.eager():
-            return name in self.scope.root.rngs
+            return self.scope.root.has_rng(name)
         return name in self._ctx("Module.has_rng").rng_streams
 
     def is_mutable_collection(self, collection: str) -> bool:

@@ -2,7 +2,8 @@
 
 Exported from ``varjax`` and ``varjax.nn``; one file per family: ``batching``
 (vmap, shard_map, pmap), ``loops`` (scan, remat_scan, while_loop, fori_loop),
-``branches`` (cond, switch), ``calls`` (jit, remat, named_call, map_variables)
+``branches`` (cond, switch), ``calls`` (jit, remat, named_call, map_variables,
+fold_rngs)
 and ``autodiff`` (jvp, vjp, grad, value_and_grad, custom_vjp, custom_jvp).
 ``target`` is the glue they share.
 """
@@ -18,6 +19,7 @@ from varjax.transforms.batching import vmap as vmap
 from varjax.transforms.branches import cond as cond
 from varjax.transforms.branches import switch as switch
 from varjax.transforms.calls import checkpoint as checkpoint
+from varjax.transforms.calls import fold_rngs as fold_rngs
 from varjax.transforms.calls import jit as jit
 from varjax.transforms.calls import map_variables as map_variables
 from varjax.transforms.calls import named_call as named_call
@@ -28,6 +30,6 @@ from varjax.transforms.loops import remat_scan as remat_scan
 from varjax.transforms.loops import scan as scan
 from varjax.transforms.loops import while_loop as while_loop
 
-__all__ = ["broadcast", "checkpoint", "cond", "custom_jvp", "custom_vjp", "fori_loop", "grad",
-           "jit", "jvp", "map_variables", "named_call", "pmap", "remat", "remat_scan", "scan",
-           "shard_map", "switch", "value_and_grad", "vjp", "vmap", "while_loop"]
+__all__ = ["broadcast", "checkpoint", "cond", "custom_jvp", "custom_vjp", "fold_rngs", "fori_loop",
+           "grad", "jit", "jvp", "map_variables", "named_call", "pmap", "remat", "remat_scan",
+           "scan", "shard_map", "switch", "value_and_grad", "vjp", "vmap", "while_loop"]

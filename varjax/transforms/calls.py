@@ -1,5 +1,5 @@
-"""Lifted ``jit``, ``remat`` (= ``checkpoint``), ``named_call`` and ``map_variables``:
-transforms that run the body once, as a call.
+"""Lifted ``jit``, ``remat`` (= ``checkpoint``), ``named_call``, ``map_variables`` and
+``fold_rngs``: transforms that run the body once, as a call.
 
 Every lifted call is already one ``jit`` equation in the IR (see
 ``varjax.lifting``); ``jit`` adds JAX's own options (static arguments,
@@ -170,6 +170,18 @@ def named_call(target: Any, name: str | None = None, methods: Any = None) -> Any
         return call
 
     return apply_to(target, "named_call", make, methods)
+
+
+def fold_rngs(target: Any, variables: Any = True, rngs: Any = True, methods: Any = None) -> Any:
+    """The body draws from one fresh key per stream, drawn once from the enclosing stream
+    per call (Linen's ``nn.fold_rngs``).  Every lift does this; ``fold_rngs`` does only
+    this, so it isolates the body's randomness: adding or removing draws inside it leaves
+    the keys of every draw after it unchanged."""
+    def transform(region: Callable, groups: tuple, rngs_: tuple, *args: Any, **kwargs: Any) -> Any:
+        return region(groups, rngs_, *args, **kwargs)
+
+    return apply_to(target, "fold_rngs", lambda fn: lift(
+        transform, fn, variables=(variables,), rngs=(rngs,), name="fold_rngs"), methods)
 
 
 def _identity(tree: Any) -> Any:
