@@ -9,7 +9,8 @@ Each stream is lowered in the mode the call chose for it (``varjax.streams``):
   continues from the largest.
 * ``implicit`` -- the stream is state in collection ``rngs``: variables
   ``s/key`` and ``s/count``.  A draw reads both, returns ``fold_in(key, count)``
-  and writes ``count + 1``, so repeated calls draw fresh keys.  The collection
+  and writes ``count + 1``, so repeated calls draw fresh keys (after a
+  conditional, the count is where the branch that ran left it).  The collection
   must be mutable (``ImmutableCollectionError`` names the stream and the line).
 
 A loop (``scan``/``while``) that draws cannot use a static counter: every

@@ -63,12 +63,19 @@ _checked = 0
 
 # --- comparison ------------------------------------------------------------------------------
 
+def _plain(x) -> np.ndarray:
+    """A NumPy array; a typed PRNG key as its key data."""
+    if jax.dtypes.issubdtype(jnp.asarray(x).dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(x))
+    return np.asarray(x)
+
+
 def assert_trees_close(actual, expected, what: str) -> None:
     a_tree, e_tree = jax.tree.structure(actual), jax.tree.structure(expected)
     assert a_tree == e_tree, f"{what}: structure differs\n varjax:    {a_tree}\n reference: {e_tree}"
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(expected)]
     for path, a, e in zip(paths, jax.tree.leaves(actual), jax.tree.leaves(expected)):
-        a, e = np.asarray(a), np.asarray(e)
+        a, e = _plain(a), _plain(e)
         assert a.shape == e.shape and a.dtype == e.dtype, \
             f"{what}{path}: varjax {a.dtype}{a.shape} vs reference {e.dtype}{e.shape}"
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5, err_msg=f"{what}{path}")
@@ -89,6 +96,7 @@ class Case:
     grad_partial: bool = False  # differentiate apply with the partial mutable, not mutable=True
     drop: tuple = ()            # collections the partial apply re-creates instead of being given
     mutable_deny: bool = False  # the partial mutable as vj.DenyList(the other collections)
+    implicit: bool = False      # also apply with 'dropout' kept as state in collection 'rngs'
 
     def partial_mutable(self):
         cols = sorted(P.written_collections(self.program) | set(self.extra_mutable))
@@ -116,6 +124,7 @@ def cases(draw, **program_kwargs):
         grad_partial=draw(st.booleans()),
         drop=tuple(sorted(draw(st.sets(st.sampled_from(P.COLLECTIONS))))),
         mutable_deny=draw(st.integers(0, 3)) == 0,
+        implicit=draw(st.integers(0, 2)) == 0,
     )
 
 
@@ -184,6 +193,16 @@ def check_case(case: Case) -> None:
     ref_out, ref_updated = P.reference_run(prog, variables, (x, sel), keys, True)
     assert_trees_close(out, ref_out, "apply(mutable=True)" + desc + "\nout")
     assert_trees_close(updated, ref_updated, "apply(mutable=True)" + desc + "\nupdated")
+
+    # apply, everything mutable, 'dropout' as implicit state (its count drives the draws).
+    if case.implicit and "dropout" in P.drawn_streams(prog.body):
+        state = {"dropout": {"key": keys["dropout"], "count": jnp.uint32(case.seed % 7)}}
+        with_state = {**variables, "rngs": state}
+        out, updated = fn.apply(with_state, x, sel, rngs={"params": keys["params"]}, mutable=True)
+        ref_out, ref_updated = P.reference_run(prog, with_state, (x, sel), {"params": keys["params"]},
+                                               True, implicit=("dropout",))
+        assert_trees_close(out, ref_out, "apply(implicit dropout)" + desc + "\nout")
+        assert_trees_close(updated, ref_updated, "apply(implicit dropout)" + desc + "\nupdated")
 
     # apply, partial mutability.
     # Mutable collections in `drop` are left out of the variables: apply re-creates them.

@@ -490,13 +490,17 @@ def matches(mutable, col: str) -> bool:
 
 
 class _Reference:
-    def __init__(self, program, variables, rng_keys, mutable, grad_mode=False):
+    def __init__(self, program, variables, rng_keys, mutable, grad_mode=False, implicit=()):
         self.grad_mode = grad_mode
         self.in_custom = 0
         self.shape = program.shape
         self.store = {c: dict(v) for c, v in copy.deepcopy(dict(variables)).items()}
         self.keys = dict(rng_keys or {})
         self.rng = {s: _Static() for s in self.keys}
+        for s in implicit:   # kept as state in variables['rngs']: dynamic from its count
+            st_ = self.store["rngs"][s]
+            self.keys[s] = st_["key"]
+            self.rng[s] = _Dynamic(st_["key"], int(st_["count"]))
         self.mutable = mutable
 
     # variables
@@ -635,7 +639,7 @@ class _Reference:
 
 
 def reference_run(program: Program, variables: dict, args: tuple, rng_keys: dict | None,
-                  mutable, grad_mode: bool = False) -> tuple[Any, dict]:
+                  mutable, grad_mode: bool = False, implicit: tuple = ()) -> tuple[Any, dict]:
     """Run ``program`` eagerly over a dict store.
 
     Returns ``(out, updated)`` where ``updated`` holds every collection matching
@@ -643,12 +647,16 @@ def reference_run(program: Program, variables: dict, args: tuple, rng_keys: dict
     ``grad_mode`` the custom_jvp / custom_vjp bodies get the identity derivative
     their rules define (the forward value may then differ in the last bit) and
     the variables they write get a zero derivative, so ``jax.grad`` of this
-    function is the reference gradient.
+    function is the reference gradient.  Streams in ``implicit`` are kept as state in
+    ``variables['rngs']`` (``{'key', 'count'}``): every draw is dynamic, ``fold_in(key,
+    count)``, and the final count is stored back.
     """
     x, sel = args
-    ref = _Reference(program, variables, rng_keys, mutable, grad_mode)
+    ref = _Reference(program, variables, rng_keys, mutable, grad_mode, implicit)
     out = ref.run(program.body, jnp.asarray(x, F32) if not grad_mode else x,
                   jnp.asarray(sel, jnp.int32))
+    for s in implicit:
+        ref.store["rngs"][s] = {"key": ref.keys[s], "count": jnp.uint32(ref.rng[s].i)}
     updated = {c: dict(vs) for c, vs in ref.store.items() if vs and matches(mutable, c)}
     return out, updated
 
