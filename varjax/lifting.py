@@ -51,7 +51,8 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections import ChainMap
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -141,8 +142,7 @@ class Region:
                  **kwargs: Any) -> tuple[Any, tuple[Group, ...]]:
         if self._lifted.direct and not self._probed:
             self._lifted.check_groups(groups, rngs)
-            keys = {s: k for g in rngs for s, k in g.items()}
-            out, written = self._run_direct(groups, keys, args, kwargs)
+            out, written = self._run_direct(groups, rngs, args, kwargs)
         else:
             flat, keys = self._flat(groups, rngs)
             outer = self._lifted.outer
@@ -154,7 +154,7 @@ class Region:
             groups_out[self._lifted.group_of(key[0])][key] = value
         return out, groups_out
 
-    def _run_direct(self, groups: Sequence[Group], keys: dict[str, Any], args: tuple,
+    def _run_direct(self, groups: Sequence[Group], rngs: Sequence[Mapping], args: tuple,
                     kwargs: dict) -> tuple[Any, dict[Key, Any]]:
         """Run the body in the transform's own trace, with reads and writes resolved in a
         dictionary (``scope.Direct``): no effectful trace, no pipeline, no re-binding.  A
@@ -162,8 +162,8 @@ class Region:
         again through the IR (``Functionalized``)."""
         values = {k: v for g in groups for k, v in g.items()}
         ctx = self._region_context({k: scope.VarType.of(v) for k, v in values.items()},
-                                   {s: _jax.get_aval(k) for s, k in keys.items()})
-        ctx.direct = scope.Direct(values, keys)
+                                   _key_avals(rngs))
+        ctx.direct = scope.Direct(values, ChainMap(*rngs))   # a key is looked up when drawn
         ctx.top_trace = _jax.current_trace()
         with scope.activate(ctx):
             out = self.body(*args, **kwargs)
@@ -379,6 +379,40 @@ def set_aside(groups: Sequence[Group], fits: Callable[[int, Any], bool]
         kept.append(ok)
         aside.append({k: v for k, v in group.items() if k not in ok})
     return tuple(kept), tuple(aside)
+
+
+class DerivedKeys(Mapping):
+    """An RNG group whose keys are ``derive(key)`` of ``base``'s, computed when the body
+    first draws from a stream.  A transform that derives per-step keys inside a loop body
+    (``fold_in(key, i)`` in a ``while_loop``) hands these in, so a stream the body never
+    draws from never enters the loop: JAX cannot prune an unused input of a ``while``, and
+    the lift would keep drawing the enclosing stream for it.  ``derive`` must keep the
+    key's type."""
+
+    def __init__(self, base: Mapping[str, Any], derive: Callable[[Any], Any]):
+        self.base = dict(base)
+        self.derive = derive
+        self._done: dict[str, Any] = {}
+
+    def __getitem__(self, stream: str) -> Any:
+        if stream not in self._done:
+            self._done[stream] = self.derive(self.base[stream])
+        return self._done[stream]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def aval(self, stream: str) -> Any:
+        return _jax.get_aval(self.base[stream])
+
+
+def _key_avals(rngs: Sequence[Mapping]) -> dict[str, Any]:
+    """Stream -> key aval over RNG groups, without deriving any ``DerivedKeys``."""
+    return {s: g.aval(s) if isinstance(g, DerivedKeys) else _jax.get_aval(g[s])
+            for g in rngs for s in g}
 
 
 def partition(args: tuple) -> tuple[list[Any], Callable[[Sequence[Any]], tuple]]:

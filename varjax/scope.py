@@ -123,7 +123,7 @@ class Direct:
     writes are dictionary operations on the values handed in, and draws fold a static,
     order-based counter into the handed key, exactly as ``lower-rng`` would."""
 
-    def __init__(self, values: dict[Key, Any], keys: dict[str, Any]):
+    def __init__(self, values: dict[Key, Any], keys: Mapping[str, Any]):
         self.values = values
         self.keys = keys
         self.counters: dict[str, int] = {}

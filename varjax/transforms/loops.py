@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from varjax import errors, filters, scope
-from varjax.lifting import Group, lift, set_aside
+from varjax.lifting import DerivedKeys, Group, lift, set_aside
 from varjax.transforms.calls import checkpoint
 from varjax.transforms.target import apply_to, call_direct, filter_items, has_axis, reject, rng_groups
 
@@ -187,7 +187,7 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any,
         carried, bcast = groups
 
         def keys_at(i: Any, which: int) -> tuple:
-            return tuple({s: jax.random.fold_in(k, 2 * i + which) for s, k in g.items()}
+            return tuple(DerivedKeys(g, lambda k: jax.random.fold_in(k, 2 * i + which))
                          if do else g for g, do in zip(rngs, split))
         zero = jnp.zeros((), jnp.int32)
 
