@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: install test demo bench fuzz dump lint clean
+.PHONY: install test demo examples digits ensemble char_lm bench fuzz dump lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,18 @@ test: $(VENV)/.installed-test
 fuzz: $(VENV)/.installed-test
 	VARJAX_FUZZ_EXAMPLES=10000 $(BIN)/python -m pytest -s -p no:xdist tests/test_fuzz.py
 
-demo: $(VENV)/.installed-test
+demo: $(VENV)/.installed-examples
 	$(BIN)/python examples/demo.py
+
+digits ensemble char_lm: %: $(VENV)/.installed-examples
+	$(BIN)/python examples/$*.py
+
+examples: digits ensemble char_lm
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench
 
-dump: $(VENV)/.installed-test
+dump: $(VENV)/.installed-examples
 	rm -rf dumps && VARJAX_DUMP_DIR=dumps $(BIN)/python examples/demo.py > /dev/null
 	find dumps -type f | sort
 
