@@ -1,6 +1,6 @@
 """The design notes run: their code blocks are executed, so the notes cannot rot.
 
-Conventions for the notes files listed in ``NOTES``:
+Conventions for the notes files listed in ``NOTES`` (the README's examples run too):
 
 * Every fenced ```` ```python```` block runs (indented ones inside list items too), in order,
   in one namespace per notes file, like a doctest session: later blocks may use names defined
@@ -33,7 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTES = ("architecture.md", "ir.md", "writing-passes.md", "modules.md", "inspecting.md", "lifting.md",
-         "transforms.md", "randomness.md")
+         "transforms.md", "randomness.md", "../README.md")
 _FENCE = re.compile(r"^( *)```(\w*)\s*$")
 _LOCATION = re.compile(r"(notes/[\w.-]+\.md):\d+(?::\d+)?")
 
