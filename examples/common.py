@@ -10,13 +10,12 @@ import time
 from typing import Iterator
 
 import numpy as np
+from sklearn.datasets import load_digits  # the examples extra; never a varjax dependency
 
 
 def digits(test_fraction: float = 0.2, seed: int = 0):
     """``(x_train, y_train, x_test, y_test)``: images as float32 ``(n, 8, 8, 1)`` in
     ``[0, 1]``, labels as int32, split with a seeded permutation."""
-    from sklearn.datasets import load_digits   # an examples extra, not a varjax dependency
-
     data = load_digits()
     x = (data.images / 16.0).astype(np.float32)[..., None]
     y = data.target.astype(np.int32)

@@ -160,6 +160,8 @@ class Pipeline:
         from varjax.passes.dump import Dump
         from varjax.passes.verify import Verify
         dump_dir = self.dump_dir or os.environ.get(DUMP_DIR_ENV) or None
+        if any(isinstance(h, Dump) for h in self.instrumentations):
+            dump_dir = None   # an explicit Dump (vj.dump(to=...)) replaces the default one
         return ([Verify()] if self.verify else []) + ([Dump(dump_dir)] if dump_dir else [])
 
     def _run(self, jaxpr, ctx, hooks: list[Instrumentation]) -> _jax.ClosedJaxpr:

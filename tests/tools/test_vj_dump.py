@@ -64,6 +64,13 @@ def test_dump_to_a_directory_writes_numbered_files_and_diffs(mlp_vars, tmp_path)
     assert "test_vj_dump.py" not in entries[0][1]
 
 
+def test_dump_to_a_directory_writes_once_even_when_the_dump_environment_variable_is_set(
+        mlp_vars, tmp_path, monkeypatch):
+    monkeypatch.setenv("VARJAX_DUMP_DIR", str(tmp_path))
+    vj.dump(MLP(), X, variables=mlp_vars, to=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 1      # the explicit Dump replaces the default one
+
+
 def test_dump_of_a_failing_pipeline_raises_the_varjax_error(tmp_path):
     def writes(x):
         vj.variable("stats", "n").value = x
