@@ -16,8 +16,8 @@ import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
+from orbax_io import restore, save
 
 import varjax.nn
 
@@ -81,17 +81,6 @@ def _varjax_target() -> dict:
     return target
 
 
-def _save(path: Path, variables: dict) -> None:
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(path, variables)
-        ckptr.wait_until_finished()
-
-
-def _restore(path: Path, target: Any) -> dict:
-    with ocp.StandardCheckpointer() as ckptr:
-        return ckptr.restore(path, target)
-
-
 def _assert_close(a: Any, b: Any) -> None:
     assert jax.tree.structure(a) == jax.tree.structure(b)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -119,8 +108,8 @@ def _assert_same_eval_outputs(linen_variables: dict, varjax_variables: dict) -> 
 def test_linen_orbax_checkpoint_restores_into_varjax_model_with_same_outputs_and_batch_stats(
         tmp_path: Path) -> None:
     linen_variables = _linen_variables()
-    _save(tmp_path / "ckpt", linen_variables)
-    restored = _restore(tmp_path / "ckpt", _varjax_target())
+    save(tmp_path / "ckpt", linen_variables)
+    restored = restore(tmp_path / "ckpt", _varjax_target())
     _assert_close(restored, linen_variables)
 
     _assert_same_eval_outputs(linen_variables, restored)
@@ -135,9 +124,9 @@ def test_linen_orbax_checkpoint_restores_into_varjax_model_with_same_outputs_and
 
 def test_varjax_orbax_checkpoint_restores_into_linen_model_with_same_outputs(tmp_path: Path) -> None:
     varjax_variables = _trained_looking(_varjax_target(), seed=2)
-    _save(tmp_path / "ckpt", varjax_variables)
+    save(tmp_path / "ckpt", varjax_variables)
     # An abstract target: Linen's init is never run, only its layout is needed.
-    restored = _restore(tmp_path / "ckpt", jax.eval_shape(LINEN.init, KEY, X))
+    restored = restore(tmp_path / "ckpt", jax.eval_shape(LINEN.init, KEY, X))
     _assert_close(restored, varjax_variables)
     _assert_same_eval_outputs(restored, varjax_variables)
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
+from orbax_io import restore, save
 
 import varjax as vj
 import varjax.nn as nn
@@ -45,17 +45,6 @@ def _data(seed: int = 0) -> tuple[jax.Array, jax.Array]:
 
 def _init(x: jax.Array, params_seed: int = 0, dropout_seed: int = 1) -> dict:
     return MODEL.init(vj.Rngs(params=params_seed, dropout=dropout_seed), x)
-
-
-def _save(path: Path, state: Any) -> None:
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(path, state)
-        ckptr.wait_until_finished()
-
-
-def _restore(path: Path, target: Any) -> Any:
-    with ocp.StandardCheckpointer() as ckptr:
-        return ckptr.restore(path, target)
 
 
 def _comparable(leaf: jax.Array) -> np.ndarray:
@@ -90,9 +79,9 @@ def test_variables_with_params_batch_stats_and_rng_state_restore_bit_exactly(tmp
         "rngs": {"dropout": {**variables["rngs"]["dropout"], "count": jnp.uint32(5)}},
     }
 
-    _save(tmp_path / "ckpt", variables)
+    save(tmp_path / "ckpt", variables)
     # A target from other seeds: every restored value must come from the checkpoint.
-    restored = _restore(tmp_path / "ckpt", _init(x, params_seed=7, dropout_seed=8))
+    restored = restore(tmp_path / "ckpt", _init(x, params_seed=7, dropout_seed=8))
 
     _assert_bit_exact(restored, variables)
 
@@ -134,10 +123,10 @@ def test_resuming_training_from_a_checkpoint_reproduces_the_next_loss_bitwise(tm
     for _ in range(steps_before_checkpoint):
         state, _ = _train_step(state, x, y)
     assert int(state["variables"]["rngs"]["dropout"]["count"]) == steps_before_checkpoint
-    _save(tmp_path / "ckpt", state)
+    save(tmp_path / "ckpt", state)
     _, uninterrupted_loss = _train_step(state, x, y)
 
-    restored = _restore(tmp_path / "ckpt", _fresh_state(x, params_seed=7, dropout_seed=8))
+    restored = restore(tmp_path / "ckpt", _fresh_state(x, params_seed=7, dropout_seed=8))
     assert int(restored["step"]) == steps_before_checkpoint
     _, resumed_loss = _train_step(restored, x, y)
     np.testing.assert_array_equal(np.asarray(resumed_loss), np.asarray(uninterrupted_loss))
