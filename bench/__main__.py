@@ -1,25 +1,37 @@
 """``python -m bench [SUITE ...] [--results]``: run benchmark suites, print markdown tables.
 
-Each suite is a module with ``run() -> list[Table]``; its tables print as soon as
-it finishes, because the whole run takes minutes.  ``--results`` also appends
-them to ``bench/RESULTS.md`` under the command line and machine that produced
-them, so a number there can always be reproduced.  A MISS against a target is
-reported, not raised: these are benchmarks, not tests.
+Each suite is a module with ``run() -> list[Table]``.  Every suite runs in a fresh
+process, so one suite's caches (JAX's jit caches, varjax's shared module traces, Flax's
+and XLA's) never make another look faster; its tables print as soon as it finishes,
+because the whole run takes minutes.  ``--results`` also appends them to
+``bench/RESULTS.md`` under the command line and machine that produced them, so a
+number there can always be reproduced.  A MISS against a target is reported, not
+raised: these are benchmarks, not tests.
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
-from bench import bench_modules, bench_pipeline, bench_trace, bench_transforms, harness
+from bench import harness
 
 SUITES = {
-    "trace": bench_trace.run,
-    "modules": bench_modules.run,
-    "pipeline": bench_pipeline.run,
-    "transforms": bench_transforms.run,
+    "trace": "bench.bench_trace",
+    "frameworks": "bench.bench_frameworks",
+    "dispatch": "bench.bench_dispatch",
+    "transforms": "bench.bench_transforms",
+    "pipeline": "bench.bench_pipeline",
 }
+
+
+def run_isolated(module: str) -> list[harness.Table]:
+    """``module.run()`` in a new process (spawned, not forked: a fork would inherit this
+    process's JAX state)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(harness.run_suite, module).result()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     tables = []
     for name in args.suites or SUITES:
-        for table in SUITES[name]():
+        for table in run_isolated(SUITES[name]):
             print(table.markdown(), flush=True)
             tables.append(table)
     verdicts = [(t.title, row, ok) for t in tables for row, ok in t.verdicts()]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gc
+import importlib
 import os
 import platform
 import statistics
@@ -176,6 +177,11 @@ def count_eqns(jaxpr: Any) -> int:
     cond branches, jit calls...) recursively."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     return len(jaxpr.eqns) + sum(count_eqns(sub) for sub in jax.extend.core.subjaxprs(jaxpr))
+
+
+def run_suite(module: str) -> list[Table]:
+    """Import suite ``module`` and run it (``python -m bench`` calls this in a new process)."""
+    return importlib.import_module(module).run()
 
 
 def environment() -> str:

@@ -35,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from varjax import _jax, errors, filters, streams
 from varjax.effects import streams_of
@@ -107,6 +108,30 @@ class _Lowerer(Rewriter):
     def __init__(self):
         super().__init__()
         self.loop_ids = itertools.count()
+        self._pieces: dict = {}
+
+    def piece(self, eqn: _jax.JaxprEqn, in_avals: list, region: Region) -> tuple:
+        """A top-level draw: one traced piece per stream state, reused for every draw.  A
+        static counter is the piece's extra input, bound to the draw's counter as a literal
+        (so an init drawing a key per parameter traces two or three pieces, not one per
+        parameter); a dynamic state's piece reads and advances the count itself."""
+        if eqn.primitive is not rng_draw_p:
+            return super().piece(eqn, in_avals, region)
+        st = region.state[eqn.params["stream"]]
+        static = isinstance(st, _Static)
+        key = (static, st.key, None if static else st.count, st.aval)
+        found = self._pieces.get(key)
+        if found is None:
+            if static:
+                found = self.trace(lambda n: [jax.random.fold_in(_get(st.key, st.aval), n)],
+                                   [COUNT_AVAL])
+            else:
+                found = self.trace(lambda: [self.draw(st)], [])
+            self._pieces[key] = found
+        if not static:
+            return found, []
+        st.counter += 1
+        return found, [_jax.Literal(np.uint32(st.counter - 1), COUNT_AVAL)]
 
     def needs_rewrite(self, jaxpr: _jax.Jaxpr) -> bool:
         return bool(streams_of(jaxpr.effects))

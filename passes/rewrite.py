@@ -27,8 +27,9 @@ object), so unchanged passes are free and print-after-change is exact.
 rewrite emits depends only on the equation, its inputs and Python state, never
 on values kept from other equations) does not re-trace a jaxpr in which only
 top-level equations need rewriting.  Each such equation is traced alone, over
-its input avals, and its equations are spliced in place of it; every other
-equation is kept as it is.  A pass touching a few equations of a large jaxpr
+its input avals (``piece``), and its equations are spliced in place of it, with
+fresh binders and the replaced equation's source line; every other equation is kept
+as it is.  A pass touching a few equations of a large jaxpr
 (RNG draws, casts of reads) then costs a walk, not a re-evaluation.
 
 Sharp edges:
@@ -143,19 +144,31 @@ class Rewriter:
             if not self.rewrites(eqn):
                 eqns.append(eqn if invars == list(eqn.invars) else eqn.replace(invars=invars))
                 continue
-            piece = self.trace(lambda *xs: self.eqn(eqn, list(xs), region), [a.aval for a in invars])
-            local = dict(zip(piece.jaxpr.invars, invars))
+            piece, extra = self.piece(eqn, [a.aval for a in invars], region)
+            local = dict(zip(piece.jaxpr.invars, invars + extra))
             constvars += piece.jaxpr.constvars
             consts += piece.consts
-            for e in piece.jaxpr.eqns:
+            for e in piece.jaxpr.eqns:   # fresh binders: a piece may be spliced many times
+                outvars = [_jax.new_var(v.aval) for v in e.outvars]
                 eqns.append(e.replace(invars=[local.get(a, a) if isinstance(a, _jax.Var) else a
-                                              for a in e.invars]))
+                                              for a in e.invars],
+                                      outvars=outvars, source_info=eqn.source_info))
+                local.update(zip(e.outvars, outvars))
             rename.update((o, local.get(n, n) if isinstance(n, _jax.Var) else n)
                           for o, n in zip(eqn.outvars, piece.jaxpr.outvars))
         effects = set().union(*(e.effects for e in eqns))
         new = jaxpr.replace(constvars=constvars, eqns=eqns, outvars=[sub(a) for a in jaxpr.outvars],
                             effects=effects)
         return ClosedJaxpr(new, consts)
+
+    def piece(self, eqn: _jax.JaxprEqn, in_avals: list[Any], region: Region
+              ) -> tuple[ClosedJaxpr, list[Any]]:
+        """What ``splice`` puts in place of ``eqn``: a jaxpr over ``eqn``'s inputs followed
+        by ``extra`` inputs (literals), and those literals.  By default ``eqn`` is rewritten
+        alone, with no extra inputs.  A rewriter whose replacements differ only in
+        constants overrides this to trace one piece and reuse it with other literals: one
+        trace per kind of replacement instead of one per equation."""
+        return self.trace(lambda *xs: self.eqn(eqn, list(xs), region), in_avals), []
 
     def trace(self, fn: Callable[..., Sequence[Any]], in_avals: list[Any]) -> ClosedJaxpr:
         return _jax.trace_to_jaxpr(lambda *a: list(fn(*a)), in_avals)

@@ -59,6 +59,8 @@ _CONCRETIZATION_HINT = (
 
 # --- variables dicts <-> flat (collection, path) entries ---------------------------------
 
+_SCALAR = jax.tree.structure(0)   # the treedef of a single leaf
+
 def flatten_variables(variables: Mapping[str, Any]) -> dict[Key, tuple[Any, list[Any]]]:
     """``{collection: {scope: {name: value}}}`` -> ``{(collection, path): (tree, leaves)}``.
 
@@ -67,7 +69,9 @@ def flatten_variables(variables: Mapping[str, Any]) -> dict[Key, tuple[Any, list
     flat: dict[Key, tuple[Any, list[Any]]] = {}
 
     def visit(col: str, path: tuple[str, ...], node: Any) -> None:
-        if isinstance(node, Mapping):
+        if isinstance(node, jax.Array):      # most variables; checked first: ABC checks are slow
+            flat[(col, path)] = (_SCALAR, [node])
+        elif isinstance(node, (dict, Mapping)):
             for name in node:
                 visit(col, path + (str(name),), node[name])
         else:
@@ -76,7 +80,7 @@ def flatten_variables(variables: Mapping[str, Any]) -> dict[Key, tuple[Any, list
 
     for col in variables:
         node = variables[col]
-        if not isinstance(node, Mapping):
+        if not isinstance(node, (dict, Mapping)):
             raise TypeError(f"variables['{col}'] must be a dict of variables, got {type(node).__name__}")
         visit(col, (), node)
     return flat
@@ -130,9 +134,6 @@ def is_rng_state(rngs: Any) -> bool:
     """Whether ``rngs`` holds streams as state (a ``vj.Rngs``, recognised by its hooks
     ``_varjax_rng_state`` and ``_varjax_advance``: the RNG layer sits above this one)."""
     return hasattr(rngs, "_varjax_rng_state")
-
-
-_SCALAR = jax.tree.structure(0)
 
 
 def _inputs(variables: Mapping[str, Any] | None, rngs: Any, mutable: Any):
@@ -211,6 +212,7 @@ class Functionalized:
         self.pipeline = Pipeline([*DEFAULT_PASSES, *extra], verify=verify, dump_dir=dump_dir)
         self._traces: dict[_Key, _Effectful] = {}
         self._cache: dict[_Key, Traced] = {}
+        self._eager: dict[Any, Callable[..., Any]] = {}   # see _dispatch
         self.trace_count = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -350,9 +352,14 @@ class Functionalized:
                       dict(pctx.stats))
 
     def _apply(self, variables, args, kwargs, rngs, mutable, *, initializing: bool):
-        flat_vars, keys, run_mutable = _inputs(variables, rngs, mutable)
-        out, written, _ = self.call(flat_vars, args, kwargs, keys, run_mutable, initializing)
         held = is_rng_state(rngs)
+        found = None
+        if _jax.is_top_level() and not held:
+            found = self._dispatch(variables, args, kwargs, rngs, mutable, initializing)
+            if found is not None and mutable is False:
+                return found[0], None
+        flat_vars, keys, run_mutable = _inputs(variables, rngs, mutable)
+        out, written = found or self.call(flat_vars, args, kwargs, keys, run_mutable, initializing)[:2]
         if held:
             rngs._varjax_advance({s: written[streams.count_of(s)]
                                   for s in rngs._varjax_rng_state()
@@ -366,6 +373,31 @@ class Functionalized:
             updated = {k: v for k, v in updated.items()
                        if k[0] != streams.STATE or k[1][0] != streams.PARAMS}
         return out, unflatten_variables(dict(sorted(updated.items())))
+
+    def _dispatch(self, variables, args, kwargs, rngs, mutable, initializing):
+        """An eager call as one ``jax.jit`` per argument structure, whose body is the traced
+        call (``call`` under a trace stages the cached pure jaxpr): ``(out, written)``.  A
+        repeated call is then JAX's C++ dispatch, which checks the avals, instead of building
+        the cache key in Python (a ``VarType`` per variable), which on a small train step
+        costs as much as the step.  None when a static argument is unhashable (``call``
+        then says which)."""
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        statics = {i: x for i, x in enumerate(leaves) if not _is_traced(x)}
+        try:
+            key = (tree, tuple(statics.items()), filters.freeze(mutable), initializing)
+            fn = self._eager.get(key)
+        except TypeError:
+            return None
+        if fn is None:
+            def run(variables, rngs, arrays):
+                given = iter(arrays)
+                full = [statics[i] if i in statics else next(given) for i in range(len(leaves))]
+                a, k = jax.tree.unflatten(tree, full)
+                flat_vars, keys, _ = _inputs(variables, rngs, mutable)
+                return self.call(flat_vars, a, k, keys, mutable, initializing)[:2]
+            run.__name__ = run.__qualname__ = self.__name__
+            fn = self._eager[key] = jax.jit(run)
+        return fn(variables, rngs, [x for x in leaves if _is_traced(x)])
 
     def call(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
              rngs: Any, mutable: Any, initializing: bool) -> tuple[Any, dict[Key, Any], Traced]:
