@@ -31,7 +31,7 @@ digits ensemble char_lm: %: $(VENV)/.installed-examples
 examples: digits ensemble char_lm
 
 bench: $(VENV)/.installed-bench
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench --results
 
 dump: $(VENV)/.installed-examples
 	rm -rf dumps && VARJAX_DUMP_DIR=dumps $(BIN)/python examples/demo.py > /dev/null

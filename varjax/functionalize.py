@@ -12,6 +12,10 @@
 4. make it callable: ``jax.jit`` of the pure jaxpr when called eagerly, or
    the pure jaxpr bound directly as one ``jit`` equation under a trace.
 
+An eager ``init``/``apply`` goes through one ``jax.jit`` per argument structure
+whose body is the steps above under a trace (``_dispatch``): a repeated call is
+JAX's C++ dispatch, with no cache key built in Python.
+
 The pipeline verifies the IR after every pass when ``verify=True`` or the
 environment variable ``VARJAX_VERIFY`` is set (the test suite sets it).
 
