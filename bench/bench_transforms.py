@@ -313,42 +313,33 @@ def _run() -> list[Any]:
             "repetitions after one warm-up; 'body traces': runs of the innermost body's "
             "Python __call__ in one cold trace.")
 
-    for stage in ("init", "apply"):
-        table = DepthTable(f"Nested nn.vmap: make_jaxpr of Module.{stage}", "depth",
-                           f"Dense({WIDTH}) -> relu -> Dense({WIDTH}) in d levels of nn.vmap "
-                           f"(axis size {AXIS} each, params axis 0, params rngs split), input "
-                           f"(2,)*d + ({BATCH}, {WIDTH}). Pure JAX: nested jax.vmap. " + cold)
-        for d in VMAP_DEPTHS:
-            x = jnp.ones((AXIS,) * d + (BATCH, WIDTH))
-            make = lambda nn, n, d=d: vmap_model(nn, d, n)  # noqa: E731
-            if stage == "init":
-                args, pure = (key, x), lambda k, x, d=d: pure_vmap_init(k, x, d)
-            else:
-                args = (_variables(make, key, x), x)
-                pure = lambda v, x, d=d: pure_vmap_apply(v["params"], x, d)  # noqa: E731
-            table.add(d, _measure(make, stage, args, pure))
-        _ratio_check(table)
-        _once_check(table)
-        _linear_check(table)
-        tables.append(table)
-
-    for stage in ("init", "apply"):
-        table = DepthTable(f"Nested nn.scan: make_jaxpr of Module.{stage}", "depth",
-                           f"Dense({WIDTH}) -> relu -> Dense({WIDTH}) as the step c -> (c, None) "
-                           f"of d levels of nn.scan (length {AXIS} each, params axis 0, params "
-                           f"rngs split), carry ({WIDTH},). Pure JAX: nested jax.lax.scan. " + cold)
-        for d in SCAN_DEPTHS:
-            make = lambda nn, n, d=d: scan_model(nn, d, n)  # noqa: E731
-            if stage == "init":
-                args, pure = (key, c), lambda k, c, d=d: pure_scan_init(k, c, d)
-            else:
-                args = (_variables(make, key, c), c)
-                pure = lambda v, c, d=d: pure_scan_apply(v["params"], c, d)  # noqa: E731
-            table.add(d, _measure(make, stage, args, pure))
-        _ratio_check(table)
-        _once_check(table)
-        _linear_check(table)
-        tables.append(table)
+    nested = [
+        ("vmap", VMAP_DEPTHS, lambda d: jnp.ones((AXIS,) * d + (BATCH, WIDTH)), vmap_model,
+         pure_vmap_init, pure_vmap_apply,
+         f"Dense({WIDTH}) -> relu -> Dense({WIDTH}) in d levels of nn.vmap (axis size {AXIS} "
+         f"each, params axis 0, params rngs split), input (2,)*d + ({BATCH}, {WIDTH}). Pure JAX: "
+         "nested jax.vmap. "),
+        ("scan", SCAN_DEPTHS, lambda d: c, scan_model, pure_scan_init, pure_scan_apply,
+         f"Dense({WIDTH}) -> relu -> Dense({WIDTH}) as the step c -> (c, None) of d levels of "
+         f"nn.scan (length {AXIS} each, params axis 0, params rngs split), carry ({WIDTH},). "
+         "Pure JAX: nested jax.lax.scan. ")]
+    for transform, depths, input_of, model, pure_init, pure_apply, what in nested:
+        for stage in ("init", "apply"):
+            table = DepthTable(f"Nested nn.{transform}: make_jaxpr of Module.{stage}", "depth",
+                               what + cold)
+            for d in depths:
+                x = input_of(d)
+                make = lambda nn, n, d=d, model=model: model(nn, d, n)  # noqa: E731
+                if stage == "init":
+                    args, pure = (key, x), lambda k, x, d=d, f=pure_init: f(k, x, d)
+                else:
+                    args = (_variables(make, key, x), x)
+                    pure = lambda v, x, d=d, f=pure_apply: f(v["params"], x, d)  # noqa: E731
+                table.add(d, _measure(make, stage, args, pure))
+            _ratio_check(table)
+            _once_check(table)
+            _linear_check(table)
+            tables.append(table)
 
     table = DepthTable("Scan over layers: make_jaxpr of Module.init", "layers",
                        f"One nn.scan of length L over Dense({WIDTH}) -> relu -> Dense({WIDTH}) "
