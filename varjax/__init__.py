@@ -6,6 +6,8 @@ collection.  This file is the whole public API.
 """
 from varjax import errors as errors
 from varjax import passes as passes
+from varjax.caches import clear_caches as clear_caches
+from varjax.caches import set_cache_size as set_cache_size
 from varjax.filters import DenyList as DenyList
 from varjax.functionalize import Functionalized as Functionalized
 from varjax.functionalize import functionalize as functionalize

@@ -25,6 +25,7 @@ from jax._src import custom_derivatives as _cd
 from jax._src import linear_util as lu
 from jax._src import mesh as mesh_lib
 from jax._src import pretty_printer as pp
+from jax._src import util as _util
 from jax._src.ad_checkpoint import remat_p as remat_p
 from jax._src.interpreters import ad, batching
 from jax._src.interpreters import partial_eval as pe
@@ -56,6 +57,11 @@ primitive_batchers = batching.primitive_batchers
 dce_rules = pe.dce_rules
 dce_jaxpr = pe.dce_jaxpr
 Zero = ad.Zero
+
+
+def register_cache(cache: Any, name: str) -> None:
+    """Have ``jax.clear_caches()`` call ``cache.cache_clear()`` (held weakly by JAX)."""
+    _util.register_cache(cache, name)
 
 
 def register_effect_type(effect_type: type) -> None:
@@ -132,6 +138,30 @@ def is_top_level() -> bool:
 def current_trace() -> Any:
     """The innermost active JAX trace (an opaque object compared by identity)."""
     return core.trace_ctx.trace
+
+
+def is_differentiating(trace: Any) -> bool:
+    """Whether ``trace`` is a forward-mode or linearizing trace (raw ``jax.jvp``/``grad``)."""
+    return isinstance(trace, (ad.JVPTrace, ad.LinearizeTrace))
+
+
+def staged_eqns(trace: Any) -> list | None:
+    """The equation list of the jaxpr that ``trace`` (a transformation over a staging
+    trace) finally records into, or None when it does not stage.  Effectful equations are
+    held strongly in it, in binding order."""
+    while trace is not None and not isinstance(trace, pe.DynamicJaxprTrace):
+        trace = getattr(trace, "parent_trace", None)
+    return trace.frame.tracing_eqns if trace is not None else None
+
+
+def is_invalidated(trace: Any) -> bool:
+    """Whether the transformation that ``trace`` belongs to has returned."""
+    return trace._invalidated
+
+
+def in_trace(trace: Any) -> Any:
+    """Bind under ``trace`` (a context manager)."""
+    return core.set_current_trace(trace)
 
 
 def trace_of(x: Any) -> Any:

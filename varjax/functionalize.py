@@ -45,10 +45,12 @@ import jax
 import numpy as np
 
 from varjax import _jax, errors, filters, scope, streams
+from varjax.caches import LRU
 from varjax.passes import Pass, PassContext, Pipeline
 from varjax.passes.discharge import Signature
 from varjax.primitives import Key
 from varjax.scope import VarType
+from varjax.statics import typed
 
 DEFAULT_PASSES = ("check-mutability", "lower-rng", "forward-stores", "dead-reads", "discharge")
 # Verification after every pass costs about as much as tracing the model; it is on in
@@ -161,7 +163,8 @@ def _inputs(variables: Mapping[str, Any] | None, rngs: Any, mutable: Any):
 @dataclasses.dataclass(frozen=True)
 class _Key:
     """Everything a trace depends on: argument structure, static leaves (with their
-    positions), array avals, variable types, mutable filter, RNG streams, init flag."""
+    positions, compared by type and value: ``statics.typed``), array avals, variable types,
+    mutable filter, RNG streams, init flag."""
 
     tree: Any
     static: tuple
@@ -170,6 +173,8 @@ class _Key:
     mutable: Any
     rngs: tuple
     initializing: bool
+    # The static leaves themselves, for the trace; ``static`` is what equality sees.
+    static_values: tuple = dataclasses.field(default=(), compare=False)
 
 
 @dataclasses.dataclass
@@ -214,9 +219,10 @@ class Functionalized:
         if verify is None:
             verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
         self.pipeline = Pipeline([*DEFAULT_PASSES, *extra], verify=verify, dump_dir=dump_dir)
-        self._traces: dict[_Key, _Effectful] = {}
-        self._cache: dict[_Key, Traced] = {}
-        self._eager: dict[Any, Callable[..., Any]] = {}   # see _dispatch
+        # Bounded, and released by jax.clear_caches() (see varjax.caches).
+        self._traces: LRU = LRU()   # _Key -> _Effectful
+        self._cache: LRU = LRU()    # _Key -> Traced
+        self._eager: LRU = LRU()    # argument structure -> jax.jit (see _dispatch)
         self.trace_count = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -275,8 +281,9 @@ class Functionalized:
         tree, traced, static = _split_args(args, kwargs)
         var_types = tuple(sorted((k, VarType.of_leaves(t, ls)) for k, (t, ls) in flat_vars.items()))
         rng_avals = tuple(sorted((s, _jax.get_aval(k)) for s, k in rngs.items()))
-        key = _Key(tree, static, tuple(_jax.get_aval(x) for x in traced), var_types,
-                   filters.freeze(mutable), rng_avals, initializing)
+        key = _Key(tree, tuple((i, typed(v)) for i, v in static),
+                   tuple(_jax.get_aval(x) for x in traced), var_types,
+                   filters.freeze(mutable), rng_avals, initializing, static)
         return key, flat_vars, rngs, traced
 
     def _effectful(self, key: "_Key") -> _Effectful:
@@ -296,7 +303,7 @@ class Functionalized:
     def _trace(self, key: "_Key") -> _Effectful:
         self.trace_count += 1
         ctx = self.context(key)
-        static = dict(key.static)
+        static = dict(key.static_values)
         positions = [i for i in range(key.tree.num_leaves) if i not in static]
         out_tree_box: list[Any] = []
 
@@ -388,7 +395,8 @@ class Functionalized:
         leaves, tree = jax.tree.flatten((args, kwargs))
         statics = {i: x for i, x in enumerate(leaves) if not _is_traced(x)}
         try:
-            key = (tree, tuple(statics.items()), filters.freeze(mutable), initializing)
+            key = (tree, tuple((i, typed(x)) for i, x in statics.items()),
+                   filters.freeze(mutable), initializing)
             fn = self._eager.get(key)
         except TypeError:
             return None

@@ -12,8 +12,9 @@ the treedef and leaf avals as parameters:
 Each carries its effect (see ``effects.py``), so JAX keeps them in order and
 never dead-code-eliminates a write.  They have no implementation: outside a
 functionalized function there is no variable store, and binding one eagerly
-raises ``ScopeError``.  Under raw ``jax.grad`` reads and draws have zero
-tangents and writes store the primal value; under raw ``jax.vmap`` reads and
+raises ``ScopeError``.  Under raw ``jax.grad`` draws have zero tangents, writes store
+the primal value, and reads have zero tangents except a read of a value written under the
+same differentiation, which carries its derivative (see ``_forwarded``); under raw ``jax.vmap`` reads and
 draws are unbatched and a batched write raises ``TransformError``.
 
 Sharp edges:
@@ -22,7 +23,10 @@ Sharp edges:
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
+
+import jax
 
 from varjax import _jax, errors
 from varjax.effects import RngEffect, VariableEffect
@@ -30,9 +34,23 @@ from varjax.effects import RngEffect, VariableEffect
 Path = tuple[str, ...]
 Key = tuple[str, Path]  # (collection, path)
 
-var_get_p = _jax.Primitive("var_get")
+class _ReadPrimitive(_jax.Primitive):
+    def bind_with_trace(self, trace, args, avals, params, /):
+        written = _forwarded(trace, params) if _jax.is_differentiating(trace) else None
+        return written if written is not None else super().bind_with_trace(trace, args, avals, params)
+
+
+class _WritePrimitive(_jax.Primitive):
+    def bind_with_trace(self, trace, args, avals, params, /):
+        out = super().bind_with_trace(trace, args, avals, params)
+        if _jax.is_differentiating(trace):
+            _remember(trace, params, args)
+        return out
+
+
+var_get_p = _ReadPrimitive("var_get")
 var_get_p.multiple_results = True
-var_set_p = _jax.Primitive("var_set")
+var_set_p = _WritePrimitive("var_set")
 var_set_p.multiple_results = True
 rng_draw_p = _jax.Primitive("rng_draw")
 
@@ -98,6 +116,59 @@ def _set_jvp(primals, tangents, **params):
 def _draw_jvp(primals, tangents, **params):
     key = rng_draw_p.bind(**params)
     return key, _zero_tangent(_jax.get_aval(key))
+
+
+# A write followed by a read of the same variable is data flow, and under raw jax.jvp /
+# jax.grad the read must carry the written value's derivative.  But a read binds with no
+# operands, so JAX treats its result as a constant of the differentiation and never calls
+# its JVP rule.  So the primitives see the differentiating trace first (bind_with_trace):
+# a write under one remembers the tracers it stored, and a later read under the same trace
+# returns them, derivative included, when nothing in between can have changed the
+# variable -- checked on the staged equations, which hold every effect in order (a write
+# inside a jitted helper, a loop or a branch shows there even when its Python did not run).
+# Nested differentiation: the write rebinds the primal on the parent trace, which
+# remembers its own level's value.  Any other read binds as usual.
+_written: dict[int, tuple[Any, dict[Key, tuple[tuple, list, int]]]] = {}
+
+
+def _remember(trace: Any, params: dict, leaves: Sequence[Any]) -> None:
+    eqns = _jax.staged_eqns(trace)
+    if eqns is None:
+        return
+    for tid in [t for t, (ref, _) in _written.items() if ref() is None or _jax.is_invalidated(ref())]:
+        del _written[tid]
+    entry = _written.get(id(trace))
+    if entry is None or entry[0]() is not trace:
+        entry = _written[id(trace)] = (weakref.ref(trace), {})
+    entry[1][(params["collection"], params["path"])] = (tuple(leaves), eqns, len(eqns))
+
+
+def _forwarded(trace: Any, params: dict) -> list[Any] | None:
+    entry = _written.get(id(trace))
+    if entry is None or entry[0]() is not trace:
+        return None
+    key = (params["collection"], params["path"])
+    found = entry[1].get(key)
+    if found is None:
+        return None
+    leaves, eqns, mark = found
+    if eqns is not _jax.staged_eqns(trace) or any(_may_write(e, key) for e in eqns[mark:]):
+        return None
+    if [leaf_aval(x) for x in leaves] != list(params["avals"]):
+        return None
+    with _jax.in_trace(trace):   # stored values are strongly typed, as a read returns them
+        return [jax.lax.convert_element_type(x, x.dtype) if _jax.get_aval(x).weak_type else x
+                for x in leaves]
+
+
+def _may_write(eqn: Any, key: Key) -> bool:
+    """Whether a staged equation can change variable ``key`` (reads cannot)."""
+    if isinstance(eqn, weakref.ref):   # JAX holds effect-free equations weakly
+        return False
+    if eqn.primitive is var_get_p or (eqn.primitive is var_set_p and
+                                      (eqn.params["collection"], eqn.params["path"]) != key):
+        return False
+    return VariableEffect(key[0]) in eqn.effects
 
 
 _jax.primitive_jvps[var_get_p] = _get_jvp

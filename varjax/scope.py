@@ -33,7 +33,9 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from varjax import _jax, errors, filters, streams
+from varjax.caches import LRU
 from varjax.primitives import Key, Path, bind_draw, bind_get, bind_set, is_internal, leaf_aval
+from varjax.statics import typed
 
 
 @dataclasses.dataclass
@@ -479,17 +481,19 @@ def draw_at(ctx: TraceContext, name: str, where_: Path,
     return bind_draw(stream, ctx.rng_streams[stream])
 
 
-_expected: dict[Any, VarType] = {}
+_expected = LRU()   # _memo_key -> VarType
 
 
 def _memo_key(init_fn: Callable, args: tuple, needs_key: bool) -> Any:
     """Initializers are usually fresh closures (``lecun_normal()``): key them by code and
-    captured values, which determine the result's type.  None when not hashable."""
+    captured values, which determine the result's type (by type and value: a captured
+    ``1`` and ``1.0`` give different dtypes).  None when not hashable."""
     code = getattr(init_fn, "__code__", None)
     try:
         cells = tuple(c.cell_contents for c in getattr(init_fn, "__closure__", None) or ())
-        key = (code, cells, getattr(init_fn, "__defaults__", None)) if code else (init_fn,)
-        key += (args, needs_key)
+        key = (code, typed(cells), typed(getattr(init_fn, "__defaults__", None))) if code \
+            else (init_fn,)
+        key += (typed(args), needs_key)
         hash(key)
         return key
     except (TypeError, ValueError):
@@ -499,8 +503,9 @@ def _memo_key(init_fn: Callable, args: tuple, needs_key: bool) -> Any:
 def expected_type(init_fn: Callable, args: tuple, needs_key: bool) -> VarType:
     """The type ``init_fn`` would produce, computed abstractly (nothing runs)."""
     memo = _memo_key(init_fn, args, needs_key)
-    if memo is not None and memo in _expected:
-        return _expected[memo]
+    found = _expected.get(memo) if memo is not None else None
+    if found is not None:
+        return found
     if needs_key:
         out = jax.eval_shape(lambda k: init_fn(k, *args), jax.ShapeDtypeStruct((), _key_dtype()))
     else:

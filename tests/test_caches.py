@@ -1,0 +1,119 @@
+"""Cache keys tell static values apart by type and value, recursively (``1``, ``1.0`` and
+``True`` are three programs, as under ``jax.jit(static_argnums=...)``); the per-function
+caches are bounded LRUs that ``jax.clear_caches()`` / ``vj.clear_caches()`` release."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+import varjax as vj
+import varjax.nn as nn
+from varjax import caches
+from varjax.statics import typed
+
+X = jnp.ones(2)
+# Pairs, not a dict: as dict keys 1, 1.0 and True are one key.
+CASES = [(1, jnp.int32), (1.0, jnp.float32), (True, jnp.bool_)]
+
+
+@vj.functionalize
+def fill(x, c):
+    return jnp.full((2,), c)
+
+
+@pytest.mark.parametrize("via", ["apply", "jit", "jaxpr"])
+def test_static_int_float_and_bool_are_three_programs(via):
+    for c, dtype in CASES:
+        if via == "apply":
+            out = fill.apply({}, X, c)
+        elif via == "jit":     # under a trace: the Python-keyed cache, not the eager dispatch
+            out = jax.jit(lambda x, c=c: fill.apply({}, x, c))(X)
+        else:
+            out = fill.jaxpr(X, c).out_avals[0]
+        assert out.dtype == dtype, c
+
+
+def test_static_values_nested_in_tuples_and_dicts_keep_their_types():
+    @vj.functionalize
+    def f(x, cfg):
+        return jnp.full((2,), cfg["fill"][0])
+
+    for c, dtype in CASES:
+        assert f.apply({}, X, {"fill": (c,)}).dtype == dtype
+
+
+def test_lifted_call_keys_keep_static_types_apart():
+    class Fill(nn.Module):
+        @nn.compact
+        def __call__(self, x, c):
+            return jnp.full(x.shape, c)
+
+    class Outer(nn.Module):
+        @nn.compact
+        def __call__(self, x, c):
+            return nn.jit(Fill)()(x, c)
+
+    for c, dtype in CASES:
+        assert Outer().apply({}, X, c).dtype == dtype
+
+
+def test_init_function_closures_capturing_int_and_float_are_typed_apart():
+    @vj.functionalize
+    def f(x, c):
+        return vj.param("w", lambda key, c=c: jnp.full((2,), c))
+
+    for c, dtype in CASES[:2]:
+        variables = f.init(jax.random.key(0), X, c)
+        assert f.apply(variables, X, c).dtype == dtype
+
+
+def test_typed_keys():
+    assert typed(1) != typed(1.0) != typed(True)
+    assert typed((1, [2.0], {"a": True})) == typed((1, [2.0], {"a": True}))
+    assert typed((1,)) != typed([1])
+    assert typed({"a": 1}) != typed({"a": 1.0})
+    assert typed(frozenset({1})) != typed(frozenset({1.0}))
+    with pytest.raises(TypeError):
+        hash(typed([object.__new__(type("Unhashable", (), {"__hash__": None}))]))
+
+
+def test_caches_are_bounded_lrus_released_by_jax_clear_caches():
+    @vj.functionalize
+    def f(x):
+        return 2 * x
+
+    old = caches.cache_size()
+    caches.set_cache_size(4)
+    try:
+        for n in range(1, 8):
+            jax.jit(f.apply)({}, jnp.ones(n))   # the keyed (traced) path
+            f.apply({}, jnp.ones(n))            # the eager dispatch path
+        assert len(f._traces) == len(f._cache) == 4
+        f.apply({}, jnp.ones(4))                # a hit moves the entry to the front
+        jax.jit(f.apply)({}, jnp.ones(8))
+        assert len(f._cache) == 4
+        jax.clear_caches()
+        assert len(f._traces) == len(f._cache) == len(f._eager) == 0
+        assert float(f.apply({}, jnp.ones(3))[0]) == 2.0   # still usable afterwards
+        vj.clear_caches()
+        assert len(f._traces) == len(f._cache) == len(f._eager) == 0
+    finally:
+        caches.set_cache_size(old)
+
+
+def test_lru_drops_the_least_recently_used_entry():
+    old = caches.cache_size()
+    caches.set_cache_size(2)
+    try:
+        lru = caches.LRU()
+        lru["a"], lru["b"] = 1, 2
+        assert lru.get("a") == 1           # "b" is now the oldest
+        lru["c"] = 3
+        assert list(lru) == ["a", "c"]
+    finally:
+        caches.set_cache_size(old)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_cache_size_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="positive int"):
+        caches.set_cache_size(bad)

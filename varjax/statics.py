@@ -1,0 +1,38 @@
+"""Static values as cache keys: equal only when type and value are equal, recursively.
+
+Python says ``1 == 1.0 == True`` and gives the three the same hash, so a cache keyed on
+the bare values serves the ``int`` trace to a ``float`` or ``bool`` call (``jnp.full((2,),
+c)`` then has the wrong dtype).  ``jax.jit(static_argnums=...)`` keeps them apart, and so
+must every varjax cache: the static leaves of ``functionalize`` calls, the fields of
+modules that share their trace, and the lifted-call keys built on both.  ``typed`` is the
+one place that turns a static value into such a key.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+# Types whose ``==`` is exact once the type is fixed: keyed as ``(type, value)``.
+_ATOMS = (int, float, complex, bool, str, bytes, type(None), type(Ellipsis))
+
+
+def typed(value: Any) -> Any:
+    """A hashable key for ``value`` that tells ``1``, ``1.0`` and ``True`` apart, also
+    inside tuples, lists, dicts, sets and dataclass fields (modules, configs).
+
+    Anything else keys by its own ``==``/``hash`` next to its type; an unhashable value
+    raises ``TypeError`` when the key is hashed, as the bare value would."""
+    t = type(value)
+    if t in _ATOMS:
+        return (t, value)
+    if isinstance(value, (tuple, list)):
+        return (t, tuple(typed(v) for v in value))
+    if isinstance(value, Mapping):
+        return (t, frozenset((typed(k), typed(v)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return (t, frozenset(typed(v) for v in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) \
+            and t.__dataclass_params__.eq:        # field-wise equality, as ``==`` compares
+        return (t, tuple((f.name, typed(getattr(value, f.name)))
+                         for f in dataclasses.fields(value) if f.compare))
+    return (t, value)
