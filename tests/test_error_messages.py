@@ -192,6 +192,53 @@ def wrong_shape_in_bound_module():
     bound.param("kernel", ones, (2, 2))
 
 
+def _batch_norm(train: bool):
+    return Net(nn.BatchNorm(use_running_average=not train))
+
+
+def _batch_stats(mean, var=None):
+    return {"params": {"inner": {"scale": jnp.ones(2), "bias": jnp.zeros(2)}},
+            "batch_stats": {"inner": {"mean": mean, "var": jnp.ones(2) if var is None else var}}}
+
+
+def wrong_shape_batch_stats_in_eval():
+    _batch_norm(False).apply(_batch_stats(jnp.zeros(1), jnp.ones(1)), jnp.ones((3, 2)))
+
+
+def wrong_shape_batch_stats_in_train():
+    _batch_norm(True).apply(_batch_stats(jnp.zeros(1)), jnp.ones((3, 2)), mutable=["batch_stats"])
+
+
+def wrong_shape_of_a_mutable_variable_never_written():
+    _batch_norm(False).apply(_batch_stats(jnp.zeros(1)), jnp.ones((3, 2)), mutable=True)
+
+
+def int_given_for_a_float_param():
+    Net(nn.Dense(2)).apply({"params": {"inner": {"kernel": jnp.ones((2, 2), jnp.int32),
+                                                 "bias": jnp.ones((2,))}}}, X)
+
+
+def variables_given_as_a_list():
+    Net(nn.Dense(2)).apply([{"inner": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}}], X)
+
+
+def collection_given_as_an_array():
+    Net(nn.Dense(2)).apply({"params": jnp.ones(2)}, X)
+
+
+def variable_given_as_none():
+    Net(nn.Dense(2)).apply({"params": {"inner": {"kernel": None, "bias": jnp.ones(2)}}}, X)
+
+
+def variable_given_as_a_string():
+    Net(nn.Dense(2)).apply({"params": {"inner": {"kernel": "w", "bias": jnp.ones(2)}}}, X)
+
+
+def variable_given_as_a_string_under_jit():
+    jax.jit(lambda: Net(nn.Dense(2)).apply(
+        {"params": {"inner": {"kernel": jnp.ones((2, 2)), "bias": "b"}}}, X))()
+
+
 def batched_write_under_vmap_in_function():
     @vj.functionalize
     def f(xs):
@@ -261,6 +308,26 @@ TRACE_TIME = {
                               "params", ("inner", "kernel"), "Net/inner (Dense)"),
     "shape/bound module read eagerly": Case(wrong_shape_in_bound_module, errors.VariableShapeError,
                                             "params", ("kernel",), "Dense"),
+    "shape/batch_stats read in eval": Case(wrong_shape_batch_stats_in_eval,
+                                           errors.VariableShapeError, "batch_stats",
+                                           ("inner", "mean"), "Net/inner (BatchNorm)"),
+    "shape/batch_stats updated in train": Case(wrong_shape_batch_stats_in_train,
+                                               errors.VariableShapeError, "batch_stats",
+                                               ("inner", "mean"), "Net/inner (BatchNorm)"),
+    "shape/mutable variable never written": Case(wrong_shape_of_a_mutable_variable_never_written,
+                                                 errors.VariableShapeError, "batch_stats",
+                                                 ("inner", "mean"), "Net/inner (BatchNorm)"),
+    "shape/int given for a float param": Case(int_given_for_a_float_param, errors.VariableShapeError,
+                                              "params", ("inner", "kernel"), "Net/inner (Dense)"),
+    "variables/given as a list": Case(variables_given_as_a_list, errors.InvalidVariablesError),
+    "variables/collection given as an array": Case(collection_given_as_an_array,
+                                                   errors.InvalidVariablesError, "params"),
+    "variables/None leaf": Case(variable_given_as_none, errors.InvalidVariablesError, "params",
+                                ("inner", "kernel")),
+    "variables/string leaf": Case(variable_given_as_a_string, errors.InvalidVariablesError,
+                                  "params", ("inner", "kernel")),
+    "variables/string leaf under jit": Case(variable_given_as_a_string_under_jit,
+                                            errors.InvalidVariablesError, "params", ("inner", "bias")),
     "transform/batched write in a function": Case(batched_write_under_vmap_in_function,
                                                   errors.TransformError, "state", ("s",)),
     "transform/batched write in a module": Case(batched_write_under_vmap_in_module,

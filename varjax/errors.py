@@ -55,7 +55,8 @@ from varjax import _jax
 
 __all__ = [
     "VarjaxError", "ScopeError", "ImmutableCollectionError", "MissingVariableError",
-    "MissingRngError", "UnknownStreamError", "VariableShapeError", "VariableCreationError",
+    "MissingRngError", "UnknownStreamError", "InvalidVariablesError", "VariableShapeError",
+    "VariableCreationError",
     "VariableStructureError", "TransformError", "UnsupportedPrimitiveError",
     "PipelineError", "PassError", "VerificationError", "ModuleError", "NameInUseError",
     "AssignSubModuleError", "UnboundModuleError", "InvalidScopeError", "FrozenModuleError",
@@ -199,6 +200,12 @@ class MissingRngError(VarjaxError):
 class UnknownStreamError(MissingRngError, AttributeError):
     """A ``vj.Rngs`` (or the ``rngs`` state given to ``vj.reseed``) has no such stream and
     nothing to fall back to.  Also an ``AttributeError``, so ``hasattr(rngs, name)`` works."""
+
+
+class InvalidVariablesError(VarjaxError, TypeError):
+    """The variables given to init/apply/bind are not a variables dict: the top level or a
+    collection is not a dict, or a variable's value is not an array (None, a string...).
+    Also a ``TypeError``, which JAX raises for the same mistake without naming the variable."""
 
 
 class VariableShapeError(VarjaxError):

@@ -82,14 +82,37 @@ def flatten_variables(variables: Mapping[str, Any]) -> dict[Key, tuple[Any, list
                 visit(col, path + (str(name),), node[name])
         else:
             leaves, tree = jax.tree.flatten(node)
+            bad = next((x for x in leaves if not _is_value(x)), None) if leaves else node
+            if bad is not None or node is None:
+                raise errors.InvalidVariablesError(
+                    f"variable {errors.format_path(path)} of collection '{col}' is "
+                    f"{'None' if bad is None else f'a {type(bad).__name__} ({repr(bad)[:40]})'}, "
+                    "not an array.", collection=col, path=path, **errors.where(),
+                    fix="give every variable an array value (a jax or numpy array), as init "
+                        "returns them")
             flat[(col, path)] = (tree, leaves)
 
+    if not isinstance(variables, (dict, Mapping)):
+        raise errors.InvalidVariablesError(
+            f"variables must be a dict of collections, {{collection: {{name: value}}}}, got "
+            f"{type(variables).__name__}.", **errors.where(),
+            fix="pass the dict that init returned (e.g. {'params': params})")
     for col in variables:
         node = variables[col]
         if not isinstance(node, (dict, Mapping)):
-            raise TypeError(f"variables['{col}'] must be a dict of variables, got {type(node).__name__}")
+            raise errors.InvalidVariablesError(
+                f"collection '{col}' must be a dict of variables, got {type(node).__name__}.",
+                collection=str(col), **errors.where(),
+                fix=f"pass variables['{col}'] as the dict that init returned")
         visit(col, (), node)
     return flat
+
+
+def _is_value(x: Any) -> bool:
+    """A variable leaf JAX can take: an array or a Python/NumPy number (or, for the
+    tools that trace abstractly, a ``jax.ShapeDtypeStruct``)."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex,
+                          jax.ShapeDtypeStruct))
 
 
 def unflatten_variables(flat: Mapping[Key, Any]) -> dict[str, Any]:
@@ -409,7 +432,12 @@ class Functionalized:
                 return self.call(flat_vars, a, k, keys, mutable, initializing)[:2]
             run.__name__ = run.__qualname__ = self.__name__
             fn = self._eager[key] = jax.jit(run)
-        return fn(variables, rngs, [x for x in leaves if _is_traced(x)])
+        try:
+            return fn(variables, rngs, [x for x in leaves if _is_traced(x)])
+        except TypeError:
+            # JAX rejects a leaf it cannot take (a string) without naming the variable.
+            flatten_variables(variables)
+            raise
 
     def call(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
              rngs: Any, mutable: Any, initializing: bool) -> tuple[Any, dict[Key, Any], Traced]:

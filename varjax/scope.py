@@ -62,8 +62,15 @@ class VarType:
         return hash((self.tree, self.avals))
 
     def describe(self) -> str:
-        shapes = ", ".join(a.str_short() for a in self.avals)
-        return shapes if self.tree.num_leaves == 1 and not self.tree.children() else f"{self.tree} [{shapes}]"
+        """``float32[3]`` for an array; ``tuple [float32[3], float32[3]]`` for a pytree
+        (a Python list of numbers reads ``list [float32[], ... (9 leaves)]``)."""
+        shapes = [a.str_short() for a in self.avals]
+        if self.tree.num_leaves == 1 and not self.tree.children():
+            return shapes[0]
+        if len(shapes) > 4:
+            shapes = shapes[:3] + [f"... ({len(shapes)} leaves)"]
+        root = self.tree.node_data()
+        return f"{root[0].__name__ if root else self.tree} [{', '.join(shapes)}]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +154,9 @@ class TraceContext:
         self.initializing = initializing
         self.path_prefix: Path = ()
         self.given = dict(variables)
+        # Given variables whose shape differs from what their init_fn makes, in a mutable
+        # collection: an error unless a later write keeps the given shape (see _expect).
+        self.pending: dict[Key, errors.VariableShapeError] = {}
         # Snapshots share their origin: a module bound in this trace may be used under
         # any of them (custom rules traced lazily), and under no other trace.
         self.origin = self
@@ -314,9 +324,13 @@ class _Activation:
         self.previous_key = _JIT_KEY.swap_local(self.ctx.fingerprint)
         return self.ctx
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         _stack().pop()
         _JIT_KEY.set_local(self.previous_key)
+        if exc_type is None and self.ctx.pending:
+            pending = self.ctx.pending
+            self.ctx.pending = {}
+            raise next(iter(pending.values()))
 
 
 def activate(ctx: TraceContext) -> _Activation:
@@ -372,7 +386,11 @@ def _write(ctx: TraceContext, collection: str, path: Path, value: Any) -> None:
         return
     leaves, tree = jax.tree.flatten(value)
     leaves = [jax.numpy.asarray(x) for x in leaves]
-    ctx.set_type((collection, path), VarType.of_leaves(tree, leaves))
+    vt = VarType.of_leaves(tree, leaves)
+    pending = ctx.pending.pop((collection, path), None)
+    if pending is not None and mismatch(ctx.given[(collection, path)], vt) is not None:
+        raise pending     # the code neither keeps the given shape nor gets the one it expects
+    ctx.set_type((collection, path), vt)
     if ctx.direct is None:
         bind_set(collection, path, leaves, tree)
         return
@@ -521,18 +539,64 @@ def _key_dtype() -> Any:
     return jax.eval_shape(lambda: jax.random.key(0)).dtype
 
 
+def mismatch(have: VarType, want: VarType) -> str | None:
+    """Why a value of type ``have`` cannot stand for one of type ``want``, or None.
+
+    Structure and shapes must agree.  A floating (or complex) dtype may stand for another
+    one, as in Linen: half-precision inference from an f32 checkpoint reads the bf16
+    values as given.  Any other dtype change (an int for a float) is a mismatch."""
+    if have.tree != want.tree:
+        return "its structure differs"
+    for a, b in zip(have.avals, want.avals):
+        if a.shape != b.shape:
+            return "its shape differs"
+        if a.dtype != b.dtype and not (jax.numpy.issubdtype(a.dtype, jax.numpy.inexact) and
+                                       jax.numpy.issubdtype(b.dtype, jax.numpy.inexact)):
+            return "its dtype is of another kind"
+    return None
+
+
+def shape_error(collection: str, path: Path, have: VarType, want: VarType, why: str,
+                **where_: Any) -> errors.VariableShapeError:
+    fix = "re-initialize the variables for these input shapes, or fix the init function"
+    if have.tree != want.tree and want.tree.num_leaves == 1 and not want.tree.children():
+        fix = f"pass an array (jnp.asarray(value)) for it, not a {have.tree.node_data()[0].__name__}" \
+            if have.tree.node_data() else fix
+    return errors.VariableShapeError(
+        f"the given value of variable {errors.format_path(path)} has type "
+        f"{have.describe()}, but the code expects {want.describe()}: {why}.",
+        collection=collection, path=path, **where_, fix=fix)
+
+
 def check_type(collection: str, path: Path, have: VarType, want: VarType,
                module: Any = None) -> None:
-    """``VariableShapeError`` unless ``have`` and ``want`` agree in structure, shapes, dtypes;
+    """``VariableShapeError`` unless ``have`` can stand for ``want`` (see ``mismatch``);
     ``module`` is the Module reading the variable, for the message."""
-    if have.tree != want.tree or [(a.shape, a.dtype) for a in have.avals] != \
-            [(a.shape, a.dtype) for a in want.avals]:
-        raise errors.VariableShapeError(
-            f"the given value of variable {errors.format_path(path)} has type "
-            f"{have.describe()}, but the code expects {want.describe()}.",
-            collection=collection, path=path,
-            **errors.where(module=module._label() if module is not None else None),
-            fix="re-initialize the variables for these input shapes, or fix the init function")
+    why = mismatch(have, want)
+    if why is not None:
+        raise shape_error(collection, path, have, want, why,
+                          **errors.where(module=module._label() if module is not None else None))
+
+
+def _expect(ctx: TraceContext, collection: str, path: Path, init_fn: Callable[..., Any],
+            init_args: tuple) -> None:
+    """A given variable read through ``variable(..., init_fn, ...)`` must have the type
+    ``init_fn`` makes (a ``(1,)`` mean from another model would broadcast silently).
+
+    In an immutable collection that is checked here.  In a mutable one the code may treat
+    the given shape as the real one and ``init_fn`` as the shape to create -- a decode
+    cache declared with the one-step key's shape and written back at its full length --
+    so a mismatch is an error only if no later write keeps the given shape (``_write``,
+    and ``_Activation.__exit__`` for a variable never written)."""
+    have = ctx.given[(collection, path)]
+    want = expected_type(init_fn, init_args, False)
+    why = mismatch(have, want)
+    if why is None:
+        return
+    error = shape_error(collection, path, have, want, why, **where(ctx))
+    if not ctx.is_mutable(collection):
+        raise error
+    ctx.pending[(collection, path)] = error
 
 
 def param(name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
@@ -612,6 +676,9 @@ def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callabl
             raise _missing(ctx, collection, path,
                            f"collection '{collection}' is immutable, so it cannot be created")
         _write(ctx, collection, path, run_init(init_fn, *init_args))
+    elif init_fn is not None and ctx.variables.get((collection, path)) is ctx.given.get((collection, path)) \
+            is not None:    # given, and not rewritten in this trace
+        _expect(ctx, collection, path, init_fn, init_args)
     return Variable(collection, path)
 
 

@@ -44,7 +44,9 @@ def canonicalize_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> A
             if not inexact or jnp.issubdtype(only, jnp.inexact):
                 return only
         with jax.numpy_dtype_promotion("standard"):
-            dtype = jnp.result_type(*(x for x in args if x is not None))
+            # A nested list (the model input) counts as jnp.asarray sees it, as in Linen.
+            dtype = jnp.result_type(*(jnp.asarray(x) if isinstance(x, (list, tuple)) else x
+                                      for x in args if x is not None))
             if inexact and not jnp.issubdtype(dtype, jnp.inexact):
                 dtype = jnp.promote_types(jnp.float32, dtype)
     if inexact and not jnp.issubdtype(dtype, jnp.inexact):

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from varjax.nn import dtypes, initializers
@@ -78,7 +79,7 @@ class Dense(Module):
 
     @compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
-        kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features),
+        kernel = self.param("kernel", self.kernel_init, (np.shape(inputs)[-1], self.features),
                             self.param_dtype)
         bias = _feature_bias(self)
         inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
@@ -256,7 +257,7 @@ class Conv(Module):
             inputs = jnp.pad(inputs, [(0, 0), (kernel_dilation[0] * (kernel_size[0] - 1), 0), (0, 0)])
             padding = "VALID"
 
-        in_features = jnp.shape(inputs)[-1]
+        in_features = np.shape(inputs)[-1]
         if in_features % self.feature_group_count:
             raise ValueError(f"feature_group_count={self.feature_group_count} does not divide the "
                              f"{in_features} input features.")
@@ -303,7 +304,7 @@ class ConvTranspose(Module):
         strides = _per_axis(self.strides, rank)
         kernel_dilation = _per_axis(self.kernel_dilation, rank)
 
-        in_features = jnp.shape(inputs)[-1]
+        in_features = np.shape(inputs)[-1]
         io = (self.features, in_features) if self.transpose_kernel else (in_features, self.features)
         kernel = _masked_kernel(self, kernel_size + io)
         padding = canonicalize_padding(self.padding, rank)
