@@ -45,8 +45,10 @@ Rules:
     group); dropping one raises ``TransformError``;
   * a leading ``Module`` argument of ``lifted`` is closed over by every body
     rather than passed to the transform (Linen's ``fn(module, *args)``
-    convention); closures over modules and variables work the same way, since
-    the body's variable traffic is read from the IR, not from its arguments.
+    convention), and each body first runs the module's ``setup`` in the region
+    (``Module._varjax_bodies``); closures over modules and variables work the
+    same way, since the body's variable traffic is read from the IR, not from
+    its arguments.
 """
 from __future__ import annotations
 

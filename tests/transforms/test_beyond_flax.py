@@ -240,7 +240,7 @@ def test_raw_jax_grad_over_stateful_code_holds_variables_constant():
 
             def energy(x):
                 seen.value = x               # a write inside grad stores the primal
-                return jnp.sum(jnp.sin(x * w) * self.param("w", nn.initializers.ones, (4,)))
+                return jnp.sum(jnp.sin(x * w) * self.get_variable("params", "w"))
             return jax.grad(energy)(x)
 
     model = GradInside()

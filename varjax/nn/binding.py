@@ -31,23 +31,42 @@ from varjax.primitives import Path
 if TYPE_CHECKING:
     from varjax.nn.module import Module
 
-class TraceRoot:
+class _Root:
+    """What both roots keep for the modules bound to them."""
+
+    def __init__(self) -> None:
+        # A module's setup is current while its version is the root's.  A lifted body runs
+        # under a new version, so setup runs again inside it; the modules it set up there
+        # are recorded in ``lifted_bodies[-1]`` ({id: (module, snapshot)}) and put back when
+        # the body ends (``Module._varjax_bodies``).
+        self.version = 0
+        self._versions = 0
+        self.lifted_bodies: list[dict[int, tuple[Module, Any]]] = []
+        self.adopted: dict[int, tuple[Module, Module]] = {}   # see Module._adopt
+
+    def new_version(self) -> int:
+        """A version no module of this root has been set up in."""
+        self._versions += 1
+        return self._versions
+
+
+class TraceRoot(_Root):
     """The root of a module tree bound inside one ``init``/``apply`` trace."""
 
     def __init__(self, ctx: scope.TraceContext, capture: Callable[[Module, str], bool] | None):
+        super().__init__()
         self.origin = ctx.origin
-        self.version = 0   # bumped around lifted bodies, so setup re-runs inside them
         self.capture = capture
-        self.adopted: dict[int, tuple[Module, Module]] = {}   # see Module._adopt
 
 
-class BoundRoot:
+class BoundRoot(_Root):
     """The root made by ``Module.bind``: owns variables and runs each outside call
     through a cached ``functionalize`` of that method."""
 
     capture = None
 
     def __init__(self, variables: Mapping[str, Any], rngs: Any, mutable: Any):
+        super().__init__()
         self.variables = unflatten_variables(
             {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
         # A vj.Rngs is state: every call draws from it and advances it.  Keys are folded
@@ -56,9 +75,7 @@ class BoundRoot:
         self.rngs = {} if self.held is not None else normalize_rngs(rngs)
         self.mutable = mutable
         self.origin: scope.TraceContext | None = None  # set while one of our calls traces
-        self.version = 0
         self.calls = 0
-        self.adopted: dict[int, tuple[Module, Module]] = {}   # see Module._adopt
         self._fns: dict[Any, Functionalized] = {}
 
     def _next_rngs(self) -> Any:
@@ -97,7 +114,7 @@ class BoundRoot:
         out, updated = functionalized.apply(self.variables, *args, rngs=rngs, mutable=self.mutable,
                                             **kwargs)
         self.variables.update(updated)
-        self.version += 1
+        self.version = self.new_version()     # setup attributes read the new values
         return out
 
     def read(self, collection: str, path: Path) -> Any:

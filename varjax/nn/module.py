@@ -33,10 +33,12 @@ from typing import Any, Callable, Mapping
 import jax
 
 from varjax import errors, filters, scope, streams
+from varjax.caches import LRU
 from varjax.functionalize import Functionalized, flatten_variables, unflatten_variables
 from varjax.nn.binding import BoundRoot, BoundVariable, Scope, TraceRoot
 from varjax.primitives import Path
 from varjax.scope import Variable
+from varjax.statics import typed
 
 DEFAULT_INIT_MUTABLE = filters.DenyList(["intermediates"])
 
@@ -69,13 +71,33 @@ class _State:
     setup_done: bool = False
     setup_version: int = -1
     compact_depth: int = 0
+    # A bound module's variable operation run from outside any trace (``Module._eager``).
+    eager_op: bool = False
     cursor: dict[str, int] = dataclasses.field(default_factory=dict)
-    children: dict[str, "Module"] = dataclasses.field(default_factory=dict)
+    # Reserved names (Linen's reservations): submodule names, and (collection, name) of
+    # variables, declared by setup and by the current call of the compact method (which
+    # starts from setup's).  A submodule's name is taken in every collection.
     setup_names: set[str] = dataclasses.field(default_factory=set)
     call_names: set[str] = dataclasses.field(default_factory=set)
+    setup_vars: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    call_vars: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     setup_attrs: list[str] = dataclasses.field(default_factory=list)
     # Lifted classes (``_varjax_lift_class``) whose transform is running on this instance.
     lifting: set[type] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SetupSnapshot:
+    """What ``setup`` made on one module, kept while a lifted body runs setup again."""
+
+    done: bool
+    version: int
+    attrs: dict[str, Any]
+    order: list[str]
+    setup_names: set[str]
+    setup_vars: set[tuple[str, str]]
+    call_names: set[str]
+    call_vars: set[tuple[str, str]]
 
 
 _local = threading.local()
@@ -179,12 +201,47 @@ class Module:
                 f"the name '{name}' is used by two submodules of {self._label()}.",
                 path=self.scope.path + (name,), **scope.where(about=self),
                 fix="give the submodules distinct name= arguments")
+        taken = sorted(c for c, n in state.call_vars if n == name)
+        if taken:
+            raise errors.NameInUseError(
+                f"submodule '{name}' of {self._label()} has the name of a variable in "
+                f"collection '{taken[0]}'.", collection=taken[0], path=self.scope.path + (name,),
+                **scope.where(about=self), fix="rename the submodule or the variable")
         state.call_names.add(name)
         if state.in_setup:
             state.setup_names.add(name)
-        state.children[name] = child
         object.__setattr__(child, "name", name)
         object.__setattr__(child, "scope", Scope(self.scope.root, self.scope.path + (name,)))
+
+    def _reserve_variable(self, what: str, collection: str, name: str, anywhere: bool = False) -> None:
+        """Takes variable ``name`` of ``collection`` for this call, as Linen's reservations do:
+        declaring it twice, under a submodule's name, or (unless ``anywhere``: ``sow``)
+        outside setup and compact methods raises (one declaration would silently win
+        otherwise)."""
+        state = self._state
+        path = self._path(name)
+        if not (anywhere or state.in_setup or state.compact_depth or state.eager_op):
+            raise errors.ModuleError(
+                f"{what} '{name}' of {self._label()} is declared outside setup() and outside an "
+                "@compact method.", collection=collection, path=path, **scope.where(about=self),
+                fix="declare it in setup(), or decorate the method with @nn.compact")
+        if name in state.call_names:
+            raise errors.NameInUseError(
+                f"{what} '{name}' of {self._label()} has the name of a submodule.",
+                collection=collection, path=path, **scope.where(about=self),
+                fix=f"rename the {what} or the submodule")
+        key = (collection, name)
+        if key in state.call_vars:
+            raise errors.NameInUseError(
+                f"{what} '{name}' of {self._label()} is declared twice in collection "
+                f"'{collection}'" + (" (in setup and again in the call)."
+                                     if key in state.setup_vars and not state.in_setup else "."),
+                collection=collection, path=path, **scope.where(about=self),
+                fix="declare it once and keep the value (or handle) the declaration returns, "
+                    "or give the second one another name")
+        state.call_vars.add(key)
+        if state.in_setup:
+            state.setup_vars.add(key)
 
     def _adopt(self, child: "Module", name: str) -> "Module":
         """A module held by a field or assigned in setup becomes a child named ``name``."""
@@ -239,8 +296,13 @@ class Module:
         state = self._state
         if self.scope is None or state.in_setup:
             return
-        if state.setup_done and state.setup_version == self.scope.root.version:
+        root = self.scope.root
+        if state.setup_done and state.setup_version == root.version:
             return
+        if root.lifted_bodies:        # inside a lifted body: put things back when it ends
+            kept = root.lifted_bodies[-1]
+            if id(self) not in kept:
+                kept[id(self)] = (self, self._snapshot_setup())
         self._reset_setup()
         state.in_setup = True
         stack = _module_stack()
@@ -275,12 +337,29 @@ class Module:
         state = self._state
         for attr in state.setup_attrs:
             self.__dict__.pop(attr, None)
-        for name in state.setup_names:
-            state.children.pop(name, None)
-        state.setup_attrs.clear()
-        state.setup_names.clear()
-        state.call_names.clear()
+        state.setup_attrs = []
+        state.setup_names, state.call_names = set(), set()
+        state.setup_vars, state.call_vars = set(), set()
         state.setup_done = False
+
+    def _snapshot_setup(self) -> _SetupSnapshot:
+        state = self._state
+        return _SetupSnapshot(state.setup_done, state.setup_version,
+                              {a: self.__dict__[a] for a in state.setup_attrs if a in self.__dict__},
+                              list(state.setup_attrs), set(state.setup_names),
+                              set(state.setup_vars), set(state.call_names), set(state.call_vars))
+
+    def _restore_setup(self, snap: _SetupSnapshot) -> None:
+        """Back to ``snap``: the attributes, names and version setup had before a lifted body
+        ran it again (so no value traced inside the body stays behind on the module)."""
+        state = self._state
+        for attr in state.setup_attrs:
+            self.__dict__.pop(attr, None)
+        self.__dict__.update(snap.attrs)
+        state.setup_attrs = list(snap.order)
+        state.setup_done, state.setup_version = snap.done, snap.version
+        state.setup_names, state.setup_vars = set(snap.setup_names), set(snap.setup_vars)
+        state.call_names, state.call_vars = set(snap.call_names), set(snap.call_vars)
 
     def _scope_name(self) -> str:
         return self.name or type(self).__name__
@@ -305,7 +384,7 @@ class Module:
         state = self._state
         if is_compact and state.compact_depth == 0:
             state.cursor.clear()
-            state.call_names = set(state.setup_names)
+            state.call_names, state.call_vars = set(state.setup_names), set(state.setup_vars)
         stack = _module_stack()
         stack.append(self)
         state.compact_depth += is_compact
@@ -326,26 +405,49 @@ class Module:
     def _varjax_bodies(self, bodies: tuple[Callable, ...]) -> tuple[Callable, ...]:
         """``body(self, ...)`` for each body of one lifted call.
 
+        Each body starts by running setup, under a version of the root no module has been
+        set up in, as a method call on Linen's clone of the module inside the transform
+        does: setup's variables exist even when the body touches no attribute, and they
+        have their lifted shapes.  Names reserved inside start from setup's.  When the body
+        ends, every module that ran setup inside it gets back the attributes, reserved
+        names and version it had before (no value traced in the body stays behind), and
+        this module gets back the caller's reservations.
+
         A body may be traced more than once (a peeled scan step), and a call may have
         several bodies (the branches of a cond); every trace starts from the naming state
-        the first one saw, so inline submodules get the same names in each.  Setup runs
-        inside the body (bumping the root's version), where variables have their lifted
-        shapes, and again outside afterwards."""
+        the first one saw, so inline submodules get the same names in each."""
         state = self._state
-        saved: list[tuple[dict, set]] = []
+        first: list[tuple] = []
 
         def bind(body: Callable) -> Callable:
             def run(*args: Any, **kwargs: Any) -> Any:
-                if saved:
-                    state.cursor, state.call_names = dict(saved[0][0]), set(saved[0][1])
+                in_setup = state.in_setup      # a lifted call inside setup shares its names
+                caller = (set(state.call_names), set(state.call_vars))
+                if first:
+                    cursor, names = first[0]
+                    state.cursor = dict(cursor)
+                    if in_setup:
+                        state.call_names, state.call_vars, state.setup_names, state.setup_vars = (
+                            set(x) for x in names)
                 else:
-                    saved.append((dict(state.cursor), set(state.call_names)))
+                    first.append((dict(state.cursor), (*caller, set(state.setup_names),
+                                                      set(state.setup_vars))))
                 root = self.scope.root
-                root.version += 1
+                version = root.version
+                root.version = root.new_version()
+                root.lifted_bodies.append({})
                 try:
+                    if not in_setup:
+                        self._try_setup()
+                        state.call_names = set(state.setup_names)
+                        state.call_vars = set(state.setup_vars)
                     return body(self, *args, **kwargs)
                 finally:
-                    root.version += 1
+                    for module, snap in reversed(list(root.lifted_bodies.pop().values())):
+                        module._restore_setup(snap)
+                    root.version = version
+                    if not in_setup:
+                        state.call_names, state.call_vars = caller
             run.__name__ = getattr(body, "__name__", "body")
             return run
         return tuple(bind(b) for b in bodies)
@@ -387,7 +489,13 @@ class Module:
 
     def _eager(self, op: Callable[["Module"], Any]) -> Any:
         """Runs a variable operation of a ``bind`` module from outside any trace."""
-        return self.scope.root.run(self, lambda m: op(m), (), {}, method=False)
+        def run(m: Module) -> Any:
+            m._state.eager_op = True          # declared from outside, not in a method
+            try:
+                return op(m)
+            finally:
+                m._state.eager_op = False
+        return self.scope.root.run(self, run, (), {}, method=False)
 
     def param(self, name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
         """Parameter ``name`` of this module, created with ``init_fn(key, *init_args)``.
@@ -402,11 +510,7 @@ class Module:
                 return value
             return self._eager(lambda m: m.param(name, init_fn, *init_args))
         ctx = self._ctx("Module.param")
-        if name in self._state.children:
-            raise errors.NameInUseError(
-                f"parameter '{name}' of {self._label()} has the name of a submodule.",
-                collection="params", path=self._path(name), **scope.where(about=self),
-                fix="rename the parameter or the submodule")
+        self._reserve_variable("parameter", "params", name)
         return scope.param_at(ctx, self._path(name), init_fn, init_args)
 
     def variable(self, collection: str, name: str, init_fn: Callable[..., Any] | None = None,
@@ -416,8 +520,9 @@ class Module:
             if not self.scope.root.has(collection, self._path(name)):
                 self._eager(lambda m: m.variable(collection, name, init_fn, *init_args))
             return BoundVariable(self.scope.root, collection, self._path(name))
-        return scope.variable_at(self._ctx("Module.variable"), collection, self._path(name),
-                                 init_fn, init_args)
+        ctx = self._ctx("Module.variable")
+        self._reserve_variable("variable", collection, name)
+        return scope.variable_at(ctx, collection, self._path(name), init_fn, init_args)
 
     def has_variable(self, collection: str, name: str) -> bool:
         if self.scope is not None and self.scope.eager():
@@ -442,8 +547,10 @@ class Module:
         """Store ``value`` if ``collection`` is mutable (Linen's ``sow``); False if not."""
         if self.scope is not None and self.scope.eager():
             return self._eager(lambda m: m.sow(collection, name, value, reduce_fn, init_fn))
-        return scope.sow_at(self._ctx("Module.sow"), collection, self._path(name), value,
-                            reduce_fn, init_fn)
+        ctx = self._ctx("Module.sow")
+        if ctx.is_mutable(collection) and not scope.has_at(ctx, collection, self._path(name)):
+            self._reserve_variable("sown variable", collection, name, anywhere=True)
+        return scope.sow_at(ctx, collection, self._path(name), value, reduce_fn, init_fn)
 
     def perturb(self, name: str, value: Any, collection: str = "perturbations") -> Any:
         """``value`` plus a zero-initialized variable, whose gradient is d loss / d value."""
@@ -610,20 +717,22 @@ def _wrap_method(fn: Callable) -> Callable:
 
 # Equal modules (same class and fields) share their Functionalized, so building a new but
 # equal model object -- as code that constructs its model per step does -- neither retraces
-# nor recompiles.  Bounded: the oldest entry goes first.
-_SHARED: dict[Any, Functionalized] = {}
-_SHARED_MAX = 256
+# nor recompiles.  Fields compare by type and value (``statics.typed``), down through
+# submodules, tuples and dicts: ``Fill(1)``, ``Fill(1.0)`` and ``Fill(True)`` are equal
+# dataclasses, but ``jnp.full((2,), v)`` traces to three dtypes.  Bounded, and released
+# by ``jax.clear_caches()`` (``varjax.caches``).
+_SHARED = LRU()
 
 
 def _shared_functionalized(module: Module, key: tuple) -> Functionalized:
     try:
-        shared_key = (type(module), module, *key)
+        # ``typed`` would key a list field too, but the list may change after this call.
+        hash(module)
+        shared_key = typed((module, *key))
         found = _SHARED.get(shared_key)
     except TypeError:                 # a field is unhashable: this instance only
         return module._new_functionalized(*key)
     if found is None:
-        if len(_SHARED) >= _SHARED_MAX:
-            del _SHARED[next(iter(_SHARED))]
         found = _SHARED[shared_key] = module._new_functionalized(*key)
     return found
 
