@@ -42,6 +42,8 @@ TABLE: dict[_jax.Primitive, Hop] = {
     _jax.cond_p: Hop(("branches",), "branch"),
     _jax.scan_p: Hop(("jaxpr",), "loop"),
     _jax.while_p: Hop(("cond_jaxpr", "body_jaxpr"), "loop"),
+    # Every shard runs the body once: for variable traffic, a call.
+    _jax.shard_map_p: Hop(("jaxpr",), "call"),
 }
 
 
@@ -68,6 +70,31 @@ def bodies(eqn: _jax.JaxprEqn) -> list[ClosedJaxpr]:
     for p in hop.params:
         v = eqn.params[p]
         out.extend(closed(b) for b in v) if isinstance(v, (tuple, list)) else out.append(closed(v))
+    return out
+
+
+def passthrough(eqn: _jax.JaxprEqn) -> list[tuple[ClosedJaxpr, list[int | None]]]:
+    """Every body of a known higher-order equation (as in ``bodies``) with, for each of its
+    inputs, the index of the equation operand it receives unchanged: every operand of a
+    call, the operands after the index of a branch, the constants of a loop (None for
+    loop carries and scanned slices)."""
+    spec = TABLE.get(eqn.primitive)
+    if spec is None:
+        return []
+    p, offset, out = eqn.params, 0, []
+    for name in spec.params:
+        group = p[name] if isinstance(p[name], (tuple, list)) else (p[name],)
+        for body in map(closed, group):
+            n = len(body.in_avals)
+            if spec.kind == "call":
+                index = list(range(n))
+            elif spec.kind == "branch":
+                index = [i + 1 for i in range(n)]
+            else:   # loops: scan's num_consts; while's cond_nconsts, then body_nconsts
+                consts = p.get("num_consts", p.get(name.replace("_jaxpr", "_nconsts"), 0))
+                index = [offset + i if i < consts else None for i in range(n)]
+                offset += consts
+            out.append((body, index))
     return out
 
 

@@ -140,12 +140,15 @@ class Pipeline:
             label: str | None = None) -> _jax.ClosedJaxpr:
         """Run every pass in order and return the final jaxpr.
 
-        Records ``ctx.results['pipeline']`` (this pipeline's text) and, if
-        given, ``ctx.results['label']`` (names the dump directory), so that
-        instrumentations and later readers of ``ctx`` know what produced it.
+        Records ``ctx.results['pipeline']`` (this pipeline's text),
+        ``ctx.results['input']`` (the jaxpr it was given, as traced: discharge reads
+        custom rules' closures off it) and, if given, ``ctx.results['label']`` (names
+        the dump directory), so that instrumentations and later readers of ``ctx``
+        know what produced it.
         Seconds per pass land in ``self.last_timings``, also after a failure.
         """
         ctx.results["pipeline"] = str(self)
+        ctx.results["input"] = jaxpr
         if label is not None:
             ctx.results["label"] = label
         timing = Timing()

@@ -468,13 +468,33 @@ def rng_draw_in_while_cond():
     f.apply({}, X, rngs={"noise": KEY})
 
 
-def shard_map_over_a_variable():
-    mesh = jax.make_mesh((2,), ("d",))
+def custom_vmap_over_a_variable():
+    from jax.custom_batching import custom_vmap
 
     def body(m, x):
         w = m.variable("state", "w", jnp.ones, ())
-        return jax.shard_map(lambda x: x * w.value, mesh=mesh, in_specs=jax.P(),
-                             out_specs=jax.P())(x)
+
+        @custom_vmap
+        def g(x):
+            return x * w.value
+
+        @g.def_vmap
+        def rule(axis_size, in_batched, x):
+            return x, True
+        return g(x)
+    _in_net(body).init(KEY, X)
+
+
+def shard_map_write_that_differs_per_shard():
+    mesh = jax.make_mesh((2,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def body(m, x):
+        s = m.variable("state", "s", jnp.zeros, ())
+
+        def per_shard(x):
+            s.value = jnp.sum(x)
+            return x
+        return jax.shard_map(per_shard, mesh=mesh, in_specs=jax.P("d"), out_specs=jax.P("d"))(x)
     _in_net(body).init(KEY, X)
 
 
@@ -560,8 +580,11 @@ PASS_TIME = {
                                           "state", ("inner", "s"), "Net/inner"),
     "unsupported/rng draw in while cond": Case(rng_draw_in_while_cond,
                                                errors.UnsupportedPrimitiveError, "noise"),
-    "unsupported/shard_map": Case(shard_map_over_a_variable, errors.UnsupportedPrimitiveError,
-                                  "state", ("inner", "w"), "Net/inner"),
+    "unsupported/custom_vmap": Case(custom_vmap_over_a_variable, errors.UnsupportedPrimitiveError,
+                                    "state", ("inner", "w"), "Net/inner"),
+    "transform/raw shard_map write differs per shard": Case(
+        shard_map_write_that_differs_per_shard, errors.TransformError, "state", ("inner", "s"),
+        "Net/inner"),
     "transform/gradient through custom_jvp": Case(gradient_wrt_variable_read_in_custom_jvp,
                                                   errors.TransformError, "params", ("w",)),
     "transform/custom rule touches variables": Case(custom_rule_touching_other_variables,

@@ -160,19 +160,24 @@ def test_raw_vmap_with_a_batched_write_is_rejected():
 
 
 def test_primitive_without_a_discharge_rule():
-    mesh = jax.make_mesh((2,), ("d",))
+    from jax.custom_batching import custom_vmap
 
     @vj.functionalize
     def f(x):
         w = vj.variable("state", "w", lambda: jnp.ones(()))
 
-        def per_shard(x):
+        @custom_vmap
+        def g(x):
             return x * w.value
-        return jax.shard_map(per_shard, mesh=mesh, in_specs=jax.P(), out_specs=jax.P())(x)
+
+        @g.def_vmap
+        def rule(axis_size, in_batched, x):
+            return x, True
+        return g(x)
 
     with pytest.raises(errors.UnsupportedPrimitiveError) as info:
         f.init(jax.random.key(0), jnp.ones((4,)))
-    assert "shard_map" in str(info.value) and HERE in str(info.value)
+    assert "custom_vmap_call" in str(info.value) and HERE in str(info.value)
     assert isinstance(info.value, NotImplementedError)
 
 

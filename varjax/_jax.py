@@ -34,6 +34,7 @@ from jax._src.lax.control_flow.loops import scan_p as scan_p
 from jax._src.lax.control_flow.loops import while_p as while_p
 from jax._src.named_sharding import UNSPECIFIED
 from jax._src.pjit import jit_p as jit_p
+from jax._src.shard_map import shard_map_p as shard_map_p
 
 Primitive = core.Primitive
 ClosedJaxpr = core.ClosedJaxpr
@@ -315,3 +316,38 @@ exclude_from_user_frames(os.path.join(os.path.dirname(_HERE), "passes") + os.sep
 # Dataclass-generated methods (a Module's __init__) are compiled from strings; the
 # constructor call that matters is the user's line that called them.
 exclude_from_user_frames("<string>")
+
+
+# --- custom-rule closures (passes/discharge.py) -------------------------------------------
+
+def thunk_identity(thunk: Any) -> Any:
+    """What identifies the custom function a rule thunk belongs to: its debug info, which
+    every rewrap keeps -- varjax's ``wrap_thunk``, JAX's dead-code elimination, and JAX
+    re-binding the call (which also folds the closed-over values into the arguments)."""
+    return thunk.debug_info
+
+
+def staged_var(x: Any) -> Var | None:
+    """The jaxpr variable a staging tracer stands for (also after its trace ended), or
+    None for any other value."""
+    if isinstance(x, pe.DynamicJaxprTracer) and isinstance(x.val, Var):
+        return x.val
+    return None
+
+
+def staged_producer(x: Any) -> tuple[Primitive, dict, list] | None:
+    """``(primitive, params, input tracers)`` of the equation that produced the staging
+    tracer ``x`` (kept by the tracer itself, also after its trace ended), or None."""
+    parent = getattr(x, "parent", None) if isinstance(x, pe.DynamicJaxprTracer) else None
+    if parent is None:
+        return None
+    return parent.primitive, parent.params, list(parent.in_tracers)
+
+
+# --- raw shard_map (passes/hop.py, passes/discharge.py) ------------------------------------
+
+def varying_axes(x: Any) -> frozenset:
+    """The mesh axes over which ``x`` may differ between shards, inside a ``shard_map``
+    body that checks it (``check_vma=True``): JAX's varying-manual-axes type."""
+    mat = getattr(core.typeof(x), "manual_axis_type", None)
+    return frozenset(getattr(mat, "varying", ()) or ())
