@@ -159,28 +159,6 @@ def test_raw_vmap_with_a_batched_write_is_rejected():
     assert "raw jax.vmap" in str(info.value) and "vj.vmap" in str(info.value)
 
 
-def test_primitive_without_a_discharge_rule():
-    from jax.custom_batching import custom_vmap
-
-    @vj.functionalize
-    def f(x):
-        w = vj.variable("state", "w", lambda: jnp.ones(()))
-
-        @custom_vmap
-        def g(x):
-            return x * w.value
-
-        @g.def_vmap
-        def rule(axis_size, in_batched, x):
-            return x, True
-        return g(x)
-
-    with pytest.raises(errors.UnsupportedPrimitiveError) as info:
-        f.init(jax.random.key(0), jnp.ones((4,)))
-    assert "custom_vmap_call" in str(info.value) and HERE in str(info.value)
-    assert isinstance(info.value, NotImplementedError)
-
-
 def test_while_cond_fun_must_not_write():
     @vj.functionalize
     def f(x):
