@@ -33,7 +33,7 @@ import varjax as vj
 from bench.harness import Table, count_eqns, measure
 from varjax import filters, passes
 from varjax.functionalize import flatten_variables
-from varjax.scope import VarType
+from varjax.primitives import VarType
 
 SIZES = {1_000: 5, 10_000: 5, 100_000: 3}  # target equations -> timed repetitions
 EQNS_PER_STEP = 4

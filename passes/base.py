@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, ContextManager, Mapping
 
 from varjax import _jax, errors
+from varjax.primitives import Key, VarType
 
 REGISTRY: dict[str, type["Pass"]] = {}
 
@@ -36,6 +37,12 @@ class PassContext:
     collections; ``rng_streams`` maps stream names to key avals.  ``results``
     carries pass outputs that are not
     IR (the discharge signature); ``stats`` per-pass counters.
+
+    ``reenter`` re-enters the trace the program came from: ``with ctx.reenter(types):``
+    runs user code as if at a program point where the variables have ``types``.  Passes
+    need it for the user code JAX traces late (custom_jvp/vjp rules, traced when JAX first
+    differentiates, possibly after the pipeline has returned).  None for a program that
+    did not come from a varjax trace.
     """
 
     variables: dict = dataclasses.field(default_factory=dict)
@@ -43,6 +50,7 @@ class PassContext:
     rng_streams: dict = dataclasses.field(default_factory=dict)
     results: dict = dataclasses.field(default_factory=dict)
     stats: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    reenter: Callable[[Mapping[Key, VarType]], ContextManager[Any]] | None = None
 
     def count(self, pass_name: str, what: str, n: int = 1) -> None:
         self.stats[f"{pass_name}.{what}"] += n

@@ -56,7 +56,7 @@ from varjax.passes.analysis import key_of, touches_variables, traffic
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
 from varjax.primitives import Key, rng_draw_p, var_get_p, var_set_p
-from varjax.scope import VarType
+from varjax.primitives import VarType
 
 ClosedJaxpr = _jax.ClosedJaxpr
 Env = dict  # Key -> (treedef, [leaves]) : the current value of each variable

@@ -21,7 +21,7 @@ from varjax.passes import hop
 from varjax.passes.analysis import eqn_traffic, key_of, touches_variables
 from varjax.passes.base import Pass, PassContext
 from varjax.primitives import var_get_p, var_set_p
-from varjax.scope import VarType
+from varjax.primitives import VarType
 
 
 def _forward(closed: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:

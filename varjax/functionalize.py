@@ -49,7 +49,7 @@ from varjax.caches import LRU
 from varjax.passes import Pass, PassContext, Pipeline
 from varjax.passes.discharge import Signature
 from varjax.primitives import Key
-from varjax.scope import VarType
+from varjax.primitives import VarType
 from varjax.statics import typed
 
 DEFAULT_PASSES = ("check-mutability", "lower-rng", "forward-stores", "dead-reads", "discharge")
@@ -360,7 +360,8 @@ class Functionalized:
         key = traced.key
         given = dict(key.variables)
         given.update({streams.explicit_key(s): VarType(_SCALAR, (a,)) for s, a in key.rngs})
-        pctx = PassContext(variables=given, mutable=key.mutable, rng_streams=dict(key.rngs))
+        pctx = PassContext(variables=given, mutable=key.mutable, rng_streams=dict(key.rngs),
+                           reenter=lambda types: scope.activate(traced.context.snapshot(types)))
         with scope.activate(traced.context):  # passes may re-trace user code (custom rules)
             return pipeline.run(traced.jaxpr, pctx, label=self.__name__), pctx
 

@@ -23,6 +23,7 @@ Sharp edges:
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Sequence
 
@@ -222,3 +223,38 @@ def leaf_aval(x: Any) -> Any:
     """The aval a variable leaf has in the IR (weak types dropped: stored values are strong)."""
     aval = _jax.get_aval(x)
     return aval.update(weak_type=False) if getattr(aval, "weak_type", False) else aval
+
+
+@dataclasses.dataclass
+class VarType:
+    """What the IR knows about a variable: pytree structure and leaf avals."""
+
+    tree: Any
+    avals: tuple
+
+    @staticmethod
+    def of(value: Any) -> "VarType":
+        leaves, tree = jax.tree.flatten(value)
+        return VarType.of_leaves(tree, leaves)
+
+    @staticmethod
+    def of_leaves(tree: Any, leaves: Sequence[Any]) -> "VarType":
+        """The type of a value given flat (arrays or tracers); weak types are dropped."""
+        return VarType(tree, tuple(leaf_aval(x) for x in leaves))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VarType) and self.tree == other.tree and self.avals == other.avals
+
+    def __hash__(self) -> int:
+        return hash((self.tree, self.avals))
+
+    def describe(self) -> str:
+        """``float32[3]`` for an array; ``tuple [float32[3], float32[3]]`` for a pytree
+        (a Python list of numbers reads ``list [float32[], ... (9 leaves)]``)."""
+        shapes = [a.str_short() for a in self.avals]
+        if self.tree.num_leaves == 1 and not self.tree.children():
+            return shapes[0]
+        if len(shapes) > 4:
+            shapes = shapes[:3] + [f"... ({len(shapes)} leaves)"]
+        root = self.tree.node_data()
+        return f"{root[0].__name__ if root else self.tree} [{', '.join(shapes)}]"

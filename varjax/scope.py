@@ -34,43 +34,8 @@ import jax
 
 from varjax import _jax, errors, filters, streams
 from varjax.caches import LRU
-from varjax.primitives import Key, Path, bind_draw, bind_get, bind_set, is_internal, leaf_aval
+from varjax.primitives import Key, Path, VarType, bind_draw, bind_get, bind_set, is_internal
 from varjax.statics import typed
-
-
-@dataclasses.dataclass
-class VarType:
-    """What the IR knows about a variable: pytree structure and leaf avals."""
-
-    tree: Any
-    avals: tuple
-
-    @staticmethod
-    def of(value: Any) -> "VarType":
-        leaves, tree = jax.tree.flatten(value)
-        return VarType.of_leaves(tree, leaves)
-
-    @staticmethod
-    def of_leaves(tree: Any, leaves: Sequence[Any]) -> "VarType":
-        """The type of a value given flat (arrays or tracers); weak types are dropped."""
-        return VarType(tree, tuple(leaf_aval(x) for x in leaves))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, VarType) and self.tree == other.tree and self.avals == other.avals
-
-    def __hash__(self) -> int:
-        return hash((self.tree, self.avals))
-
-    def describe(self) -> str:
-        """``float32[3]`` for an array; ``tuple [float32[3], float32[3]]`` for a pytree
-        (a Python list of numbers reads ``list [float32[], ... (9 leaves)]``)."""
-        shapes = [a.str_short() for a in self.avals]
-        if self.tree.num_leaves == 1 and not self.tree.children():
-            return shapes[0]
-        if len(shapes) > 4:
-            shapes = shapes[:3] + [f"... ({len(shapes)} leaves)"]
-        root = self.tree.node_data()
-        return f"{root[0].__name__ if root else self.tree} [{', '.join(shapes)}]"
 
 
 @dataclasses.dataclass(frozen=True)

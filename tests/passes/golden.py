@@ -6,7 +6,7 @@ import jax
 import varjax as vj
 from varjax.functionalize import flatten_variables
 from varjax.passes import PassContext, get_pass
-from varjax.scope import VarType
+from varjax.primitives import VarType
 from varjax.streams import explicit_key
 
 
