@@ -144,11 +144,12 @@ def _check_same_as_apply(ours: Any, theirs: Any) -> None:
 
 def pipeline_run(model, variables: dict, mutable: Any):
     """``jaxpr -> pure jaxpr`` through ``model``'s pipeline, with the ``PassContext``
-    that ``Functionalized._trace`` builds for a call without RNG streams."""
+    that ``Functionalized`` builds (``PassContext.for_inputs``) for a call without RNG
+    streams."""
     given = {key: VarType.of(jax.tree.unflatten(tree, leaves))
              for key, (tree, leaves) in flatten_variables(variables).items()}
 
     def run_once(jaxpr: Any) -> Any:
-        ctx = passes.PassContext(variables=given, mutable=filters.freeze(mutable))
+        ctx = passes.PassContext.for_inputs(given, filters.freeze(mutable))
         return model.pipeline.run(jaxpr, ctx)
     return run_once

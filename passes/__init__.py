@@ -20,11 +20,13 @@ from varjax.passes.discharge import Signature as Signature
 from varjax.passes.dump import Dump as Dump
 from varjax.passes.dump import Recorder as Recorder
 from varjax.passes.forward_stores import ForwardStores as ForwardStores
+from varjax.passes.instrument import DUMP_AFTER_ENV as DUMP_AFTER_ENV
+from varjax.passes.instrument import DUMP_CHANGED_ENV as DUMP_CHANGED_ENV
+from varjax.passes.instrument import DUMP_DIR_ENV as DUMP_DIR_ENV
+from varjax.passes.instrument import Instrumentation as Instrumentation
+from varjax.passes.instrument import Timing as Timing
 from varjax.passes.lower_rng import LowerRng as LowerRng
-from varjax.passes.pipeline import DUMP_DIR_ENV as DUMP_DIR_ENV
-from varjax.passes.pipeline import Instrumentation as Instrumentation
 from varjax.passes.pipeline import Pipeline as Pipeline
-from varjax.passes.pipeline import Timing as Timing
 from varjax.passes.rewrite import Region as Region
 from varjax.passes.rewrite import Rewriter as Rewriter
 from varjax.passes.rewrite import Rule as Rule

@@ -18,11 +18,9 @@ Summaries are memoised per jaxpr object: jaxprs are immutable and shared.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
-from varjax import _jax
+from varjax import _jax, nested
 from varjax.effects import VariableEffect
-from varjax.passes import hop
 from varjax.primitives import Key, is_internal, var_get_p, var_set_p
 
 
@@ -34,7 +32,6 @@ class Traffic:
 
 
 _EMPTY = Traffic(frozenset(), frozenset(), frozenset())
-_memo: "weakref.WeakKeyDictionary[_jax.Jaxpr, Traffic]" = weakref.WeakKeyDictionary()
 
 
 def key_of(eqn: _jax.JaxprEqn) -> Key:
@@ -46,15 +43,13 @@ def touches_variables(effects) -> bool:
 
 
 def traffic(jaxpr: _jax.Jaxpr | _jax.ClosedJaxpr) -> Traffic:
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    jaxpr = nested.open_jaxpr(jaxpr)
     if not touches_variables(jaxpr.effects):
         return _EMPTY
-    found = _memo.get(jaxpr)
-    if found is None:
-        found = _memo[jaxpr] = _summarise(jaxpr)
-    return found
+    return _summarise(jaxpr)
 
 
+@nested.per_jaxpr
 def _summarise(jaxpr: _jax.Jaxpr) -> Traffic:
     needs: set[Key] = set()
     may: set[Key] = set()
@@ -81,15 +76,15 @@ def _summarise(jaxpr: _jax.Jaxpr) -> Traffic:
 
 def eqn_traffic(eqn: _jax.JaxprEqn) -> Traffic:
     """Traffic of one higher-order equation, as seen from the enclosing jaxpr."""
-    spec = hop.TABLE.get(eqn.primitive)
-    if spec is None:
-        raise hop.unsupported(eqn, "has a body with variable effects but no varjax rule")
-    parts = [traffic(b) for b in hop.bodies(eqn)]
+    kind = nested.kind_of(eqn)
+    if kind is None:
+        raise nested.unsupported(eqn, "has a body with variable effects but no varjax rule")
+    parts = [traffic(b) for b in nested.bodies(eqn)]
     may = frozenset().union(*(t.may_write for t in parts))
     needs = frozenset().union(*(t.needs for t in parts))
-    if spec.kind == "call":
+    if kind == "call":
         return Traffic(needs, may, frozenset().union(*(t.must_write for t in parts)))
-    if spec.kind == "branch":
+    if kind == "branch":
         passthrough = frozenset().union(*(may - t.must_write for t in parts))
         must = frozenset.intersection(*(t.must_write for t in parts))
         return Traffic(needs | passthrough, may, must)

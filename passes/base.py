@@ -22,7 +22,9 @@ import collections
 import dataclasses
 from typing import Any, Callable, ClassVar, ContextManager, Mapping
 
-from varjax import _jax, errors
+import jax
+
+from varjax import _jax, errors, filters, streams
 from varjax.primitives import Key, VarType
 
 REGISTRY: dict[str, type["Pass"]] = {}
@@ -52,8 +54,51 @@ class PassContext:
     stats: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     reenter: Callable[[Mapping[Key, VarType]], ContextManager[Any]] | None = None
 
+    @classmethod
+    def for_inputs(cls, variables: Mapping[Key, VarType], mutable: Any = False,
+                   rng_streams: Mapping[str, Any] | None = None,
+                   reenter: Callable[[Mapping[Key, VarType]], ContextManager[Any]] | None = None,
+                   ) -> "PassContext":
+        """The context of a call given ``variables`` (their types), the ``mutable`` filter
+        and RNG keys (``rng_streams``: stream name to key aval).  Each explicit key is
+        also a read-only variable (``streams.explicit_key``), which is how ``lower-rng``
+        reads it; the one place that says so, for ``functionalize`` and the tests alike."""
+        rng_streams = dict(rng_streams or {})
+        given = dict(variables)
+        given.update({streams.explicit_key(s): VarType(_SCALAR, (aval,))
+                      for s, aval in rng_streams.items()})
+        return cls(variables=given, mutable=mutable, rng_streams=rng_streams, reenter=reenter)
+
+    def known_collections(self) -> frozenset[str] | None:
+        """The collections a program run in this context may touch: those of the given
+        variables and those ``mutable`` names (new variables may be created there); None
+        when ``mutable`` admits collections it does not name (``True``, a ``DenyList``),
+        so any collection may be created.  varjax's own ``__*`` collections are always
+        allowed, listed or not.  The pipeline gives this to its verifier, so a misspelt
+        collection fails at the pipeline input."""
+        named = _named_collections(self.mutable)
+        if named is None:
+            return None
+        return named | {collection for collection, _ in self.variables}
+
     def count(self, pass_name: str, what: str, n: int = 1) -> None:
         self.stats[f"{pass_name}.{what}"] += n
+
+
+_SCALAR = jax.tree.structure(0)
+
+
+def _named_collections(f: filters.Filter | None) -> frozenset[str] | None:
+    """The collections filter ``f`` matches, if it names them all; None if it matches
+    collections it does not name."""
+    if f is True or isinstance(f, filters.DenyList):
+        return None
+    if f is False or f is None:
+        return frozenset()
+    if isinstance(f, str):
+        return frozenset((f,))
+    parts = [_named_collections(x) for x in f]
+    return None if any(p is None for p in parts) else frozenset().union(*parts)
 
 
 @dataclasses.dataclass(frozen=True)

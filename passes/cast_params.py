@@ -15,8 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from varjax import _jax
-from varjax.passes import hop
+from varjax import _jax, nested
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter, Rule
 from varjax.primitives import var_get_p
@@ -43,7 +42,7 @@ class Autocast(Rewriter):
     """Narrowest float dtype per first-order equation; declared dtypes at region edges."""
 
     def eqn(self, eqn: _jax.JaxprEqn, invals: list, region: Region) -> list:
-        if hop.bodies(eqn):   # bodies keep their signatures: hand them declared dtypes
+        if nested.bodies(eqn):   # bodies keep their signatures: hand them declared dtypes
             invals = [_cast(x, v.aval.dtype) for x, v in zip(invals, eqn.invars)]
         elif self.rule_for(eqn) is None:
             floats = {x.dtype for x in invals if jnp.issubdtype(jnp.result_type(x), jnp.floating)}

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 from varjax import _jax, errors, filters
+from varjax.nested import enclosing_eqns, walk_eqns
 from varjax.passes.analysis import touches_variables
 from varjax.passes.base import Pass, PassContext
-from varjax.passes.walk import enclosing, walk_eqns
 from varjax.primitives import is_internal, var_set_p
 
 
@@ -30,7 +30,7 @@ class CheckMutability(Pass):
                 continue
             col = eqn.params["collection"]
             if not is_internal(col) and not filters.matches(ctx.mutable, col):
-                with errors.enclosing(*(e.source_info for e in enclosing(jaxpr, eqn))):
+                with errors.enclosing(*(e.source_info for e in enclosing_eqns(jaxpr, eqn))):
                     where = errors.where(eqn.source_info)
                 raise errors.ImmutableCollectionError(
                     f"cannot write variable {errors.format_path(eqn.params['path'])}: collection "

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from varjax import _jax
+from varjax.nested import per_jaxpr, subjaxprs
 from varjax.passes.base import Pass, PassContext
-from varjax.passes.walk import AnyJaxpr, open_jaxpr, subjaxprs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,21 +23,16 @@ class DeadReads(Pass):
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         pruned, _ = _jax.dce_jaxpr(jaxpr.jaxpr, [True] * len(jaxpr.jaxpr.outvars), instantiate=True)
-        memo: dict[int, tuple] = {}
-        removed = _size(jaxpr.jaxpr, memo) - _size(pruned, memo)
+        removed = _size(jaxpr.jaxpr) - _size(pruned)
         if removed == 0:
             return jaxpr
         ctx.count(self.name, "removed", removed)
         return _jax.ClosedJaxpr(pruned, jaxpr.consts)
 
 
-def _size(jaxpr: AnyJaxpr, memo: dict[int, tuple]) -> int:
+@per_jaxpr
+def _size(jaxpr: _jax.Jaxpr) -> int:
     """Equations, nested ones included, as ``walk_eqns`` counts them; a body shared by
     several equations (JAX caches library ``jit`` bodies) is counted once per holder but
-    walked once."""
-    j = open_jaxpr(jaxpr)
-    hit = memo.get(id(j))
-    if hit is None or hit[0] is not j:
-        hit = memo[id(j)] = (j, len(j.eqns) + sum(_size(sub, memo) for e in j.eqns
-                                                   for sub in subjaxprs(e)))
-    return hit[1]
+    walked once, and a body DCE left alone is not walked again."""
+    return len(jaxpr.eqns) + sum(_size(sub) for e in jaxpr.eqns for sub in subjaxprs(e))

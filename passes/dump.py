@@ -14,6 +14,13 @@ be reproduced from the dump alone.
 memory (the first named ``effectful``), for tools that show the IR instead of
 writing it.
 
+Both can be selective, as MLIR's ``--mlir-print-ir-after=`` and
+``--mlir-print-ir-after-change``: ``dump_after=("discharge",)`` keeps only the IR
+after the named passes, and ``only_changed=True`` only the IR after passes that
+changed it (the input and a failing pass's input are always kept).  Files keep the
+number of their pass's position, so ``05-discharge.txt`` is the same file in a full
+and in a selective dump, and a ``.diff`` is always against the IR the pass was given.
+
 Sharp edges:
   * File numbers have two digits; past 99 passes, plain name order breaks.
   * Run directories are numbered per process and skip numbers already on
@@ -29,20 +36,33 @@ import itertools
 import os
 import re
 from pathlib import Path
+from typing import Sequence
 
 from varjax import _jax
 from varjax.passes.base import Pass, PassContext
-from varjax.passes.pipeline import Instrumentation
+from varjax.passes.instrument import Instrumentation
 from varjax.printing import pretty
 
 _RUN_NUMBERS = itertools.count()
 
 
 class _Printer(Instrumentation):
-    """Renders the input and the IR after each pass; subclasses say where it goes.
-    ``source`` adds each equation's ``file:line`` to the text."""
+    """Renders the input and the IR after each selected pass; subclasses say where it goes.
+    ``source`` adds each equation's ``file:line`` to the text; ``dump_after`` (pass
+    names) and ``only_changed`` select passes (see the module docstring)."""
 
-    source = True
+    def __init__(self, source: bool = True, dump_after: str | Sequence[str] | None = None,
+                 only_changed: bool = False) -> None:
+        self.source = source
+        if isinstance(dump_after, str):    # "discharge,lower-rng"
+            dump_after = dump_after.split(",")
+        self.dump_after = None if dump_after is None else frozenset(n.strip() for n in dump_after)
+        self.only_changed = only_changed
+
+    def wants(self, p: Pass, changed: bool) -> bool:
+        """Is the IR after ``p`` dumped?"""
+        return ((self.dump_after is None or p.name in self.dump_after)
+                and (changed or not self.only_changed))
 
     def before_pipeline(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
         self._start(ctx)
@@ -51,14 +71,21 @@ class _Printer(Instrumentation):
 
     def after_pass(self, p: Pass, before: _jax.ClosedJaxpr, after: _jax.ClosedJaxpr,
                    ctx: PassContext) -> None:
-        change = "unchanged" if after is before else "changed"
+        changed = after is not before
+        if not self.wants(p, changed):
+            self._skip()
+            return
+        change = "changed" if changed else "unchanged"
         self._emit(p.name, _render(f"// after {p.spec()} ({change})", after, self.source),
-                   diff_from=before if after is not before else None)
+                   diff_from=before if changed else None)
 
     def pass_failed(self, p: Pass, jaxpr: _jax.ClosedJaxpr, exc: Exception,
                     ctx: PassContext) -> None:
         header = f"// {p.spec()} failed ({type(exc).__name__}); the IR it was given:"
         self._emit(p.name, _render(header, jaxpr, self.source))
+
+    def _skip(self) -> None:
+        """A pass's IR was not selected."""
 
     def _start(self, ctx: PassContext) -> None:
         raise NotImplementedError
@@ -71,8 +98,9 @@ class Recorder(_Printer):
     """In-memory dump: ``entries`` is ``[('effectful', text), (pass_name, text), ...]``
     for the latest run."""
 
-    def __init__(self, source: bool = True) -> None:
-        self.source = source
+    def __init__(self, source: bool = True, dump_after: str | Sequence[str] | None = None,
+                 only_changed: bool = False) -> None:
+        super().__init__(source, dump_after, only_changed)
         self.entries: list[tuple[str, str]] = []
 
     def _start(self, ctx: PassContext) -> None:
@@ -88,12 +116,14 @@ class Dump(_Printer):
     The run is labelled by ``ctx.results['label']`` (``Pipeline.run(label=...)``).
     """
 
-    def __init__(self, dump_dir: str | os.PathLike, source: bool = True):
+    def __init__(self, dump_dir: str | os.PathLike, source: bool = True,
+                 dump_after: str | Sequence[str] | None = None, only_changed: bool = False):
+        super().__init__(source, dump_after, only_changed)
         self.dump_dir = Path(dump_dir)
-        self.source = source
         self.run_dir: Path | None = None
         self._files = 0
-        self._previous: tuple[str, str] = ("", "")
+        # The last file written and its text, while it is the IR the next pass is given.
+        self._previous: tuple[str, str] | None = None
 
     def _start(self, ctx: PassContext) -> None:
         label = re.sub(r"[^\w.-]+", "_", str(ctx.results.get("label") or "run"))
@@ -107,12 +137,18 @@ class Dump(_Printer):
                 continue
         self.run_dir = run_dir
         self._files = 0
+        self._previous = None
+
+    def _skip(self) -> None:
+        self._files += 1         # file numbers stay pass positions
+        self._previous = None    # a later diff renders the IR its pass was given
 
     def _emit(self, name: str, text: str, diff_from: _jax.ClosedJaxpr | None = None) -> None:
         stem = f"{self._files:02d}-{name}"
         (self.run_dir / f"{stem}.txt").write_text(text)
         if diff_from is not None:
-            before_name, before = self._previous
+            before_name, before = self._previous or (
+                f"before {stem}", _render("// before", diff_from, self.source))
             (self.run_dir / f"{stem}.diff").write_text(unified_diff(before_name, before, stem, text))
         self._previous = (stem, text)
         self._files += 1

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from varjax import _jax
-from varjax.passes import hop
+from varjax import _jax, nested
 from varjax.passes.analysis import eqn_traffic, key_of, touches_variables
 from varjax.passes.base import Pass, PassContext
-from varjax.primitives import var_get_p, var_set_p
-from varjax.primitives import VarType
+from varjax.primitives import VarType, var_get_p, var_set_p
 
 
 def _forward(closed: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
@@ -30,21 +28,17 @@ def _forward(closed: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
     Bodies that need it are forwarded the same way, each starting with nothing known."""
     jaxpr = closed.jaxpr
     known: dict = {}                 # key -> (VarType, atoms holding its current value)
-    rename: dict = {}
-
-    def sub(a):
-        return rename.get(a, a) if isinstance(a, _jax.Var) else a
-
+    renamer = nested.Renamer()
     eqns = []
     changed = False
     for eqn in jaxpr.eqns:
-        invars = [sub(a) for a in eqn.invars]
-        new = eqn if invars == list(eqn.invars) else eqn.replace(invars=invars)
+        new = renamer.eqn(eqn)
+        invars = new.invars
         if eqn.primitive is var_get_p:
             k = key_of(eqn)
             want = VarType(eqn.params["tree"], eqn.params["avals"])
             if k in known and known[k][0] == want:
-                rename.update(zip(eqn.outvars, known[k][1]))
+                renamer.rename(eqn.outvars, known[k][1])
                 ctx.count(ForwardStores.name, "forwarded")
                 changed = True
                 continue
@@ -53,15 +47,15 @@ def _forward(closed: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
             known[key_of(eqn)] = (VarType(eqn.params["tree"], tuple(
                 a.aval.update(weak_type=False) for a in invars)), invars)
         elif touches_variables(eqn.effects):
-            if any(_needs_forwarding(b.jaxpr) for b in hop.bodies(eqn)):
-                new = new.replace(params=hop.with_bodies(eqn, lambda body: _forward(body, ctx)))
+            if any(_needs_forwarding(b.jaxpr) for b in nested.bodies(eqn)):
+                new = new.replace(params=nested.with_bodies(eqn, lambda body: _forward(body, ctx)))
             for k in eqn_traffic(eqn).may_write:
                 known.pop(k, None)
         changed = changed or new is not eqn
         eqns.append(new)
     if not changed:
         return closed
-    outvars = [sub(a) for a in jaxpr.outvars]
+    outvars = renamer.atoms(jaxpr.outvars)
     return _jax.ClosedJaxpr(jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts)
 
 
@@ -76,7 +70,7 @@ def _needs_forwarding(jaxpr: _jax.Jaxpr) -> bool:
         elif eqn.primitive is var_set_p:
             seen.add(key_of(eqn))
         elif touches_variables(eqn.effects):
-            if any(_needs_forwarding(b.jaxpr) for b in hop.bodies(eqn)):
+            if any(_needs_forwarding(b.jaxpr) for b in nested.bodies(eqn)):
                 return True
             seen -= eqn_traffic(eqn).may_write
     return False

@@ -37,12 +37,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from varjax import _jax, errors, filters, streams
+from varjax import _jax, errors, filters, nested, streams
 from varjax.effects import streams_of
-from varjax.passes import hop
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
-from varjax.passes.walk import enclosing, walk_eqns
 from varjax.primitives import Path, bind_get, bind_set, rng_draw_p
 
 COUNT_AVAL = _jax.ShapedArray((), jnp.uint32)
@@ -74,9 +72,9 @@ def _set(var: tuple[str, Path], value: Any) -> None:
 def _first_draw(jaxpr: _jax.ClosedJaxpr, stream: str) -> dict[str, Any]:
     """``errors.where`` of the first draw from ``stream`` (the user's line, and the lines of
     the calls around it); draws in custom rules are not walked."""
-    draw = next((e for e, _ in walk_eqns(jaxpr)
+    draw = next((e for e, _ in nested.walk_eqns(jaxpr)
                  if e.primitive is rng_draw_p and e.params["stream"] == stream), None)
-    outer = enclosing(jaxpr, draw) if draw is not None else []
+    outer = nested.enclosing_eqns(jaxpr, draw) if draw is not None else []
     with errors.enclosing(*(e.source_info for e in outer)):
         return errors.where(draw.source_info if draw else None)
 
@@ -156,8 +154,7 @@ class _Lowerer(Rewriter):
         used = streams_of(eqn.effects)
         if not used:
             return region.bind(eqn, invals)
-        kind = hop.TABLE[eqn.primitive].kind if eqn.primitive in hop.TABLE else None
-        if kind == "loop":
+        if nested.kind_of(eqn) == "loop":
             return region.bind(eqn, invals, self.loop_params(eqn, used, state))
         entry = copy.deepcopy(state)
         ends: list[dict] = []
@@ -167,8 +164,8 @@ class _Lowerer(Rewriter):
             ends.append(state)
             return self.run(body, region.child(state))
 
-        params = hop.with_bodies(eqn, lower)
-        n_bodies = len(hop.bodies(eqn))
+        params = nested.with_bodies(eqn, lower)
+        n_bodies = len(nested.bodies(eqn))
         for s, st in state.items():   # continue after the furthest branch/body
             if isinstance(st, _Static):
                 st.counter = max(e[s].counter for e in ends[:n_bodies])
@@ -192,7 +189,7 @@ class _Lowerer(Rewriter):
                 _set(dyn.key, self.draw(st))
                 _set(dyn.count, jnp.zeros((), jnp.uint32))
                 inner[s] = dyn
-        return hop.with_bodies(eqn, lambda body: self.run(body, Region(self, state=dict(inner))))
+        return nested.with_bodies(eqn, lambda body: self.run(body, Region(self, state=dict(inner))))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,11 +12,13 @@ Among passes nothing constrains, the written order is kept, so the result is
 deterministic and unsurprising.
 
 Everything that watches a run (verification, IR dumps, timing, your own
-counters) is an ``Instrumentation``: one hook list, as in MLIR's pass manager.
-``before_*`` hooks run in list order and ``after_*``/``pass_failed`` hooks in
-reverse, so instrumentations nest: timing, listed last, measures only the pass;
-the dump, listed before the verifier, writes a broken IR before the verifier
-rejects it.
+counters) is an ``Instrumentation`` (``instrument.py``): one hook list, as in
+MLIR's pass manager.  ``before_*`` hooks run in list order and
+``after_*``/``pass_failed`` hooks in reverse, so instrumentations nest: timing,
+listed last, measures only the pass; the dump, listed before the verifier, writes
+a broken IR before the verifier rejects it.  The verifier is given the
+collections the context knows (``PassContext.known_collections``), so a
+misspelt collection fails at the pipeline input.
 
 Sharp edges:
   * Option values cannot contain ``,``, ``{``, ``}`` or ``=``.
@@ -32,7 +34,6 @@ import collections
 import dataclasses
 import os
 import re
-import time
 import types
 import typing
 from typing import Any, Iterable, Sequence, Union
@@ -44,56 +45,9 @@ import numpy as np
 from varjax import _jax
 from varjax.errors import PassError, PipelineError, VarjaxError, source_text
 from varjax.passes.base import Pass, PassContext, get_pass
-
-DUMP_DIR_ENV = "VARJAX_DUMP_DIR"
-
-
-class Instrumentation:
-    """Hooks around a pipeline run; override the ones you need.
-
-    Hooks observe: they must not change the jaxprs they are shown.  They may
-    raise to stop the run (the verifier does).
-    """
-
-    def before_pipeline(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
-        pass
-
-    def before_pass(self, p: Pass, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
-        pass
-
-    def after_pass(self, p: Pass, before: _jax.ClosedJaxpr, after: _jax.ClosedJaxpr,
-                   ctx: PassContext) -> None:
-        """``after is before`` when the pass changed nothing."""
-
-    def pass_failed(self, p: Pass, jaxpr: _jax.ClosedJaxpr, exc: Exception,
-                    ctx: PassContext) -> None:
-        """The pass raised ``exc`` on ``jaxpr``; the pipeline re-raises after the hooks."""
-
-    def after_pipeline(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
-        """Called only when every pass succeeded."""
-
-
-class Timing(Instrumentation):
-    """Wall-clock seconds per pass name (repeats summed), in first-run order."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._start = 0.0
-
-    def before_pipeline(self, jaxpr, ctx):
-        self.seconds = {}
-
-    def before_pass(self, p, jaxpr, ctx):
-        self._start = time.perf_counter()
-
-    def after_pass(self, p, before, after, ctx):
-        self._stop(p)
-
-    def pass_failed(self, p, jaxpr, exc, ctx):
-        self._stop(p)
-
-    def _stop(self, p: Pass) -> None:
-        self.seconds[p.name] = self.seconds.get(p.name, 0.0) + time.perf_counter() - self._start
+from varjax.passes.dump import Dump
+from varjax.passes.instrument import DUMP_AFTER_ENV, DUMP_CHANGED_ENV, DUMP_DIR_ENV, Instrumentation, Timing
+from varjax.passes.verify import Verify
 
 
 class Pipeline:
@@ -101,11 +55,16 @@ class Pipeline:
 
     ``passes`` entries are ``Pass`` instances or pipeline strings.  The
     resolved order is ``self.passes``.  Dumps go to ``dump_dir``, else to
-    ``$VARJAX_DUMP_DIR`` read at each run, else nowhere.
+    ``$VARJAX_DUMP_DIR`` read at each run, else nowhere.  ``dump_after`` (else
+    ``$VARJAX_DUMP_AFTER``, comma-separated) names the passes whose output is
+    dumped, every pass when None; ``dump_only_changed`` (else
+    ``$VARJAX_DUMP_ONLY_CHANGED``) skips passes that changed nothing.  A large model's
+    full dump is dozens of near-identical files; these pick the few worth reading.
     """
 
     def __init__(self, passes: Sequence[Pass | str], *, verify: bool = True,
                  dump_dir: str | os.PathLike | None = None,
+                 dump_after: str | Sequence[str] | None = None, dump_only_changed: bool | None = None,
                  instrumentations: Sequence[Instrumentation] = ()):
         given: list[Pass] = []
         for entry in passes:
@@ -122,6 +81,8 @@ class Pipeline:
         self.passes: tuple[Pass, ...] = _ordered(tuple(given))
         self.verify = verify
         self.dump_dir = dump_dir
+        self.dump_after = _known_passes(dump_after)
+        self.dump_only_changed = dump_only_changed
         self.instrumentations = tuple(instrumentations)
         self.last_timings: dict[str, float] = {}
 
@@ -152,20 +113,24 @@ class Pipeline:
         if label is not None:
             ctx.results["label"] = label
         timing = Timing()
-        hooks = [*self._builtin_instrumentations(), *self.instrumentations, timing]
+        hooks = [*self._builtin_instrumentations(ctx), *self.instrumentations, timing]
         try:
             return self._run(jaxpr, ctx, hooks)
         finally:
             self.last_timings = timing.seconds
 
-    def _builtin_instrumentations(self) -> list[Instrumentation]:
-        # Local imports: verify.py and dump.py subclass Instrumentation from this module.
-        from varjax.passes.dump import Dump
-        from varjax.passes.verify import Verify
+    def _builtin_instrumentations(self, ctx: PassContext) -> list[Instrumentation]:
+        verify = [Verify(known_collections=ctx.known_collections())] if self.verify else []
         dump_dir = self.dump_dir or os.environ.get(DUMP_DIR_ENV) or None
-        if any(isinstance(h, Dump) for h in self.instrumentations):
-            dump_dir = None   # an explicit Dump (vj.dump(to=...)) replaces the default one
-        return ([Verify()] if self.verify else []) + ([Dump(dump_dir)] if dump_dir else [])
+        if dump_dir is None or any(isinstance(h, Dump) for h in self.instrumentations):
+            return verify   # an explicit Dump (vj.dump(to=...)) replaces the default one
+        after = self.dump_after
+        if after is None and os.environ.get(DUMP_AFTER_ENV, "").strip():
+            after = _known_passes(os.environ[DUMP_AFTER_ENV])
+        changed = self.dump_only_changed
+        if changed is None:
+            changed = os.environ.get(DUMP_CHANGED_ENV, "0") not in ("", "0")
+        return verify + [Dump(dump_dir, dump_after=after, only_changed=changed)]
 
     def _run(self, jaxpr, ctx, hooks: list[Instrumentation]) -> _jax.ClosedJaxpr:
         for h in hooks:
@@ -183,9 +148,11 @@ class Pipeline:
                     h.pass_failed(p, jaxpr, exc, ctx)
                 if isinstance(exc, VarjaxError):
                     raise
+                # Notes (the Rewriter's "while rewriting <equation>") name the culprit.
+                notes = "".join(f"\n{n}" for n in getattr(exc, "__notes__", ()))
                 raise PassError(
                     f"pass '{p.spec()}' failed after passes [{', '.join(done)}]: "
-                    f"{type(exc).__name__}: {exc}", source=source_text(),
+                    f"{type(exc).__name__}: {exc}{notes}", source=source_text(),
                     fix=f"this is a bug in the pass; set {DUMP_DIR_ENV}=<dir> to dump "
                         "the IR it was given") from exc
             for h in reversed(hooks):
@@ -195,6 +162,19 @@ class Pipeline:
         for h in reversed(hooks):
             h.after_pipeline(jaxpr, ctx)
         return jaxpr
+
+
+def _known_passes(names: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """``names`` stripped, each checked against the registry: a misspelt name would
+    otherwise dump nothing, silently."""
+    if names is None:
+        return None
+    if isinstance(names, str):   # "discharge,lower-rng", as in the environment variable
+        names = names.split(",")
+    names = tuple(n.strip() for n in names if n.strip())
+    for name in names:
+        get_pass(name)
+    return names
 
 
 # --- ordering ----------------------------------------------------------------------

@@ -21,7 +21,16 @@ signatures) subclass ``Rewriter`` and override ``eqn`` -- the split torch.fx
 makes between ``Interpreter`` and ``Transformer``.
 
 If no rule matches anywhere, ``run`` returns its argument unchanged (same
-object), so unchanged passes are free and print-after-change is exact.
+object), so unchanged passes are free and print-after-change is exact.  A rule
+may also *decline* a matched equation by returning None from ``rewrite``: the
+equation is kept as it is, and a run in which every match declined returns its
+argument too (after one re-trace, which the decision needed).
+
+**Errors.**  An exception raised while rewriting an equation (in a rule, or in
+a rewriter's own per-equation work) gets a note, ``varjax: while rewriting
+`mul(f32[3], bf16[3]) -> (f32[3])` at model.py:12 (f)``, naming the innermost
+equation and its user source line, as torch.fx's "While executing" does.
+``VarjaxError``s are left alone: they name the user's line already.
 
 **Splicing.** A rewriter whose rewrites are *local* (``local = True``: what a
 rewrite emits depends only on the equation, its inputs and Python state, never
@@ -37,15 +46,20 @@ Sharp edges:
     changes belong in a pass with its own higher-order rules (see discharge).
   * Re-tracing re-runs JAX's abstract evaluation of every equation: a pass
     costs about as much as binding the jaxpr's primitives once.
+  * A rewriter whose ``eqn``/``eval`` overrides emit equations themselves is
+    never reported unchanged once it re-traces (only equations the base class
+    re-bound with their own input values count as kept).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Sequence
+import contextlib
+import dataclasses
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
-from varjax import _jax
-from varjax.passes import hop
+from varjax import _jax, errors, nested
 
 ClosedJaxpr = _jax.ClosedJaxpr
+NOTE_PREFIX = "varjax: while rewriting "
 
 
 class Rule:
@@ -56,7 +70,9 @@ class Rule:
     def match(self, eqn: _jax.JaxprEqn) -> bool:
         return True
 
-    def rewrite(self, eqn: _jax.JaxprEqn, invals: list[Any], region: "Region") -> list[Any]:
+    def rewrite(self, eqn: _jax.JaxprEqn, invals: list[Any], region: "Region") -> list[Any] | None:
+        """Values for ``eqn``'s outputs, or None to decline: the equation is then kept as
+        it is (its bodies still rewritten), and not counted as a change."""
         raise NotImplementedError
 
 
@@ -80,6 +96,20 @@ class Region:
                                        eqn.params if params is None else params)
 
 
+@dataclasses.dataclass
+class _Run:
+    """What one ``run`` (or one spliced piece) kept: the equations the base class re-bound
+    unchanged on their own input values, and the values the base ``eval`` returned."""
+
+    kept: set[int] = dataclasses.field(default_factory=set)
+    current: tuple[Any, list[Any]] | None = None     # (equation, its input values)
+    outs: list[Any] | None = None
+
+    def unchanged(self, eqns: Sequence[_jax.JaxprEqn], outs: Sequence[Any]) -> bool:
+        return (all(id(e) in self.kept for e in eqns) and self.outs is not None
+                and len(outs) == len(self.outs) and all(a is b for a, b in zip(outs, self.outs)))
+
+
 class Rewriter:
     """Re-traces jaxprs, dispatching equations to rules; see the module docstring."""
 
@@ -89,7 +119,10 @@ class Rewriter:
         self.by_primitive: dict[Any, list[Rule]] = {}
         for r in rules:
             self.by_primitive.setdefault(r.primitive, []).append(r)
-        self._touched: dict[int, tuple[Any, bool]] = {}
+        # Memoised ``needs_rewrite``: bodies are asked about at every nesting level.
+        self.touches: Callable[[ClosedJaxpr | _jax.Jaxpr], bool] = nested.per_jaxpr(
+            lambda j: self.needs_rewrite(j))
+        self._runs: list[_Run] = []
 
     # -- matching ------------------------------------------------------------------
     def rule_for(self, eqn: _jax.JaxprEqn) -> Rule | None:
@@ -100,15 +133,7 @@ class Rewriter:
 
     def wants(self, eqn: _jax.JaxprEqn) -> bool:
         """Does this equation, or anything inside its bodies, need rewriting?"""
-        return self.rule_for(eqn) is not None or any(self.touches(b) for b in hop.bodies(eqn))
-
-    def touches(self, jaxpr: ClosedJaxpr | _jax.Jaxpr) -> bool:
-        """Memoised ``needs_rewrite`` (bodies are asked about at every nesting level)."""
-        j = getattr(jaxpr, "jaxpr", jaxpr)
-        hit = self._touched.get(id(j))
-        if hit is None or hit[0] is not j:
-            hit = self._touched[id(j)] = (j, self.needs_rewrite(j))
-        return hit[1]
+        return self.rule_for(eqn) is not None or any(self.touches(b) for b in nested.bodies(eqn))
 
     def needs_rewrite(self, jaxpr: _jax.Jaxpr) -> bool:
         """Override to decide per jaxpr; by default, any equation a rule wants."""
@@ -120,46 +145,63 @@ class Rewriter:
 
     # -- evaluation ----------------------------------------------------------------
     def run(self, closed: ClosedJaxpr, region: Region | None = None) -> ClosedJaxpr:
-        """``closed`` rewritten, same signature; the same object if nothing matched."""
+        """``closed`` rewritten, same signature; the same object if nothing matched or
+        every match declined."""
         if not self.touches(closed):
             return closed
         region = region if region is not None else Region(self)
-        if self.local and not any(self.touches(b) for e in closed.jaxpr.eqns for b in hop.bodies(e)):
+        if self.local and not any(self.touches(b) for e in closed.jaxpr.eqns
+                                  for b in nested.bodies(e)):
             return self.splice(closed, region)
-        return self.trace(lambda *args: self.eval(closed, args, region), list(closed.in_avals))
+        record = _Run()
+        result: list[Any] = []
+
+        def fn(*args: Any) -> list[Any]:
+            result[:] = self.eval(closed, args, region)
+            return result
+        with self._recording(record):
+            out = self.trace(fn, list(closed.in_avals))
+        return closed if record.unchanged(closed.jaxpr.eqns, result) else out
 
     def splice(self, closed: ClosedJaxpr, region: Region) -> ClosedJaxpr:
         """``run`` without re-tracing: each equation that ``rewrites`` is traced alone and
         its replacement spliced in; the others are kept (see "Splicing" above)."""
         jaxpr = closed.jaxpr
         constvars, consts = list(jaxpr.constvars), list(closed.consts)
-        rename: dict = {}
-
-        def sub(a):
-            return rename.get(a, a) if isinstance(a, _jax.Var) else a
-
-        eqns = []
+        renamer = nested.Renamer()
+        eqns: list[_jax.JaxprEqn] = []
+        changed = False
         for eqn in jaxpr.eqns:
-            invars = [sub(a) for a in eqn.invars]
+            new = renamer.eqn(eqn)
             if not self.rewrites(eqn):
-                eqns.append(eqn if invars == list(eqn.invars) else eqn.replace(invars=invars))
+                eqns.append(new)
                 continue
-            piece, extra = self.piece(eqn, [a.aval for a in invars], region)
-            local = dict(zip(piece.jaxpr.invars, invars + extra))
+            record = _Run()
+            try:
+                with self._recording(record):
+                    piece, extra = self.piece(eqn, [a.aval for a in new.invars], region)
+            except Exception as exc:
+                _note(exc, eqn)
+                raise
+            if id(eqn) in record.kept:   # declined: keep the equation
+                eqns.append(new)
+                continue
+            changed = True
+            local = nested.Renamer(zip(piece.jaxpr.invars, [*new.invars, *extra]))
             constvars += piece.jaxpr.constvars
             consts += piece.consts
             for e in piece.jaxpr.eqns:   # fresh binders: a piece may be spliced many times
                 outvars = [_jax.new_var(v.aval) for v in e.outvars]
-                eqns.append(e.replace(invars=[local.get(a, a) if isinstance(a, _jax.Var) else a
-                                              for a in e.invars],
-                                      outvars=outvars, source_info=eqn.source_info))
-                local.update(zip(e.outvars, outvars))
-            rename.update((o, local.get(n, n) if isinstance(n, _jax.Var) else n)
-                          for o, n in zip(eqn.outvars, piece.jaxpr.outvars))
+                eqns.append(e.replace(invars=local.atoms(e.invars), outvars=outvars,
+                                      source_info=eqn.source_info))
+                local.rename(e.outvars, outvars)
+            renamer.rename(eqn.outvars, local.atoms(piece.jaxpr.outvars))
+        if not changed:
+            return closed
         effects = set().union(*(e.effects for e in eqns))
-        new = jaxpr.replace(constvars=constvars, eqns=eqns, outvars=[sub(a) for a in jaxpr.outvars],
-                            effects=effects)
-        return ClosedJaxpr(new, consts)
+        new_jaxpr = jaxpr.replace(constvars=constvars, eqns=eqns,
+                                  outvars=renamer.atoms(jaxpr.outvars), effects=effects)
+        return ClosedJaxpr(new_jaxpr, consts)
 
     def piece(self, eqn: _jax.JaxprEqn, in_avals: list[Any], region: Region
               ) -> tuple[ClosedJaxpr, list[Any]]:
@@ -168,7 +210,7 @@ class Rewriter:
         alone, with no extra inputs.  A rewriter whose replacements differ only in
         constants overrides this to trace one piece and reuse it with other literals: one
         trace per kind of replacement instead of one per equation."""
-        return self.trace(lambda *xs: self.eqn(eqn, list(xs), region), in_avals), []
+        return self.trace(lambda *xs: self.dispatch(eqn, list(xs), region), in_avals), []
 
     def trace(self, fn: Callable[..., Sequence[Any]], in_avals: list[Any]) -> ClosedJaxpr:
         return _jax.trace_to_jaxpr(lambda *a: list(fn(*a)), in_avals)
@@ -184,20 +226,88 @@ class Rewriter:
             return v.val if isinstance(v, _jax.Literal) else env[v]
 
         for eqn in jaxpr.eqns:
-            outs = self.eqn(eqn, [read(v) for v in eqn.invars], region)
+            outs = self.dispatch(eqn, [read(v) for v in eqn.invars], region)
             env.update(zip(eqn.outvars, outs))
-        return [read(v) for v in jaxpr.outvars]
+        outs = [read(v) for v in jaxpr.outvars]
+        if self._runs:
+            self._runs[-1].outs = outs
+        return outs
+
+    def dispatch(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
+        """``eqn(eqn, invals, region)`` as ``eval`` calls it: noting the equation on an
+        error (see "Errors" above) and whether it is kept.  Call this, not ``eqn``, from an
+        overridden ``eval``."""
+        if self._runs:
+            self._runs[-1].current = (eqn, invals)
+        try:
+            return self.eqn(eqn, invals, region)
+        except Exception as exc:   # a try costs nothing until it catches, unlike a `with`
+            _note(exc, eqn)
+            raise
 
     def eqn(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
         """Rewrite one equation: a matching rule, else recurse into bodies, else rebind."""
         rule = self.rule_for(eqn)
         if rule is not None:
             with _jax.source_info_of(eqn):   # what the rule emits points at eqn's source line
-                return rule.rewrite(eqn, invals, region)
-        if any(self.touches(b) for b in hop.bodies(eqn)):
-            return region.bind(eqn, invals, self.rewrite_bodies(eqn, region))
+                outs = rule.rewrite(eqn, invals, region)
+            if outs is not None:
+                return outs
+        if any(self.touches(b) for b in nested.bodies(eqn)):
+            params = self.rewrite_bodies(eqn, region)
+            if not nested.same_bodies(eqn, params):
+                return region.bind(eqn, invals, params)
+        self._keep(eqn, invals)
         return region.bind(eqn, invals)
 
     def rewrite_bodies(self, eqn: _jax.JaxprEqn, region: Region) -> dict:
         """``eqn.params`` with every body rewritten, each in a fresh child region."""
-        return hop.with_bodies(eqn, lambda body: self.run(body, region.child()))
+        return nested.with_bodies(eqn, lambda body: self.run(body, region.child()))
+
+    # -- bookkeeping of kept equations -----------------------------------------------
+    @contextlib.contextmanager
+    def _recording(self, record: _Run) -> Iterator[None]:
+        self._runs.append(record)
+        try:
+            yield
+        finally:
+            self._runs.pop()
+
+    def _keep(self, eqn: _jax.JaxprEqn, invals: list[Any]) -> None:
+        """``eqn`` is re-bound as it is: kept, if on the very values ``eval`` read for it
+        (an override that changed its inputs, as ``Autocast`` does, changed the IR)."""
+        record = self._runs[-1] if self._runs else None
+        if record is None or record.current is None or record.current[0] is not eqn:
+            return
+        read = record.current[1]
+        if len(read) == len(invals) and all(a is b for a, b in zip(read, invals)):
+            record.kept.add(id(eqn))
+
+
+def _note(exc: Exception, eqn: _jax.JaxprEqn) -> None:
+    """Add a note naming ``eqn`` and its user line to ``exc``, unless an equation nested in
+    ``eqn`` was noted already or ``exc`` is a ``VarjaxError``."""
+    if not isinstance(exc, errors.VarjaxError) and not any(
+            n.startswith(NOTE_PREFIX) for n in getattr(exc, "__notes__", ())):
+        exc.add_note(f"{NOTE_PREFIX}`{eqn_summary(eqn)}` at {errors.source_text(eqn.source_info)}")
+
+
+def eqn_summary(eqn: _jax.JaxprEqn) -> str:
+    """One line for an equation: ``var_get[params:w]() -> (f32[3])``, ``mul(f32[3],
+    bf16[3]) -> (f32[3])``; bodies and other params left out."""
+    p = eqn.params
+    tag = ""
+    if "collection" in p and "path" in p:
+        tag = f"[{p['collection']}:{errors.format_path(p['path'])}]"
+    elif "stream" in p:
+        tag = f"[{p['stream']}]"
+    ins = ", ".join(_aval_text(a.aval) for a in eqn.invars)
+    outs = ", ".join(_aval_text(v.aval) for v in eqn.outvars)
+    return f"{eqn.primitive.name}{tag}({ins}) -> ({outs})"
+
+
+def _aval_text(aval: Any) -> str:
+    try:
+        return aval.str_short(short_dtypes=True)   # f32[3], as the printer shows it
+    except (AttributeError, TypeError):            # tokens and other non-array avals
+        return str(aval)

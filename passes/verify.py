@@ -6,8 +6,10 @@ on the jaxpr holding it.  varjax adds rules JAX cannot know:
 * every variable/RNG effect of a sub-jaxpr also appears on the equation
   holding it.  Passes decide what to skip from effect sets alone, so a lost
   effect makes every later pass silently skip that region;
-* every collection is one the caller declared (when it declares any), so a
-  misspelt collection fails here instead of as a missing input much later;
+* every collection is one the caller declared (when it declares any; a
+  pipeline declares ``PassContext.known_collections()``), so a misspelt
+  collection fails here instead of as a missing input much later.  varjax's
+  own ``__*`` collections are always known;
 * after a discharging pass no ``var_get``/``var_set``/``rng_draw`` and no
   varjax effect is left anywhere: those cannot be lowered to XLA.
 
@@ -19,29 +21,29 @@ Sharp edges:
   * varjax's rules run before JAX's checker, so a jaxpr broken both ways
     reports the varjax problem.
   * Jaxprs behind thunks (``custom_vjp``'s fwd/bwd) are not checked; see
-    ``walk.py``.
+    ``varjax/nested.py``.
   * An unchanged jaxpr is not re-verified unless the rules just tightened
     (a discharging pass ran).
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import AbstractSet, Iterable
 
 import jax.extend.core as jex
 
 from varjax import _jax, errors
 from varjax.effects import VariableEffect, varjax_effects
 from varjax.errors import VerificationError
+from varjax.nested import enclosing_eqns, subjaxprs, walk_eqns
 from varjax.passes.base import Pass, PassContext
-from varjax.passes.pipeline import DUMP_DIR_ENV, Instrumentation
-from varjax.passes.walk import enclosing, subjaxprs, walk_eqns
-from varjax.primitives import VARJAX_PRIMITIVES
+from varjax.passes.instrument import DUMP_DIR_ENV, Instrumentation
+from varjax.primitives import VARJAX_PRIMITIVES, is_internal
 
 WINDOW = 10  # equations shown on each side of a bad one
 
 
 def verify(jaxpr: _jax.ClosedJaxpr, *, discharged: bool = False,
-           known_collections: set[str] | None = None) -> None:
+           known_collections: AbstractSet[str] | None = None) -> None:
     """Raise ``VerificationError`` if ``jaxpr`` breaks JAX's or varjax's rules."""
     _check(jaxpr, discharged, known_collections, stage="")
 
@@ -53,7 +55,7 @@ class Verify(Instrumentation):
     free of varjax primitives and effects.
     """
 
-    def __init__(self, known_collections: set[str] | None = None):
+    def __init__(self, known_collections: AbstractSet[str] | None = None):
         self.known_collections = known_collections
         self._discharged = False
 
@@ -72,7 +74,7 @@ class Verify(Instrumentation):
                    "dump the IR before and after it")
 
 
-def _check(jaxpr: _jax.ClosedJaxpr, discharged: bool, known: set[str] | None, *,
+def _check(jaxpr: _jax.ClosedJaxpr, discharged: bool, known: AbstractSet[str] | None, *,
            stage: str, fix: str | None = None) -> None:
     fix = fix or (f"fix the code that built this IR (varjax's tracing, or your own); set "
                   f"{DUMP_DIR_ENV}=<dir> to dump the IR at each pipeline stage")
@@ -84,7 +86,7 @@ def _check(jaxpr: _jax.ClosedJaxpr, discharged: bool, known: set[str] | None, *,
             collection = eqn.params.get("collection")
         path = eqn.params.get("path") if eqn is not None else None
         # Without a culprit equation, the user's line that ran the pipeline.
-        with errors.enclosing(*(e.source_info for e in (enclosing(jaxpr, eqn) if eqn else []))):
+        with errors.enclosing(*(e.source_info for e in (enclosing_eqns(jaxpr, eqn) if eqn else []))):
             where = errors.where(eqn.source_info if eqn is not None else None)
         raise VerificationError(what, collection=collection, path=path, fix=fix, **where)
 
@@ -121,11 +123,11 @@ def _check(jaxpr: _jax.ClosedJaxpr, discharged: bool, known: set[str] | None, *,
                                 fix=fix, source=errors.source_text()) from exc
 
 
-def _unknown(effs: Iterable[object], known: set[str] | None) -> list[str]:
+def _unknown(effs: Iterable[object], known: AbstractSet[str] | None) -> list[str]:
     if known is None:
         return []
-    return sorted({e.collection for e in effs
-                   if type(e) is VariableEffect and e.collection not in known})
+    return sorted({e.collection for e in effs if type(e) is VariableEffect
+                   and e.collection not in known and not is_internal(e.collection)})
 
 
 def _fmt(effs: Iterable[object]) -> str:

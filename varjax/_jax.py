@@ -9,7 +9,7 @@ so a JAX upgrade touches this file alone.  Pinned to the jax 0.10 series.
 Sharp edges:
   * Parameter *names* of JAX's higher-order primitives (``jaxpr``,
     ``num_consts``, ``branches``...) are plain dict keys read in
-    ``passes/hop.py``, ``discharge.py``, ``analysis.py`` and ``lower_rng.py``;
+    ``varjax/nested.py``, ``discharge.py``, ``analysis.py`` and ``lower_rng.py``;
     a rename in JAX shows up there.
 """
 from __future__ import annotations
@@ -214,28 +214,6 @@ def register_print_name(prim: Primitive, text_of: Callable[[JaxprEqn], str]) -> 
                            is_binder=True)
         return pp.concat([lhs, pp.text(" = ", annotation=annotation), *rhs])
     core.pp_eqn_rules[prim] = rule
-
-
-def map_eqns(closed: ClosedJaxpr, fn: Callable[[JaxprEqn], JaxprEqn]) -> ClosedJaxpr:
-    """``closed`` with ``fn`` applied to every equation, nested bodies included (any param
-    holding a jaxpr, or a tuple/list of them).  For printing; shared bodies stay shared."""
-    memo: dict[int, Any] = {}
-
-    def open_(j: Jaxpr) -> Jaxpr:
-        if id(j) not in memo:
-            memo[id(j)] = j.replace(eqns=[fn(e.replace(params={k: param(v) for k, v in e.params.items()}))
-                                          for e in j.eqns])
-        return memo[id(j)]
-
-    def param(v: Any) -> Any:
-        if isinstance(v, ClosedJaxpr):
-            return ClosedJaxpr(open_(v.jaxpr), v.consts)
-        if isinstance(v, Jaxpr):
-            return open_(v)
-        if isinstance(v, (tuple, list)) and any(isinstance(x, (ClosedJaxpr, Jaxpr)) for x in v):
-            return type(v)(param(x) for x in v)
-        return v
-    return ClosedJaxpr(open_(closed.jaxpr), closed.consts)
 
 
 def scope_names(name_stack: Any) -> list[str]:

@@ -27,7 +27,7 @@ import re
 import sys
 from typing import Any
 
-from varjax import _jax
+from varjax import _jax, nested
 
 _TOKEN = re.compile(r"[ \t]*# \[vj(\d+)\]")
 _COLORS = {
@@ -41,7 +41,7 @@ def pretty(jaxpr: _jax.ClosedJaxpr, *, source: bool = False, name_stack: bool = 
            color: bool | None = None) -> str:
     """The jaxpr as text, annotated per equation (see the module docstring)."""
     notes: list[str] = []
-    marked = _jax.map_eqns(jaxpr, lambda eqn: _mark(eqn, notes, source, name_stack))
+    marked = nested.map_eqns(jaxpr, lambda eqn: _mark(eqn, notes, source, name_stack))
     text = _jax.pretty_print(marked, name_stack=True).replace(" : {  }", "")
     lines = []
     for line in text.splitlines():

@@ -7,15 +7,13 @@ import varjax as vj
 from varjax.functionalize import flatten_variables
 from varjax.passes import PassContext, get_pass
 from varjax.primitives import VarType
-from varjax.streams import explicit_key
 
 
 def context(variables=None, rngs=None, mutable=True) -> PassContext:
     """The PassContext functionalize would build for these inputs."""
     types = {k: VarType.of_leaves(t, ls) for k, (t, ls) in flatten_variables(variables or {}).items()}
     rng_avals = {s: jax.typeof(k) for s, k in (rngs or {}).items()}
-    types.update({explicit_key(s): VarType(jax.tree.structure(0), (a,)) for s, a in rng_avals.items()})
-    return PassContext(variables=types, mutable=mutable, rng_streams=rng_avals)
+    return PassContext.for_inputs(types, mutable, rng_avals)
 
 
 def run_pass(name, fn, *args, variables=None, rngs=None, mutable=True, **options):

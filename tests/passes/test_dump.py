@@ -8,10 +8,10 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import pytest
 
-from varjax.errors import PassError, VerificationError
+from varjax.errors import PassError, PipelineError, VerificationError
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.dump import Dump, Recorder
-from varjax.passes.pipeline import DUMP_DIR_ENV, Pipeline
+from varjax.passes.pipeline import DUMP_AFTER_ENV, DUMP_CHANGED_ENV, DUMP_DIR_ENV, Pipeline
 
 
 def _jaxpr():
@@ -54,7 +54,8 @@ class Corrupt(Pass):
 
 @pytest.fixture(autouse=True)
 def no_env_dump_dir(monkeypatch):
-    monkeypatch.delenv(DUMP_DIR_ENV, raising=False)
+    for name in (DUMP_DIR_ENV, DUMP_AFTER_ENV, DUMP_CHANGED_ENV):
+        monkeypatch.delenv(name, raising=False)
 
 
 def run_dirs(root):
@@ -144,3 +145,50 @@ def test_recorder_keeps_entries_in_memory(tmp_path):
     assert recorder.entries[1][1].startswith("// after td-negate (changed)\n{ lambda")
     pipeline.run(_jaxpr(), PassContext())
     assert len(recorder.entries) == 3  # the latest run only
+
+
+def _files(root):
+    (run_dir,) = run_dirs(root)
+    return run_dir, sorted(p.name for p in run_dir.iterdir())
+
+
+def test_dump_after_named_passes_only(tmp_path):
+    """Files keep their pass's position; a diff is against the IR the pass was given, even
+    when the pass before it was not dumped."""
+    Pipeline.parse("td-negate,td-noop,td-negate", dump_dir=tmp_path,
+                   dump_after=("td-noop",)).run(_jaxpr(), PassContext())
+    run_dir, files = _files(tmp_path)
+    assert files == ["00-effectful.txt", "02-td-noop.txt"]
+    Pipeline.parse("td-noop,td-negate", dump_dir=tmp_path / "b",
+                   dump_after="td-negate").run(_jaxpr(), PassContext())
+    run_dir, files = _files(tmp_path / "b")
+    assert files == ["00-effectful.txt", "02-td-negate.diff", "02-td-negate.txt"]
+    diff = (run_dir / "02-td-negate.diff").read_text()
+    assert diff.startswith("--- before 02-td-negate\n+++ 02-td-negate\n")
+    assert any(line.startswith("+") and "neg" in line for line in diff.splitlines())
+
+
+def test_dump_only_changed(tmp_path):
+    Pipeline.parse("td-negate,td-noop", dump_dir=tmp_path,
+                   dump_only_changed=True).run(_jaxpr(), PassContext())
+    assert _files(tmp_path)[1] == ["00-effectful.txt", "01-td-negate.diff", "01-td-negate.txt"]
+    recorder = Recorder(dump_after=["td-noop", "td-negate"], only_changed=True)
+    Pipeline.parse("td-noop,td-negate", instrumentations=[recorder]).run(_jaxpr(), PassContext())
+    assert [name for name, _ in recorder.entries] == ["effectful", "td-negate"]
+
+
+def test_selective_dump_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(DUMP_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(DUMP_AFTER_ENV, "td-noop, td-negate")
+    monkeypatch.setenv(DUMP_CHANGED_ENV, "1")
+    Pipeline.parse("td-negate,td-noop").run(_jaxpr(), PassContext())
+    assert _files(tmp_path)[1] == ["00-effectful.txt", "01-td-negate.diff", "01-td-negate.txt"]
+    # The argument wins over the environment.
+    Pipeline.parse("td-negate,td-noop", dump_dir=tmp_path / "arg", dump_after=["td-noop"],
+                   dump_only_changed=False).run(_jaxpr(), PassContext())
+    assert _files(tmp_path / "arg")[1] == ["00-effectful.txt", "02-td-noop.txt"]
+
+
+def test_dump_after_an_unknown_pass_is_an_error():
+    with pytest.raises(PipelineError, match="unknown pass 'td-noopp'"):
+        Pipeline.parse("td-noop", dump_after=["td-noopp"])

@@ -11,10 +11,10 @@ import pytest
 from varjax import primitives as prims
 from varjax.effects import VariableEffect
 from varjax.errors import VerificationError
+from varjax.nested import subjaxprs, walk_eqns
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.pipeline import Pipeline
 from varjax.passes.verify import verify
-from varjax.passes.walk import subjaxprs, walk_eqns
 
 AVALS = (jax.core.ShapedArray((2,), jnp.float32),)
 LEAF = jax.tree.structure(0)
@@ -189,27 +189,32 @@ class Noop(Pass):
         return jaxpr
 
 
+def open_context():
+    """A context in which any collection may exist: these tests are about other checks."""
+    return PassContext(mutable=True)
+
+
 def test_pipeline_blames_the_pass_that_broke_the_ir():
     with pytest.raises(VerificationError, match=r"invalid IR after pass 'tv-strip-effects'"
                        r"(.|\n)*fix: .*pass 'tv-strip-effects' produced this IR"):
-        Pipeline.parse("tv-noop,tv-strip-effects,tv-noop").run(traced(), PassContext())
+        Pipeline.parse("tv-noop,tv-strip-effects,tv-noop").run(traced(), open_context())
 
 
 def test_pipeline_catches_var_get_left_by_a_discharging_pass():
     with pytest.raises(VerificationError, match=r"after pass 'tv-fake-discharge': "
                                                 r"var_get remains"):
-        Pipeline.parse("tv-noop,tv-fake-discharge").run(traced(), PassContext())
+        Pipeline.parse("tv-noop,tv-fake-discharge").run(traced(), open_context())
 
 
 def test_pipeline_verifies_its_input():
     jaxpr = traced()
     broken = jaxpr.replace(jaxpr=jaxpr.jaxpr.replace(effects=frozenset()))
     with pytest.raises(VerificationError, match="invalid IR in the pipeline input"):
-        Pipeline.parse("tv-noop").run(broken, PassContext())
+        Pipeline.parse("tv-noop").run(broken, open_context())
 
 
 def test_verify_false_skips_verification():
-    out = Pipeline.parse("tv-strip-effects", verify=False).run(traced(), PassContext())
+    out = Pipeline.parse("tv-strip-effects", verify=False).run(traced(), open_context())
     assert not out.effects
 
 
@@ -235,3 +240,35 @@ def test_walk_eqns_is_preorder_with_holders():
     assert seen[set_at][1] is body
     assert seen[scan_at][1] is jaxpr.jaxpr
     assert names.count("var_get") == 3
+
+
+def test_pipeline_verifies_collections_the_context_knows():
+    """A misspelt collection fails at the pipeline input, from the known collections of
+    the context (given variables and named mutable ones)."""
+    def misspelt(x):
+        write("stats", "m", read("parms", "w") + x)   # "parms": a typo of "params"
+        return x
+
+    types = {("params", ("w",)): prims.VarType(LEAF, AVALS)}
+    ctx = PassContext.for_inputs(types, mutable=["stats"])
+    assert ctx.known_collections() == {"params", "stats"}
+    with pytest.raises(VerificationError, match=r"pipeline input: unknown collection 'parms' "
+                                                r"\(known: params, stats\)") as info:
+        Pipeline.parse("tv-noop").run(traced(misspelt), ctx)
+    assert info.value.collection == "parms"
+
+
+def test_known_collections_follow_the_mutable_filter():
+    from varjax.filters import DenyList
+    types = {("params", ("w",)): prims.VarType(LEAF, AVALS)}
+    assert PassContext.for_inputs(types).known_collections() == {"params"}
+    assert PassContext.for_inputs(types, mutable="stats").known_collections() == {"params", "stats"}
+    assert PassContext.for_inputs(types, mutable=True).known_collections() is None
+    assert PassContext.for_inputs(types, mutable=DenyList("params")).known_collections() is None
+    assert PassContext.for_inputs(types, mutable=("a", DenyList("b"))).known_collections() is None
+    # An explicit RNG key is a variable of varjax's own collection: always allowed, not listed.
+    key = jax.typeof(jax.random.key(0))
+    ctx = PassContext.for_inputs(types, rng_streams={"dropout": key})
+    assert ctx.known_collections() == {"params", "__rng__"} and ctx.rng_streams == {"dropout": key}
+    assert ctx.variables[("__rng__", ("dropout",))] == prims.VarType(LEAF, (key,))
+    Pipeline.parse("tv-noop").run(traced(lambda x: read("params", "w")), ctx)   # verifies
