@@ -322,7 +322,7 @@ def staged_producer(x: Any) -> tuple[Primitive, dict, list] | None:
     return parent.primitive, parent.params, list(parent.in_tracers)
 
 
-# --- raw shard_map (passes/hop.py, passes/discharge.py) ------------------------------------
+# --- raw shard_map (varjax/nested.py, passes/discharge/) ------------------------------------
 
 def varying_axes(x: Any) -> frozenset:
     """The mesh axes over which ``x`` may differ between shards, inside a ``shard_map``

@@ -11,7 +11,8 @@ import pytest
 from varjax.errors import PassError, PipelineError, VerificationError
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.dump import Dump, Recorder
-from varjax.passes.pipeline import DUMP_AFTER_ENV, DUMP_CHANGED_ENV, DUMP_DIR_ENV, Pipeline
+from varjax.passes.instrument import DUMP_AFTER_ENV, DUMP_CHANGED_ENV, DUMP_DIR_ENV
+from varjax.passes.pipeline import Pipeline
 
 
 def _jaxpr():

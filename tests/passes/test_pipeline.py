@@ -12,7 +12,8 @@ import pytest
 
 from varjax.errors import ImmutableCollectionError, PassError, PipelineError
 from varjax.passes.base import Pass, PassContext
-from varjax.passes.pipeline import Instrumentation, Pipeline, Timing
+from varjax.passes.instrument import Instrumentation, Timing
+from varjax.passes.pipeline import Pipeline
 
 
 def _pure_jaxpr():
