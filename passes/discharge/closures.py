@@ -1,0 +1,258 @@
+"""Custom-derivative calls in discharge: the values their rules close over, and guards.
+
+Two problems come from JAX tracing a custom_jvp/custom_vjp rule lazily, when it first
+differentiates, which may be after the functionalize trace has ended:
+
+* A rule that closes over a value traced in the function (a ``vj.param`` read) holds a
+  tracer of the ended trace.  ``Closures`` finds which leading operand of the call holds
+  the same value, so the rebuilt call (``custom.py``) can pass it in and substitute it.
+* A rule of a variable-free call is re-bound as it is, yet may still run user code
+  (``vj.*``).  ``guarded_params`` wraps its thunk so it runs re-entered in the user's trace
+  (``enter``, from ``PassContext.reenter``) and rejects variables the function does not
+  touch, since nothing passes them in.
+
+Nothing here knows the discharger: the pass core (``core.py``) and the custom-derivative
+rules (``custom.py``) build on it.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable, ContextManager, Sequence
+
+from varjax import _jax, errors
+from varjax.passes import hop, walk
+from varjax.passes.analysis import touches_variables, traffic
+from varjax.primitives import Key, var_get_p
+
+ClosedJaxpr = _jax.ClosedJaxpr
+
+
+def custom_name(eqn: _jax.JaxprEqn) -> str:
+    """The user-facing name of a custom call's primitive, for messages."""
+    return "jax." + eqn.primitive.name.removesuffix("_call")
+
+
+def unpassed_closure(eqn: _jax.JaxprEqn, x: Any) -> errors.TransformError:
+    """The error for a rule closing over a traced value its function does not use: no
+    operand of the call holds it, so it cannot be passed in."""
+    collection, path = read_behind(x)
+    return errors.TransformError(
+        f"the custom rule of this raw {custom_name(eqn)} closes over a value traced in the "
+        "function that the custom function itself does not use, so varjax cannot pass the "
+        "value in" + (" (the value is, or is computed from, this variable)." if path else "."),
+        collection=collection, path=path, **errors.where(eqn.source_info),
+        fix="use the value in the custom function as well, or pass it in as an argument")
+
+
+def read_behind(x: Any, limit: int = 256) -> tuple[str | None, tuple | None]:
+    """``(collection, path)`` of the first variable read that the traced value ``x`` is
+    computed from (searching the ended trace's equations back from ``x``), or (None, None)."""
+    todo, seen = [x], set()
+    while todo and len(seen) < limit:
+        t = todo.pop(0)
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        producer = _jax.staged_producer(t)
+        if producer is None:
+            continue
+        prim, params, ins = producer
+        if prim is var_get_p:
+            return params["collection"], params["path"]
+        todo.extend(ins)
+    return None, None
+
+
+class Closures:
+    """Which leading operands of a custom call hold the values its rules close over.
+
+    A custom function that closes over a value traced in the function (a ``vj.param``
+    read) gets the value as one of its equation's ``num_consts`` leading operands.  Its
+    rules close over the same Python tracer, which belongs to a trace that has ended when
+    JAX traces them: staged as a constant, it fails with "No constant handler ... Tracer".
+    Such a tracer still knows its jaxpr variable, so the table is read off the jaxprs as
+    traced (passes rename variables, and a re-bound call has ``num_consts=0``), following
+    each body input back to the operand it receives.  Calls are matched by
+    ``_jax.thunk_identity`` of their rule thunk (the rule's source and argument names),
+    which every rewrap keeps; calls of one function share their positions' names, so a
+    name found at two positions is ambiguous and raises."""
+
+    def __init__(self, sources: Sequence[ClosedJaxpr]):
+        self.sources = [s for s in sources if s is not None]
+        self._walked = 0
+        self._table: dict[Any, tuple[frozenset, list[frozenset]]] = {}   # (counts, names)
+        self._vars: set | None = None
+        self._any: bool | None = None
+        self._holds: dict[int, tuple[Any, bool]] = {}
+
+    def add(self, source: ClosedJaxpr) -> None:
+        if not any(s.jaxpr is source.jaxpr for s in self.sources):
+            self.sources.append(source)
+            self._vars = self._any = None
+            self._holds.clear()
+
+    def _update(self) -> None:
+        while self._walked < len(self.sources):
+            self._walk(self.sources[self._walked], {})
+            self._walked += 1
+
+    def _walk(self, closed: ClosedJaxpr, roots: dict) -> None:
+        roots = dict(roots)
+        for var, c in zip(closed.jaxpr.constvars, closed.consts):
+            if _jax.staged_var(c) is not None:
+                roots[var] = frozenset((var, _jax.staged_var(c)))
+        for eqn in closed.jaxpr.eqns:
+            spec = hop.TABLE.get(eqn.primitive)
+            if spec is None:
+                continue
+            ids = [roots.get(v, frozenset((v,))) if isinstance(v, _jax.Var) else frozenset()
+                   for v in eqn.invars]
+            if spec.thunk is not None and eqn.params["num_consts"]:
+                # Calls of one custom function (and their copies in other sources) share
+                # a key: each position collects every name its operand had.
+                key = _thunk_key(eqn.params[spec.thunk])
+                found = ids[:eqn.params["num_consts"]]
+                counts, old = self._table.get(key, (frozenset(), ()))
+                self._table[key] = (counts | {len(found)}, [a | b for a, b in itertools.zip_longest(
+                    old, found, fillvalue=frozenset())])
+            for body, index in hop.passthrough(eqn):
+                self._walk(body, {v: ids[i] | {v} for v, i in zip(body.jaxpr.invars, index)
+                                  if i is not None})
+
+    def closure(self, eqn) -> list[frozenset]:
+        """Per closed-over leading operand of the custom call ``eqn``, its names as traced."""
+        self._update()
+        n = eqn.params["num_consts"]
+        counts, found = self._table.get(_thunk_key(eqn.params[hop.TABLE[eqn.primitive].thunk]),
+                                        ({n}, []))
+        if not n and len(counts) > 1:   # re-bound, and its calls closed over unlike numbers
+            return []
+        found = list(found)[:n or max(counts)]
+        return found + [frozenset()] * (n - len(found))
+
+    def holds(self, eqn) -> bool:
+        """Does ``eqn``, or an equation in its bodies, call a custom function that closes
+        over traced values?  Discharge rebuilds those (and re-traces the bodies around)."""
+        if self._any is None:
+            self._any = any(_holds_closure_call(e) for s in self.sources for e in s.jaxpr.eqns
+                            if e.primitive in hop.TABLE)
+        if not self._any or hop.TABLE.get(eqn.primitive) is None:
+            return False
+        if _is_custom_call(eqn) and self.closure(eqn):
+            return True
+        for body in hop.bodies(eqn):
+            hit = self._holds.get(id(body.jaxpr))
+            if hit is None or hit[0] is not body.jaxpr:
+                hit = self._holds[id(body.jaxpr)] = (
+                    body.jaxpr, any(self.holds(e) for e in body.jaxpr.eqns))
+            if hit[1]:
+                return True
+        return False
+
+    def traced(self, var) -> bool:
+        """Is ``var`` a variable of a jaxpr as traced (a value of the function's trace)?"""
+        if self._vars is None:
+            found: set = set()
+            for closed in self.sources:
+                found.update(v for v in map(_jax.staged_var, closed.consts) if v is not None)
+                found.update(closed.jaxpr.invars)
+                found.update(closed.jaxpr.constvars)
+                for e, holder in walk.walk_eqns(closed):
+                    found.update(v for v in e.outvars if isinstance(v, _jax.Var))
+                    found.update(holder.invars)
+            self._vars = found
+        return var in self._vars
+
+
+def _thunk_key(thunk) -> Any:
+    key = _jax.thunk_identity(thunk)
+    try:
+        hash(key)
+    except TypeError:
+        return id(thunk)
+    return key
+
+
+_custom_memo: "weakref.WeakKeyDictionary[_jax.Jaxpr, bool]" = weakref.WeakKeyDictionary()
+_closure_memo: "weakref.WeakKeyDictionary[_jax.Jaxpr, bool]" = weakref.WeakKeyDictionary()
+
+
+def _holds(eqn, found_in: Callable[[Any], bool], memo) -> bool:
+    """Does ``found_in`` hold for ``eqn`` or for an equation in one of its bodies?"""
+    if found_in(eqn):
+        return True
+    for body in hop.bodies(eqn):
+        found = memo.get(body.jaxpr)
+        if found is None:
+            found = memo[body.jaxpr] = any(_holds(e, found_in, memo) for e in body.jaxpr.eqns)
+        if found:
+            return True
+    return False
+
+
+def _is_custom_call(eqn) -> bool:
+    spec = hop.TABLE.get(eqn.primitive)
+    return spec is not None and spec.thunk is not None
+
+
+def holds_custom_call(eqn: _jax.JaxprEqn) -> bool:
+    """A custom call here or in a body (at any depth): its rules are user code JAX may
+    trace later."""
+    return hop.TABLE.get(eqn.primitive) is not None and _holds(eqn, _is_custom_call, _custom_memo)
+
+
+def _holds_closure_call(eqn) -> bool:
+    """A custom call whose function closes over traced values (``num_consts > 0``), here
+    or in a body."""
+    return hop.TABLE.get(eqn.primitive) is not None and _holds(
+        eqn, lambda e: _is_custom_call(e) and e.params["num_consts"] > 0, _closure_memo)
+
+
+def guarded_params(eqn: _jax.JaxprEqn, enter: Callable[[], ContextManager[Any]],
+                   closures: Closures) -> dict:
+    """``eqn.params`` (of an equation without variable effects that ``holds_custom_call``)
+    with every custom rule inside wrapped: JAX traces the rule under ``enter()`` (the
+    user's trace re-entered at the call site), so ``vj.*`` calls there work, and the
+    rule is rejected if it touches variables or closes over a traced value, since the
+    call is re-bound as it is and nothing passes those in."""
+    spec = hop.TABLE[eqn.primitive]
+    if spec.thunk is None:
+        return hop.with_bodies(eqn, lambda body: _guarded_body(body, enter, closures))
+
+    def around(call):
+        with enter():
+            out = call()
+        reject_rule_variables(eqn, out[0])
+        for x in out[1]:   # the function closes over nothing traced (else it is rebuilt)
+            v = _jax.staged_var(x)
+            if v is not None and closures.traced(v):
+                raise unpassed_closure(eqn, x)
+        return out
+    return dict(eqn.params, **{spec.thunk: _jax.wrap_thunk(eqn.params[spec.thunk], around)})
+
+
+def reject_rule_variables(eqn: _jax.JaxprEqn, rule: _jax.Jaxpr, passed: Sequence[Key] | None = None) -> None:
+    """A rule may read only the variables passed into the rebuilt call (``passed``; with
+    None, a rule re-bound as it is may touch none)."""
+    if passed is None:
+        if not touches_variables(rule.effects):
+            return
+        collection, path = walk.first_variable([rule])
+    else:
+        missing = sorted(traffic(rule).needs - set(passed))
+        if not missing:
+            return
+        collection, path = missing[0]
+    raise errors.TransformError(
+        f"the custom rule of a raw {custom_name(eqn)} "
+        "touches variables that its function does not, so varjax has not passed "
+        "them in.", collection=collection, path=path, **errors.where(eqn.source_info),
+        fix="read the variable in the function as well, or pass its value as an argument")
+
+
+def _guarded_body(body: ClosedJaxpr, enter: Callable[[], ContextManager[Any]],
+                  closures: Closures) -> ClosedJaxpr:
+    eqns = [e.replace(params=guarded_params(e, enter, closures)) if holds_custom_call(e) else e
+            for e in body.jaxpr.eqns]
+    return ClosedJaxpr(body.jaxpr.replace(eqns=eqns), body.consts)
