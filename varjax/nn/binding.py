@@ -14,25 +14,22 @@ which variables the module sees:
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Hashable, Mapping
 
 import jax
 
 from varjax import errors, scope
-from varjax.functionalize import (
-    Functionalized,
-    flatten_variables,
-    is_rng_state,
-    normalize_rngs,
-    unflatten_variables,
-)
+from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
 from varjax.primitives import Path
+from varjax.protocols import Labelled, RngState
 
-if TYPE_CHECKING:
-    from varjax.nn.module import Module
 
 class _Root:
-    """What both roots keep for the modules bound to them."""
+    """What both roots keep for the modules bound to them.
+
+    The roots store modules but never call into them: this file sits below the module
+    package (which imports it), so a module is typed by the one contract used here,
+    ``protocols.Labelled`` (``Scope.context`` names it in errors)."""
 
     def __init__(self) -> None:
         # A module's setup is current while its version is the root's.  A lifted body runs
@@ -41,8 +38,8 @@ class _Root:
         # the body ends (``Module._varjax_bodies``).
         self.version = 0
         self._versions = 0
-        self.lifted_bodies: list[dict[int, tuple[Module, Any]]] = []
-        self.adopted: dict[int, tuple[Module, Module]] = {}   # see Module._adopt
+        self.lifted_bodies: list[dict[int, tuple[Labelled, Any]]] = []
+        self.adopted: dict[int, tuple[Labelled, Labelled]] = {}   # see Naming._adopt
 
     def new_version(self) -> int:
         """A version no module of this root has been set up in."""
@@ -53,7 +50,7 @@ class _Root:
 class TraceRoot(_Root):
     """The root of a module tree bound inside one ``init``/``apply`` trace."""
 
-    def __init__(self, ctx: scope.TraceContext, capture: Callable[[Module, str], bool] | None):
+    def __init__(self, ctx: scope.TraceContext, capture: Callable[[Labelled, str], bool] | None):
         super().__init__()
         self.origin = ctx.origin
         self.capture = capture
@@ -71,7 +68,7 @@ class BoundRoot(_Root):
             {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
         # A vj.Rngs is state: every call draws from it and advances it.  Keys are folded
         # with the call index instead (see _next_rngs).
-        self.held = rngs if is_rng_state(rngs) else None
+        self.held = rngs if isinstance(rngs, RngState) else None
         self.rngs = {} if self.held is not None else normalize_rngs(rngs)
         self.mutable = mutable
         self.origin: scope.TraceContext | None = None  # set while one of our calls traces
@@ -89,24 +86,29 @@ class BoundRoot(_Root):
     def has_rng(self, name: str) -> bool:
         return name in (self.held if self.held is not None else self.rngs)
 
-    def run(self, module: Module, fn: Callable, args: tuple, kwargs: dict, *,
-            method: bool = True) -> Any:
-        """Calls ``fn(module, *args)`` through the IR: a wrapped method when ``method``,
-        else a one-off variable operation (not cached)."""
-        key = (module.scope.path, fn)
-        functionalized = self._fns.get(key) if method else None
+    def run(self, key: Hashable | None, name: str, body: Callable[..., Any], args: tuple,
+            kwargs: dict) -> Any:
+        """Runs ``body(*args, **kwargs)`` through the IR against this root's variables and
+        writes the mutable collections it returns back into them.
+
+        The module package calls it for a bound module used from outside any trace
+        (``Lifecycle._run_bound``), with a ``body`` that re-runs setup and calls the method:
+        setup is the module's business, so the root runs the body without looking into
+        the module.  The ``functionalize`` of ``body`` is kept under
+        ``key`` (None: a one-off call, not kept), named ``name`` in its jaxpr.  While
+        ``body`` traces, ``origin`` is that trace, so the root's modules act as under
+        ``apply``."""
+        functionalized = self._fns.get(key) if key is not None else None
         if functionalized is None:
-            def traced(*a, **k):
+            def traced(*a: Any, **k: Any) -> Any:
                 self.origin = scope.current().origin
-                module._reset_setup()
                 try:
-                    return module._call_wrapped(fn, a, k) if method else fn(module, *a, **k)
+                    return body(*a, **k)
                 finally:
                     self.origin = None
-                    module._reset_setup()
-            traced.__name__ = f"{type(module).__name__}.{getattr(fn, '__name__', 'fn')}"
+            traced.__name__ = name
             functionalized = Functionalized(traced)
-            if method:
+            if key is not None:
                 self._fns[key] = functionalized
         rngs = self._next_rngs()
         if self.mutable is False:
@@ -142,7 +144,9 @@ class Scope:
         """Bound by ``bind`` and called from outside any of its traces."""
         return isinstance(self.root, BoundRoot) and self.root.origin is None
 
-    def context(self, module: Module, api: str) -> scope.TraceContext:
+    def context(self, module: Labelled, api: str) -> scope.TraceContext:
+        """The active trace, which must be the one this scope's root is bound to; ``module``
+        (the module calling ``api``) is for the error."""
         ctx = scope.active()
         if ctx is None or ctx.origin is not self.root.origin:
             raise errors.InvalidScopeError(

@@ -1,0 +1,33 @@
+"""``Module``: Flax Linen's module system, on varjax's IR.
+
+A module is a frozen dataclass: a template holding construction arguments and
+no state.  ``init`` / ``apply`` are ``vj.functionalize`` of a function that
+clones the template, binds the clone to the running trace and calls the
+method.  A bound module has a ``Scope`` (its root and its path); every
+``self.param`` / ``self.variable`` / ``self.make_rng`` is the path-based
+operation of ``varjax.scope`` on the active trace, so the variables a module
+touches are ordinary ``var_get`` / ``var_set`` equations whose path starts
+with the module path (``params:Dense_0/kernel``).  Each wrapped method call also
+enters ``jax.named_scope(<module name>)``, so every equation it traces carries
+the module in its name stack.
+
+Lifecycle (see ``notes/modules.md``):
+  * submodules get their parent from the module whose ``setup`` or ``@compact``
+    method is running (a thread-local stack); in ``setup`` they are named by
+    the attribute they are assigned to (``layers_0`` for lists), in a compact
+    method by class and construction order (``Dense_0``), or by ``name=``;
+  * ``setup`` runs lazily, on the first method call or attribute miss of a
+    bound module; top-level templates never run it;
+  * a module bound by ``init``/``apply`` may be used only under that trace
+    (``InvalidScopeError`` afterwards);
+  * ``bind`` makes a root that owns concrete variables (``binding.BoundRoot``).
+
+The class is assembled from one file per concern; ``README.md`` says what lives where.
+"""
+from varjax.nn.binding import Scope
+from varjax.nn.module.core import Module
+from varjax.nn.module.entry import DEFAULT_INIT_MUTABLE, apply, init, init_with_output
+from varjax.nn.module.lifecycle import compact, nowrap
+
+__all__ = ["DEFAULT_INIT_MUTABLE", "Module", "Scope", "apply", "compact", "init",
+           "init_with_output", "nowrap"]

@@ -1,0 +1,93 @@
+"""``Module``, assembled from the concerns of this package, and the dataclass transform.
+
+Every subclass becomes a dataclass (hash and equality over its fields, as in
+Linen) and gets its methods wrapped (``Lifecycle._call_wrapped``).  A new module
+takes its parent from the running module and is named and bound on the spot
+(``__post_init__``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable
+
+from varjax import errors, scope
+from varjax.nn.binding import BoundRoot, Scope, TraceRoot
+from varjax.nn.module.entry import EntryPoints
+from varjax.nn.module.lifecycle import module_stack
+from varjax.nn.module.lifted import LiftHooks
+from varjax.nn.module.state import UNSPECIFIED, ModuleState
+from varjax.nn.module.variables import VariableAPI
+
+
+class Module(VariableAPI, LiftHooks, EntryPoints):
+    """Base class of all varjax.nn modules: Flax Linen's ``nn.Module``.
+
+    Implements ``varjax.protocols.Labelled``, ``LiftableModule`` and ``LiftableModuleClass``."""
+
+    parent: Any = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
+    # The marker by which varjax.lifting recognises a module (``protocols.LiftableModule``):
+    # lifted transforms close over a leading Module argument.
+    _varjax_module = True
+    name: str | None = dataclasses.field(default=None, kw_only=True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(cls, repr=False, eq=True, unsafe_hash="__hash__" not in cls.__dict__)
+        compacts = [n for n in dir(cls) if getattr(getattr(cls, n, None), "varjax_compact", False)]
+        if len(compacts) > 1:
+            raise errors.ModuleError(
+                f"{cls.__name__} has more than one @compact method ({', '.join(compacts)}).",
+                module=f"{cls.__name__} (unbound)", source=errors.source_text(),
+                fix="keep one @compact method; define submodules for the others in setup")
+        for attr, fn in list(cls.__dict__.items()):
+            if _wrappable(attr, fn):
+                setattr(cls, attr, _wrap_method(fn))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_state", ModuleState())
+        object.__setattr__(self, "scope", None)
+        parent = self.parent
+        if parent is UNSPECIFIED:
+            stack = module_stack()
+            parent = stack[-1] if stack else None
+            object.__setattr__(self, "parent", parent)
+        if isinstance(parent, (TraceRoot, BoundRoot)):
+            object.__setattr__(self, "scope", Scope(parent, ()))
+        elif isinstance(parent, Module):
+            pstate = parent._state
+            if pstate.in_setup:
+                if self.name is not None:
+                    parent._register_child(self, self.name)
+            elif pstate.compact_depth > 0:
+                name = self.name if self.name is not None else parent._autoname(type(self))
+                parent._register_child(self, name)
+            else:
+                raise errors.AssignSubModuleError(
+                    f"submodule {type(self).__name__} of {parent._label()} was constructed outside "
+                    "setup() and outside an @compact method.", **scope.where(about=parent),
+                    fix="construct submodules in setup(), or decorate the method with @nn.compact")
+
+
+dataclasses.dataclass(Module, repr=False, eq=True, unsafe_hash=True)
+
+# Methods of Module itself, from every class it is assembled from, are never wrapped.
+_API_NAMES: frozenset[str] = frozenset(
+    n for klass in Module.__mro__[:-1] for n in vars(klass) if not n.startswith("__"))
+
+
+def _wrappable(attr: str, fn: Any) -> bool:
+    if not inspect.isfunction(fn) or getattr(fn, "varjax_nowrap", False):
+        return False
+    if getattr(fn, "varjax_wrapped", False) or attr in _API_NAMES or attr == "setup":
+        return False
+    return attr == "__call__" or not attr.startswith("__")   # private methods too, as in Linen
+
+
+def _wrap_method(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapped(self: Module, *args: Any, **kwargs: Any) -> Any:
+        return self._call_wrapped(fn, args, kwargs)
+    wrapped.varjax_wrapped = True
+    return wrapped

@@ -1,0 +1,155 @@
+"""Entry points: ``init`` / ``apply`` / ``bind``, and the functionalized traces behind them.
+
+``apply`` is ``vj.functionalize`` of one small function that clones the template,
+binds the clone to the running trace (a ``TraceRoot``) and calls the method;
+``init`` is ``apply`` with nothing given and everything but ``intermediates``
+mutable.  The ``Functionalized`` is cached on the module and shared by equal
+modules, so building a new but equal model per step neither retraces nor recompiles.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Self
+
+from varjax import errors, filters, scope
+from varjax.caches import LRU
+from varjax.functionalize import Functionalized
+from varjax.nn.binding import BoundRoot, TraceRoot
+from varjax.nn.module.lifecycle import Lifecycle
+from varjax.statics import typed
+
+# Linen's default for init: sown intermediates are not part of the variables.
+DEFAULT_INIT_MUTABLE = filters.DenyList(["intermediates"])
+
+
+class EntryPoints(Lifecycle):
+    """How a template module is run: bound to a trace (``init``/``apply``) or to variables
+    (``bind``)."""
+
+    def bind(self, variables: Mapping[str, Any], *, rngs: Any = None, mutable: Any = False) -> Self:
+        """A bound clone with unlimited lifetime; mutable collections are updated in place."""
+        return self.clone(parent=BoundRoot(variables, rngs, mutable), name=None)
+
+    def unbind(self) -> tuple[Self, dict[str, Any]]:
+        """``(unbound clone, variables)`` of a module made by ``bind``."""
+        if self.scope is None or not isinstance(self.scope.root, BoundRoot) or self.scope.path:
+            raise errors.UnboundModuleError(
+                f"unbind() needs the root module returned by bind(); got {self._label()}.",
+                **scope.where(about=self), fix="call unbind on the module that bind() returned")
+        return self.clone(parent=None), self.scope.root.variables
+
+    def functionalize(self, method: Any = None, capture_intermediates: Any = False) -> Functionalized:
+        """The ``vj.functionalize`` object behind ``init``/``apply`` for ``method``: use it
+        for ``.jaxpr(...)`` / ``.functional_jaxpr(...)`` / ``.traced(...)`` of a module call.
+
+        Cached on the module, so repeated ``apply`` calls reuse its traces."""
+        capture = capture_intermediates
+        fn = _resolve_method(self, method)
+        cache = self.__dict__.setdefault("_varjax_functionalized", {})
+        key = (fn, capture)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = _shared_functionalized(self, key)
+        return found
+
+    def _new_functionalized(self, fn: Callable, capture: Any) -> Functionalized:
+        capture_fn = _capture_filter(capture)
+
+        def bound_call(*args: Any, **kwargs: Any) -> Any:
+            root = TraceRoot(scope.current(), capture_fn)
+            return fn(self.clone(parent=root, name=None), *args, **kwargs)
+        bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
+        return Functionalized(bound_call)
+
+    def init_with_output(self, rngs: Any, *args: Any, method: Any = None,
+                         mutable: Any = DEFAULT_INIT_MUTABLE, capture_intermediates: Any = False,
+                         **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        return self.functionalize(method, capture_intermediates).init_with_output(
+            rngs, *args, mutable=mutable, **kwargs)
+
+    def init(self, rngs: Any, *args: Any, method: Any = None, mutable: Any = DEFAULT_INIT_MUTABLE,
+             capture_intermediates: Any = False, **kwargs: Any) -> dict[str, Any]:
+        """All variables the method creates: ``apply({}, ..., mutable=True)[1]`` with the
+        ``params`` stream given, minus ``intermediates`` (Linen's default)."""
+        return self.init_with_output(rngs, *args, method=method, mutable=mutable,
+                                     capture_intermediates=capture_intermediates, **kwargs)[1]
+
+    def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None, method: Any = None,
+              mutable: Any = False, capture_intermediates: Any = False, **kwargs: Any) -> Any:
+        """Runs ``method`` (default ``__call__``) of a bound clone; returns ``out`` or
+        ``(out, updated_collections)`` when anything is mutable."""
+        return self.functionalize(method, capture_intermediates).apply(
+            variables, *args, rngs=rngs, mutable=mutable, **kwargs)
+
+
+# Equal modules (same class and fields) share their Functionalized, so building a new but
+# equal model object -- as code that constructs its model per step does -- neither retraces
+# nor recompiles.  Fields compare by type and value (``statics.typed``), down through
+# submodules, tuples and dicts: ``Fill(1)``, ``Fill(1.0)`` and ``Fill(True)`` are equal
+# dataclasses, but ``jnp.full((2,), v)`` traces to three dtypes.  Bounded, and released
+# by ``jax.clear_caches()`` (``varjax.caches``).
+_SHARED = LRU()
+
+
+def _shared_functionalized(module: EntryPoints, key: tuple) -> Functionalized:
+    try:
+        # ``typed`` would key a list field too, but the list may change after this call.
+        hash(module)
+        shared_key = typed((module, *key))
+        found = _SHARED.get(shared_key)
+    except TypeError:                 # a field is unhashable: this instance only
+        return module._new_functionalized(*key)
+    if found is None:
+        found = _SHARED[shared_key] = module._new_functionalized(*key)
+    return found
+
+
+def _resolve_method(module: EntryPoints, method: Any) -> Callable:
+    if method is None:
+        method = "__call__"
+    if isinstance(method, str):
+        fn = getattr(type(module), method, None)
+        if fn is None or not callable(fn):
+            raise errors.ModuleError(
+                f"{type(module).__name__} has no method '{method}'.", **scope.where(about=module),
+                fix="pass method= the name of a method of the module")
+        return fn
+    if not callable(method):
+        raise errors.ModuleError(
+            f"method= must be a method name or a callable taking the module first, got "
+            f"{type(method).__name__}.", **scope.where(about=module),
+            fix="pass e.g. method=Model.encode or method='encode'")
+    return method
+
+
+def _capture_filter(capture: Any) -> Callable[[EntryPoints, str], bool] | None:
+    if capture is False or capture is None:
+        return None
+    if capture is True:
+        return lambda module, method_name: method_name == "__call__"
+    return capture
+
+
+def apply(fn: Callable[..., Any], module: EntryPoints, mutable: Any = False,
+          capture_intermediates: Any = False) -> Callable[..., Any]:
+    """Linen's ``nn.apply``: ``fn(bound_module, *args)`` as ``(variables, *args, rngs=)``."""
+    def applied(variables: Mapping[str, Any], *args: Any, rngs: Any = None, **kwargs: Any) -> Any:
+        return module.apply(variables, *args, rngs=rngs, method=fn, mutable=mutable,
+                            capture_intermediates=capture_intermediates, **kwargs)
+    return applied
+
+
+def init_with_output(fn: Callable[..., Any], module: EntryPoints, mutable: Any = DEFAULT_INIT_MUTABLE,
+                     capture_intermediates: Any = False) -> Callable[..., Any]:
+    """Linen's ``nn.init_with_output``: ``fn(bound_module, *args)`` as
+    ``(rngs, *args) -> (out, variables)``."""
+    def initialized(rngs: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        return module.init_with_output(rngs, *args, method=fn, mutable=mutable,
+                                       capture_intermediates=capture_intermediates, **kwargs)
+    return initialized
+
+
+def init(fn: Callable[..., Any], module: EntryPoints, mutable: Any = DEFAULT_INIT_MUTABLE,
+         capture_intermediates: Any = False) -> Callable[..., Any]:
+    """Linen's ``nn.init``: ``fn(bound_module, *args)`` as ``(rngs, *args) -> variables``."""
+    with_output = init_with_output(fn, module, mutable, capture_intermediates)
+    return lambda rngs, *args, **kwargs: with_output(rngs, *args, **kwargs)[1]

@@ -1,0 +1,153 @@
+"""The variable API on ``self``: ``param``, ``variable``, ``sow``, ``make_rng``, ...
+
+Each call is the path-based operation of ``varjax.scope`` (``param_at``,
+``variable_at``, ``draw_at``, ...) at ``module path + (name,)`` on the active trace,
+after the module's name reservation (``Naming._reserve_variable``).  A module made by
+``bind`` and used from outside any trace reads its root's variables directly, and
+runs anything that creates or writes a variable as a one-off traced call (``_eager``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Self
+
+import jax
+
+from varjax import errors, filters, scope, streams
+from varjax.functionalize import flatten_variables, unflatten_variables
+from varjax.nn.binding import BoundVariable
+from varjax.nn.module.lifecycle import Lifecycle
+from varjax.primitives import Path, VarType
+from varjax.scope import Variable
+
+
+class VariableAPI(Lifecycle):
+    """The variables, RNG streams and collection flags a module reads and writes."""
+
+    def _ctx(self, api: str) -> scope.TraceContext:
+        """The trace this bound module's operation ``api`` runs under."""
+        if self.scope is None:
+            raise errors.UnboundModuleError(
+                f"{api} needs a bound module, but {self._label()} is not bound.",
+                **scope.where(about=self),
+                fix="call the module through init / apply, or use module.bind(variables)")
+        return self.scope.context(self, api)
+
+    def _eager(self, op: Callable[[Self], Any]) -> Any:
+        """Runs a variable operation of a ``bind`` module from outside any trace."""
+        def run(m: VariableAPI) -> Any:
+            m._state.eager_op = True          # declared from outside, not in a method
+            try:
+                return op(m)
+            finally:
+                m._state.eager_op = False
+        return self._run_bound(run, (), {}, method=False)
+
+    def param(self, name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
+        """Parameter ``name`` of this module, created with ``init_fn(key, *init_args)``.
+
+        An existing parameter is checked against ``init_fn``'s abstract output.
+        """
+        if self.scope is not None and self.scope.eager():
+            if self.scope.root.has("params", self._path(name)):
+                value = self.scope.root.read("params", self._path(name))
+                scope.check_type("params", self._path(name), VarType.of(value),
+                                 scope.expected_type(init_fn, init_args, True), self)
+                return value
+            return self._eager(lambda m: m.param(name, init_fn, *init_args))
+        ctx = self._ctx("Module.param")
+        self._reserve_variable("parameter", "params", name)
+        return scope.param_at(ctx, self._path(name), init_fn, init_args)
+
+    def variable(self, collection: str, name: str, init_fn: Callable[..., Any] | None = None,
+                 *init_args: Any) -> Variable:
+        """A handle (``.value``) on variable ``name`` of ``collection`` in this module."""
+        if self.scope is not None and self.scope.eager():
+            if not self.scope.root.has(collection, self._path(name)):
+                self._eager(lambda m: m.variable(collection, name, init_fn, *init_args))
+            return BoundVariable(self.scope.root, collection, self._path(name))
+        ctx = self._ctx("Module.variable")
+        self._reserve_variable("variable", collection, name)
+        return scope.variable_at(ctx, collection, self._path(name), init_fn, init_args)
+
+    def has_variable(self, collection: str, name: str) -> bool:
+        if self.scope is not None and self.scope.eager():
+            return self.scope.root.has(collection, self._path(name))
+        return scope.has_at(self._ctx("Module.has_variable"), collection, self._path(name))
+
+    def get_variable(self, collection: str, name: str, default: Any = None) -> Any:
+        if not self.has_variable(collection, name):
+            return default
+        if self.scope.eager():
+            return self.scope.root.read(collection, self._path(name))
+        return scope.read_at(self._ctx("Module.get_variable"), collection, self._path(name))
+
+    def put_variable(self, collection: str, name: str, value: Any) -> None:
+        if self.scope is not None and self.scope.eager():
+            return self._eager(lambda m: m.put_variable(collection, name, value))
+        scope.write_at(self._ctx("Module.put_variable"), collection, self._path(name), value)
+
+    def sow(self, collection: str, name: str, value: Any,
+            reduce_fn: Callable[[Any, Any], Any] = scope._append,
+            init_fn: Callable[[], Any] = tuple) -> bool:
+        """Store ``value`` if ``collection`` is mutable (Linen's ``sow``); False if not."""
+        if self.scope is not None and self.scope.eager():
+            return self._eager(lambda m: m.sow(collection, name, value, reduce_fn, init_fn))
+        ctx = self._ctx("Module.sow")
+        if ctx.is_mutable(collection) and not scope.has_at(ctx, collection, self._path(name)):
+            self._reserve_variable("sown variable", collection, name, anywhere=True)
+        return scope.sow_at(ctx, collection, self._path(name), value, reduce_fn, init_fn)
+
+    def perturb(self, name: str, value: Any, collection: str = "perturbations") -> Any:
+        """``value`` plus a zero-initialized variable, whose gradient is d loss / d value."""
+        if self.is_mutable_collection(collection) and not self.has_variable(collection, name):
+            self.put_variable(collection, name, jax.numpy.zeros_like(value))
+        if self.has_variable(collection, name):
+            return value + self.get_variable(collection, name)
+        return value
+
+    def make_rng(self, name: str = streams.PARAMS) -> jax.Array:
+        """A fresh key from stream ``name``; every call gives a different key.  A stream that
+        was not given falls back to ``default`` (a ``vj.Rngs`` seed, as in NNX), then to
+        ``params`` (as in Linen, so ``init(key, x, train=True)`` works); with none of them,
+        ``MissingRngError``."""
+        if self.scope is not None and self.scope.eager():
+            return self._eager(lambda m: m.make_rng(name))
+        ctx = self._ctx("Module.make_rng")
+        return scope.draw_at(ctx, name, self.scope.path, (streams.DEFAULT, streams.PARAMS))
+
+    def has_rng(self, name: str) -> bool:
+        if self.scope is not None and self.scope.eager():
+            return self.scope.root.has_rng(name)
+        return name in self._ctx("Module.has_rng").rng_streams
+
+    def is_mutable_collection(self, collection: str) -> bool:
+        if self.scope is not None and self.scope.eager():
+            return filters.matches(self.scope.root.mutable, collection)
+        return self._ctx("Module.is_mutable_collection").is_mutable(collection)
+
+    def is_initializing(self) -> bool:
+        if self.scope is not None and self.scope.eager():
+            return False
+        return self._ctx("Module.is_initializing").initializing
+
+    @property
+    def path(self) -> Path:
+        """The names from the root module to this one (``()`` for the root)."""
+        if self.scope is None:
+            raise errors.UnboundModuleError(
+                f"{self._label()} has no path: it is not bound.", **scope.where(about=self),
+                fix="read .path inside a method called through init/apply, or on a module made by bind")
+        return self.scope.path
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        """This module's variables as ``{collection: {name: value}}`` (current values)."""
+        prefix = self.path
+        if self.scope.eager():
+            flat = {k: jax.tree.unflatten(t, ls)
+                    for k, (t, ls) in flatten_variables(self.scope.root.variables).items()}
+        else:
+            ctx = self._ctx("Module.variables")
+            flat = {k: scope.read_at(ctx, *k) for k in ctx.variables if k[1][:len(prefix)] == prefix}
+        return unflatten_variables({(c, p[len(prefix):]): v for (c, p), v in flat.items()
+                                    if p[:len(prefix)] == prefix and len(p) > len(prefix)})
