@@ -84,7 +84,7 @@ def stream_state(jaxpr: _jax.ClosedJaxpr, stream: str, ctx: PassContext) -> "_St
     gave one, else its implicit state in ``rngs``."""
     if stream in ctx.rng_streams:
         return _Static(streams.explicit_key(stream), ctx.rng_streams[stream])
-    key, count = streams.key_of(stream), streams.count_of(stream)
+    key, count = streams.key_variable(stream), streams.count_variable(stream)
     if key in ctx.variables and count in ctx.variables:
         if not filters.matches(ctx.mutable, streams.STATE):
             raise errors.ImmutableCollectionError(
@@ -121,7 +121,7 @@ class _Lowerer(Rewriter):
         found = self._pieces.get(key)
         if found is None:
             if static:
-                found = self.trace(lambda n: [jax.random.fold_in(_get(st.key, st.aval), n)],
+                found = self.trace(lambda n: [streams.derive(_get(st.key, st.aval), n)],
                                    [COUNT_AVAL])
             else:
                 found = self.trace(lambda: [self.draw(st)], [])
@@ -141,10 +141,10 @@ class _Lowerer(Rewriter):
         key = _get(st.key, st.aval)
         if isinstance(st, _Static):
             st.counter += 1
-            return jax.random.fold_in(key, st.counter - 1)
+            return streams.derive(key, st.counter - 1)
         n = _get(st.count, COUNT_AVAL)
         _set(st.count, n + jnp.uint32(1))
-        return jax.random.fold_in(key, n)
+        return streams.derive(key, n)
 
     def eqn(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
         state: dict = region.state

@@ -22,7 +22,7 @@ def test_library_jits_are_shared_across_init_traces_until_a_variable_op_runs_ins
     out = run_fresh("""
         import jax, jax.numpy as jnp
         import varjax as vj
-        from varjax import scope
+        from varjax import fingerprint
         traces = []
 
         @jax.jit
@@ -38,7 +38,7 @@ def test_library_jits_are_shared_across_init_traces_until_a_variable_op_runs_ins
         x = jnp.ones(3)
         model.init(jax.random.key(0), x, 1)
         model.init(jax.random.key(0), x, 2)
-        print(len(traces), scope._strict[0])
+        print(len(traces), fingerprint.is_strict())
     """)
     assert out == "1 False"
 
@@ -47,7 +47,7 @@ def test_the_first_variable_op_in_an_inner_trace_makes_fingerprints_strict():
     out = run_fresh("""
         import jax, jax.numpy as jnp
         import varjax as vj
-        from varjax import scope
+        from varjax import fingerprint
         traces = []
 
         @jax.jit
@@ -65,7 +65,7 @@ def test_the_first_variable_op_in_an_inner_trace_makes_fingerprints_strict():
         x = jnp.ones(3)
         a = h.init(jax.random.key(0), x, True)
         b = h.init(jax.random.key(0), x, False)
-        print(int(a['stats']['n']), int(b['stats']['n']), len(traces), scope._strict[0])
+        print(int(a['stats']['n']), int(b['stats']['n']), len(traces), fingerprint.is_strict())
     """)
     # each init creates n once and increments it twice; no trace reuses a stale helper
     assert out == "2 2 4 True"

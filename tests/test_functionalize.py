@@ -6,7 +6,7 @@ import pytest
 
 import varjax as vj
 from varjax.effects import is_varjax_effect
-from varjax.passes.walk import walk_eqns
+from varjax.nested import walk_eqns
 from varjax.primitives import VARJAX_PRIMITIVES
 
 X = jnp.ones((2, 3), jnp.float32)

@@ -28,5 +28,5 @@ from varjax.scope import sow as sow
 from varjax.scope import variable as variable
 from varjax.tools.dataflow import dataflow as dataflow
 from varjax.tools.dataflow import dead_params as dead_params
-from varjax.tools.dump import dump as dump
+from varjax.tools.ir_dump import dump as dump
 from varjax.transforms import *  # noqa: F403  (vmap, scan, ...: the lifted transforms)

@@ -9,7 +9,7 @@ so a JAX upgrade touches this file alone.  Pinned to the jax 0.10 series.
 Sharp edges:
   * Parameter *names* of JAX's higher-order primitives (``jaxpr``,
     ``num_consts``, ``branches``...) are plain dict keys read in
-    ``varjax/nested.py``, ``discharge.py``, ``analysis.py`` and ``lower_rng.py``;
+    ``varjax/nested.py``, ``passes/discharge/``, ``analysis.py`` and ``lower_rng.py``;
     a rename in JAX shows up there.
 """
 from __future__ import annotations
@@ -296,7 +296,7 @@ exclude_from_user_frames(os.path.join(os.path.dirname(_HERE), "passes") + os.sep
 exclude_from_user_frames("<string>")
 
 
-# --- custom-rule closures (passes/discharge.py) -------------------------------------------
+# --- custom-rule closures (passes/discharge/closures.py) -------------------------------------------
 
 def thunk_identity(thunk: Any) -> Any:
     """What identifies the custom function a rule thunk belongs to: its debug info, which

@@ -32,7 +32,7 @@ the root module's class, then the names of the submodules down to it, joined by
     plain function is not reported as a module.
 
 Use ``where(eqn.source_info)`` for ``source=`` and ``module=`` at every raise site
-that has an equation, and ``where()`` (or ``scope.where()``, which adds the
+that has an equation, and ``where()`` (or ``context.site()``, which adds the
 running module) while tracing.
 
 Sharp edges:

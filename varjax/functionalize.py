@@ -44,12 +44,13 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from varjax import _jax, errors, filters, scope, streams
+from varjax import _jax, errors, filters, streams
 from varjax.caches import LRU
+from varjax.context import TraceContext, activate, current
 from varjax.passes import Pass, PassContext, Pipeline
 from varjax.passes.discharge import Signature
-from varjax.primitives import Key
-from varjax.primitives import VarType
+from varjax.primitives import Key, VarType
+from varjax.rngs import Rngs
 from varjax.statics import typed
 
 DEFAULT_PASSES = ("check-mutability", "lower-rng", "forward-stores", "dead-reads", "discharge")
@@ -159,12 +160,6 @@ def normalize_rngs(rngs: Any) -> dict[str, Any]:
                     f"{type(rngs).__name__}")
 
 
-def is_rng_state(rngs: Any) -> bool:
-    """Whether ``rngs`` holds streams as state (a ``vj.Rngs``, recognised by its hooks
-    ``_varjax_rng_state`` and ``_varjax_advance``: the RNG layer sits above this one)."""
-    return hasattr(rngs, "_varjax_rng_state")
-
-
 def _inputs(variables: Mapping[str, Any] | None, rngs: Any, mutable: Any):
     """What a call runs with: flat variables, explicit keys and the mutable filter.
 
@@ -172,12 +167,12 @@ def _inputs(variables: Mapping[str, Any] | None, rngs: Any, mutable: Any):
     ``variables`` and are mutable whatever ``mutable`` says (the caller handed them in to be
     drawn from); ``_apply`` advances the ``Rngs`` afterwards."""
     flat = flatten_variables(variables or {})
-    if not is_rng_state(rngs):
+    if not isinstance(rngs, Rngs):
         return flat, normalize_rngs(rngs), mutable
     flat = {k: v for k, v in flat.items() if k[0] != streams.STATE}
     for stream, (key, count) in rngs._varjax_rng_state().items():
-        flat[streams.key_of(stream)] = (_SCALAR, [key])
-        flat[streams.count_of(stream)] = (_SCALAR, [count])
+        flat[streams.key_variable(stream)] = (_SCALAR, [key])
+        flat[streams.count_variable(stream)] = (_SCALAR, [count])
     return flat, {}, mutable if mutable is True else [mutable, streams.STATE]
 
 
@@ -206,7 +201,7 @@ class _Effectful:
 
     jaxpr: _jax.ClosedJaxpr
     out_tree: Any
-    context: scope.TraceContext
+    context: TraceContext
     key: _Key
 
 
@@ -227,7 +222,7 @@ class Functionalized:
 
     def __init__(self, fn: Callable[..., Any], *, passes: Sequence[str | Pass] | str = (),
                  dump_dir: str | None = None, verify: bool | None = None,
-                 context: Callable[["_Key"], scope.TraceContext] | None = None,
+                 context: Callable[["_Key"], TraceContext] | None = None,
                  inline: bool = False):
         functools.update_wrapper(self, fn)
         self.fn = fn
@@ -250,7 +245,7 @@ class Functionalized:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Inside another functionalized function, just run the code (same variables)."""
-        scope.current(f"{self.__name__}()")
+        current(f"{self.__name__}()")
         return self.fn(*args, **kwargs)
 
     # -- public API -----------------------------------------------------------------
@@ -340,7 +335,7 @@ class Functionalized:
             out_tree_box.append(out_tree)
             return out_leaves
 
-        with scope.activate(ctx):
+        with activate(ctx):
             try:
                 jaxpr = _jax.trace_to_jaxpr(flat_fn, list(key.avals), name=self.__name__)
             except jax.errors.ConcretizationTypeError as e:
@@ -358,12 +353,11 @@ class Functionalized:
 
     def _run_pipeline(self, traced: _Effectful, pipeline: Pipeline) -> tuple[_jax.ClosedJaxpr, PassContext]:
         key = traced.key
-        given = dict(key.variables)
-        given.update({streams.explicit_key(s): VarType(_SCALAR, (a,)) for s, a in key.rngs})
-        pctx = PassContext(variables=given, mutable=key.mutable, rng_streams=dict(key.rngs),
-                           reenter=lambda types: scope.activate(traced.context.snapshot(types)))
-        with scope.activate(traced.context):  # passes may re-trace user code (custom rules)
-            return pipeline.run(traced.jaxpr, pctx, label=self.__name__), pctx
+        # Passes may trace user code late (custom_jvp/vjp rules): under a snapshot of this
+        # trace's context, as at the rule's call site.
+        pctx = PassContext.for_inputs(dict(key.variables), key.mutable, dict(key.rngs),
+                                      reenter=lambda types: activate(traced.context.snapshot(types)))
+        return pipeline.run(traced.jaxpr, pctx, label=self.__name__), pctx
 
     def _compile(self, traced: _Effectful) -> Traced:
         pure, pctx = self._run_pipeline(traced, self.pipeline)
@@ -387,7 +381,7 @@ class Functionalized:
                       dict(pctx.stats))
 
     def _apply(self, variables, args, kwargs, rngs, mutable, *, initializing: bool):
-        held = is_rng_state(rngs)
+        held = isinstance(rngs, Rngs)
         found = None
         if _jax.is_top_level() and not held:
             found = self._dispatch(variables, args, kwargs, rngs, mutable, initializing)
@@ -396,9 +390,9 @@ class Functionalized:
         flat_vars, keys, run_mutable = _inputs(variables, rngs, mutable)
         out, written = found or self.call(flat_vars, args, kwargs, keys, run_mutable, initializing)[:2]
         if held:
-            rngs._varjax_advance({s: written[streams.count_of(s)]
+            rngs._varjax_advance({s: written[streams.count_variable(s)]
                                   for s in rngs._varjax_rng_state()
-                                  if streams.count_of(s) in written})
+                                  if streams.count_variable(s) in written})
         if mutable is False:
             return out, None
         updated = {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flat_vars.items()
@@ -461,13 +455,13 @@ class Functionalized:
         return out, written, entry
 
 
-def _fresh_context(key: _Key) -> scope.TraceContext:
+def _fresh_context(key: _Key) -> TraceContext:
     """A top-level trace draws from the given keys and from the streams kept as state in the
     given variables; a key given for a stream overrides its state."""
     variables = dict(key.variables)
     rngs = {s: vt.avals[0] for s, vt in streams.implicit_streams(variables).items()}
     rngs.update(key.rngs)
-    return scope.TraceContext(variables, key.mutable, rngs, key.initializing)
+    return TraceContext(variables, key.mutable, rngs, key.initializing)
 
 
 def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),

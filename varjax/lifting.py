@@ -54,22 +54,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections import ChainMap
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeGuard
 
 import jax
 import numpy as np
 
 from varjax import _jax, errors, filters, scope, streams
+from varjax.context import IR_STORE, Store, TraceContext, activate, current, site
 from varjax.effects import RngEffect
 from varjax.functionalize import Functionalized, flatten_variables
+from varjax.lifted_body import DictStore, DirectFallback, Lifted, LiftRetry
 from varjax.passes.analysis import traffic as _traffic
-from varjax.primitives import Key
+from varjax.primitives import Key, VarType
+from varjax.protocols import LiftableModule
 
 Group = dict  # {(collection, path): value}
 
 
 @dataclasses.dataclass(frozen=True)
-class Traffic:
+class BodyTraffic:
     """What one trace of a body does with variables and RNG streams."""
 
     reads: frozenset[Key]      # needed on entry
@@ -78,9 +81,9 @@ class Traffic:
     streams: frozenset[str]    # RNG streams drawn from
 
 
-def is_module(x: Any) -> bool:
-    """Whether ``x`` is a varjax.nn Module (duck-typed: this layer sits below varjax.nn;
-    a Module provides ``_varjax_bodies`` and ``_varjax_lift_class``)."""
+def is_module(x: Any) -> TypeGuard[LiftableModule]:
+    """Whether ``x`` is a varjax.nn Module (``protocols.LiftableModule``: this layer sits
+    below varjax.nn, so it tests the class marker instead of importing the class)."""
     return getattr(type(x), "_varjax_module", False)
 
 
@@ -88,7 +91,7 @@ def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
 
-class Region:
+class LiftedRegion:
     """One body of a lifted transform, as a pure function of variable groups, keys and
     arguments (see the module docstring)."""
 
@@ -109,15 +112,15 @@ class Region:
         nor create a variable, so a transform need not ask ``traffic`` about it."""
         return self._lifted.outer.mutable
 
-    def _context(self, key: Any) -> scope.TraceContext:
+    def _context(self, key: Any) -> TraceContext:
         return self._region_context(dict(key.variables), dict(key.rngs))
 
-    def _region_context(self, handed: dict[Key, scope.VarType],
-                        streams: dict[str, Any]) -> scope.TraceContext:
+    def _region_context(self, handed: dict[Key, VarType], streams: dict[str, Any],
+                        store: Store = IR_STORE) -> TraceContext:
         withheld = frozenset(k for types in self._lifted.var_types for k in types
                              if k not in handed)
         view = dataclasses.replace(self._lifted.view, withheld=withheld)
-        return self._lifted.outer.region(handed, streams, view)
+        return self._lifted.outer.region(handed, streams, view, store)
 
     def _flat(self, groups: Sequence[Group], rngs: Sequence[dict]) -> tuple[dict, dict]:
         self._lifted.check_groups(groups, rngs)
@@ -129,7 +132,7 @@ class Region:
         return flat, {s: k for g in rngs for s, k in g.items()}
 
     def traffic(self, groups: Sequence[Group], rngs: Sequence[dict], *args: Any,
-                **kwargs: Any) -> Traffic:
+                **kwargs: Any) -> BodyTraffic:
         """Trace the body for these inputs (cached: a later call with the same types does
         not trace again) and report its traffic; nothing runs."""
         self._probed = True   # the call that follows reuses this trace (the IR path)
@@ -138,7 +141,7 @@ class Region:
         closed = self._fn.effectful(flat, args, kwargs, keys, outer.mutable, outer.initializing)
         t = _traffic(closed)
         streams = frozenset(e.stream for e in closed.effects if isinstance(e, RngEffect))
-        return Traffic(t.needs, t.may_write, t.may_write - set(flat), streams)
+        return BodyTraffic(t.needs, t.may_write, t.may_write - set(flat), streams)
 
     def __call__(self, groups: Sequence[Group], rngs: Sequence[dict], *args: Any,
                  **kwargs: Any) -> tuple[Any, tuple[Group, ...]]:
@@ -159,17 +162,17 @@ class Region:
     def _run_direct(self, groups: Sequence[Group], rngs: Sequence[Mapping], args: tuple,
                     kwargs: dict) -> tuple[Any, dict[Key, Any]]:
         """Run the body in the transform's own trace, with reads and writes resolved in a
-        dictionary (``scope.Direct``): no effectful trace, no pipeline, no re-binding.  A
+        dictionary (``DictStore``): no effectful trace, no pipeline, no re-binding.  A
         variable used inside an inner JAX trace raises ``DirectFallback`` and the lift runs
         again through the IR (``Functionalized``)."""
         values = {k: v for g in groups for k, v in g.items()}
-        ctx = self._region_context({k: scope.VarType.of(v) for k, v in values.items()},
-                                   _key_avals(rngs))
-        ctx.direct = scope.Direct(values, ChainMap(*rngs))   # a key is looked up when drawn
+        store = DictStore(values, ChainMap(*rngs))   # a key is looked up when drawn
+        ctx = self._region_context({k: VarType.of(v) for k, v in values.items()},
+                                   _key_avals(rngs), store)
         ctx.top_trace = _jax.current_trace()
-        with scope.activate(ctx):
+        with activate(ctx):
             out = self.body(*args, **kwargs)
-        return out, {k: ctx.direct.values[k] for k in sorted(ctx.direct.written)}
+        return out, {k: store.values[k] for k in sorted(store.written)}
 
 
 class _LiftedCall:
@@ -179,13 +182,13 @@ class _LiftedCall:
     for a plain function) plus ``extra``: variables outside it that an earlier attempt
     found the body touching (closures over other modules)."""
 
-    def __init__(self, lifted: "Lift", outer: scope.TraceContext, scope_: tuple[str, ...],
+    def __init__(self, lifted: "Lift", outer: TraceContext, scope_: tuple[str, ...],
                  extra: frozenset[Key], direct: bool):
         self.lifted = lifted
         self.outer = outer
         self.direct = direct
-        self.var_types: list[dict[Key, scope.VarType]] = [{} for _ in lifted.variables]
-        outside = set(outer.lift.outside) if outer.lift is not None else set()
+        self.var_types: list[dict[Key, VarType]] = [{} for _ in lifted.variables]
+        outside = set(outer.policy.outside) if outer.policy is not None else set()
         for key, vt in outer.variables.items():
             i = self.group_of(key[0])
             if i is None:
@@ -211,7 +214,7 @@ class _LiftedCall:
                 i = self.rng_group_of(name)
                 if i is not None:
                     self.stream_avals[i][name] = outer.rng_streams[streams.DEFAULT]
-        self.view = scope.Lifted(lifted.name, lifted.variables, frozenset(hidden), lifted.fix,
+        self.view = Lifted(lifted.name, lifted.variables, frozenset(hidden), lifted.fix,
                                  frozenset(outside))
 
     def rng_group_of(self, stream: str) -> int | None:
@@ -226,13 +229,13 @@ class _LiftedCall:
             raise errors.TransformError(
                 f"the region of vj.{self.lifted.name} was called with {len(groups)} variable "
                 f"groups and {len(rngs)} RNG groups; it has {len(self.var_types)} and "
-                f"{len(self.stream_avals)}.", **scope.where(self.outer),
+                f"{len(self.stream_avals)}.", **site(self.outer),
                 fix="pass the groups the transform received, in the same order")
 
     def run(self, bodies: Sequence[Callable], path: tuple[str, ...], args: tuple,
             kwargs: dict) -> Any:
         name = self.lifted.name
-        regions = [Region(b, self, path) for b in bodies]
+        regions = [LiftedRegion(b, self, path) for b in bodies]
         var_specs = [(i, key, vt) for i, types in enumerate(self.var_types)
                      for key, vt in sorted(types.items())]
         streams = [(i, s, aval) for i, avals in enumerate(self.stream_avals)
@@ -269,7 +272,7 @@ class _LiftedCall:
                     raise errors.TransformError(
                         f"vj.{name} dropped variable {errors.format_path(key[1])}: its body wrote "
                         "it, but the transform did not return it in its variable groups.",
-                        collection=key[0], path=key[1], **scope.where(self.outer),
+                        collection=key[0], path=key[1], **site(self.outer),
                         fix="return every group the region returned (groups_out), "
                             "transformed as needed")
                 v_leaves, tree = jax.tree.flatten(group[key])
@@ -291,7 +294,7 @@ class _LiftedCall:
                 inputs.append(scope.draw_at(self.outer, stream, self.outer.path_prefix))
             pos += 1
         inputs += [leaves[j] for j, u in zip(traced_at, used[pos:]) if u]
-        if self.outer.lift is None:   # outermost: one jit equation named after the transform
+        if self.outer.policy is None:   # outermost: one jit equation named after the transform
             outs = _jax.jit_call(pruned, f"{name}({'/'.join(r.__name__ for r in regions)})")(
                 *consts, *inputs)
         else:                         # nested: inline, the enclosing transform stages it
@@ -326,24 +329,24 @@ class Lift:
     fix: str
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        outer = scope.current(f"vj.{self.name}")
+        outer = current(f"vj.{self.name}")
         bodies, path = self.bodies, outer.path_prefix
         if args and is_module(args[0]):
             module, args = args[0], args[1:]
             bodies = module._varjax_bodies(bodies)
             path = module.path
         extra: frozenset[Key] = frozenset()
-        direct = outer.direct is None or _jax.current_trace() is outer.top_trace
+        direct = not isinstance(outer.store, DictStore) or _jax.current_trace() is outer.top_trace
         with errors.call_site(_jax.python_user_frame_text()):
             while True:
                 call = _LiftedCall(self, outer, path, extra, direct)
                 try:
                     return call.run(bodies, path, args, kwargs)
-                except scope.LiftRetry as retry:
+                except LiftRetry as retry:
                     if retry.key not in outer.variables or retry.key in extra:
                         raise          # outside an enclosing lift too: its retry
                     extra |= {retry.key}
-                except scope.DirectFallback:
+                except DirectFallback:
                     if not direct:
                         raise          # from an enclosing direct body: its fallback
                     direct = False

@@ -15,7 +15,8 @@ functionalized function there is no variable store, and binding one eagerly
 raises ``ScopeError``.  Under raw ``jax.grad`` draws have zero tangents, writes store
 the primal value, and reads have zero tangents except a read of a value written under the
 same differentiation, which carries its derivative (see ``_forwarded``); under raw ``jax.vmap`` reads and
-draws are unbatched and a batched write raises ``TransformError``.
+draws are unbatched and a batched write raises ``TransformError`` (a rule the tracing
+layer registers, ``varjax.context``: its message names the running module).
 
 Sharp edges:
   * ``rng_draw`` is never dead-code-eliminated even when its key is unused:
@@ -176,18 +177,6 @@ _jax.primitive_jvps[var_get_p] = _get_jvp
 _jax.primitive_jvps[var_set_p] = _set_jvp
 _jax.primitive_jvps[rng_draw_p] = _draw_jvp
 
-
-def _set_batch(args, dims, *, collection, path, tree):
-    from varjax import scope  # scope imports this module
-    raise errors.TransformError(
-        "a batched value is written to a variable under raw jax.vmap; a variable has one "
-        "value, so varjax cannot tell which batch member should win.",
-        collection=collection, path=path, **scope.where(),
-        fix="use the lifted vj.vmap (nn.vmap) with variable_axes={'%s': 0}, which keeps one "
-            "copy per batch member along a variable axis" % collection)
-
-
-_jax.primitive_batchers[var_set_p] = _set_batch
 
 # A read whose result is unused can go: reading has no observable effect.
 _jax.dce_rules[var_get_p] = lambda used_outs, eqn: ([], eqn if any(used_outs) else None)

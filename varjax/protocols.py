@@ -2,9 +2,9 @@
 
 The tracing core, ``functionalize``, ``lifting`` and the transforms sit below
 ``varjax.nn``, so they recognise modules by what a module provides, never by
-importing its class; ``functionalize`` likewise recognises a ``vj.Rngs`` by its
-hooks.  Those contracts used to be implicit (a ``getattr`` here, a ``hasattr``
-there).  This file writes each one down once, as a ``typing.Protocol``: who
+importing its class.  (``vj.Rngs`` needs no protocol: ``varjax.rngs`` sits below
+``functionalize``, which imports the class.)  Those contracts used to be implicit
+(a ``getattr`` here, a ``hasattr`` there).  This file writes each one down once, as a ``typing.Protocol``: who
 implements it, who consumes it, and why it is duck typed.  It sits at IR-core level
 and imports only ``varjax.primitives`` (for ``Path``), so any layer may import it.
 
@@ -14,7 +14,7 @@ their own module methods and fields.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Iterable, Protocol, runtime_checkable
 
 from varjax.primitives import Path
 
@@ -80,23 +80,4 @@ class LiftableModuleClass(Protocol):
                            methods: Iterable[str] | None = None) -> type:
         """A subclass named ``{Transform}{Class}`` whose ``methods`` (default ``__call__``)
         run through ``lift_method``."""
-        ...
-
-
-@runtime_checkable
-class RngState(Protocol):
-    """An object holding RNG streams as state, drawn from and advanced by a call (``vj.Rngs``).
-
-    Implemented by ``varjax.rngs.Rngs``.  Consumed by ``varjax.functionalize`` (given as
-    ``rngs=``, its streams become variables of the ``rngs`` collection for the call, and
-    the object takes the counts the call left them at) and by
-    ``varjax.nn.binding.BoundRoot`` (a ``bind`` root keeps drawing from it).  A protocol so
-    that ``functionalize`` and ``binding`` depend on the contract, not on the class."""
-
-    def _varjax_rng_state(self) -> dict[str, tuple[Any, Any]]:
-        """``{stream: (key, count)}`` as the call should start from."""
-        ...
-
-    def _varjax_advance(self, counts: Mapping[str, Any]) -> None:
-        """Take the counts a call left the streams at (``{stream: count}``)."""
         ...

@@ -119,7 +119,7 @@ class RngStream(_Samplers):
         self.count = jnp.zeros(_batch_shape(self.key), jnp.uint32) if count is None else count
 
     def __call__(self) -> jax.Array:
-        key = jax.random.fold_in(self.key, self.count)
+        key = streams.derive(self.key, self.count)
         self.count = self.count + jnp.uint32(1)
         return key
 
@@ -216,7 +216,7 @@ class Rngs(_Samplers):
         inner = "".join(f"\n  {name}={stream!r}," for name, stream in self._streams.items())
         return f"Rngs({inner}\n)" if inner else "Rngs()"
 
-    # -- the hooks functionalize uses (varjax.functionalize.is_rng_state) ------------
+    # -- what functionalize uses: a call's RNG state in, the counts it left out ---------
     def _varjax_rng_state(self) -> dict[str, tuple[Any, Any]]:
         return {name: (s.key, s.count) for name, s in self._streams.items()}
 

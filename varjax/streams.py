@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import jax
+
 from varjax.primitives import Key
 
 PARAMS = "params"      # initialises parameters, as in Flax
@@ -34,12 +36,12 @@ KEYS = "__rng__"       # explicit keys (and loop scratch) -- an internal collect
 STATE = "rngs"         # implicit state: one {'key', 'count'} pair per stream
 
 
-def key_of(stream: str) -> Key:
+def key_variable(stream: str) -> Key:
     """The variable holding an implicit stream's key."""
     return (STATE, (stream, "key"))
 
 
-def count_of(stream: str) -> Key:
+def count_variable(stream: str) -> Key:
     """The variable holding an implicit stream's count (a ``uint32`` scalar)."""
     return (STATE, (stream, "count"))
 
@@ -54,9 +56,16 @@ def implicit_streams(variables: Mapping[Key, Any]) -> dict[str, Any]:
     ``VarType`` values): stream name -> the ``VarType`` of its key."""
     found = {}
     for (col, path), vt in variables.items():
-        if col == STATE and len(path) == 2 and path[1] == "key" and count_of(path[0]) in variables:
+        if col == STATE and len(path) == 2 and path[1] == "key" and count_variable(path[0]) in variables:
             found[path[0]] = vt
     return found
+
+
+def derive(key: Any, n: Any) -> Any:
+    """The ``n``-th key of a stream whose key is ``key``: ``fold_in(key, n)``.  The one
+    derivation every path uses (``lower-rng``, a lifted body run directly, ``vj.Rngs``),
+    so that they stay bit-identical."""
+    return jax.random.fold_in(key, n)
 
 
 def candidates(name: str, fallbacks: tuple[str, ...] = (DEFAULT,)) -> tuple[str, ...]:

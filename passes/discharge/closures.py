@@ -17,11 +17,9 @@ rules (``custom.py``) build on it.
 from __future__ import annotations
 
 import itertools
-import weakref
 from typing import Any, Callable, ContextManager, Sequence
 
-from varjax import _jax, errors
-from varjax.passes import hop, walk
+from varjax import _jax, errors, nested
 from varjax.passes.analysis import touches_variables, traffic
 from varjax.primitives import Key, var_get_p
 
@@ -84,13 +82,16 @@ class Closures:
         self._table: dict[Any, tuple[frozenset, list[frozenset]]] = {}   # (counts, names)
         self._vars: set | None = None
         self._any: bool | None = None
-        self._holds: dict[int, tuple[Any, bool]] = {}
+        self._holds = self._new_memo()
+
+    def _new_memo(self) -> nested.per_jaxpr:
+        return nested.per_jaxpr(lambda j: any(self.holds(e) for e in j.eqns))
 
     def add(self, source: ClosedJaxpr) -> None:
         if not any(s.jaxpr is source.jaxpr for s in self.sources):
             self.sources.append(source)
             self._vars = self._any = None
-            self._holds.clear()
+            self._holds = self._new_memo()
 
     def _update(self) -> None:
         while self._walked < len(self.sources):
@@ -103,7 +104,7 @@ class Closures:
             if _jax.staged_var(c) is not None:
                 roots[var] = frozenset((var, _jax.staged_var(c)))
         for eqn in closed.jaxpr.eqns:
-            spec = hop.TABLE.get(eqn.primitive)
+            spec = nested.TABLE.get(eqn.primitive)
             if spec is None:
                 continue
             ids = [roots.get(v, frozenset((v,))) if isinstance(v, _jax.Var) else frozenset()
@@ -116,7 +117,7 @@ class Closures:
                 counts, old = self._table.get(key, (frozenset(), ()))
                 self._table[key] = (counts | {len(found)}, [a | b for a, b in itertools.zip_longest(
                     old, found, fillvalue=frozenset())])
-            for body, index in hop.passthrough(eqn):
+            for body, index in nested.passthrough(eqn):
                 self._walk(body, {v: ids[i] | {v} for v, i in zip(body.jaxpr.invars, index)
                                   if i is not None})
 
@@ -124,7 +125,7 @@ class Closures:
         """Per closed-over leading operand of the custom call ``eqn``, its names as traced."""
         self._update()
         n = eqn.params["num_consts"]
-        counts, found = self._table.get(_thunk_key(eqn.params[hop.TABLE[eqn.primitive].thunk]),
+        counts, found = self._table.get(_thunk_key(eqn.params[nested.TABLE[eqn.primitive].thunk]),
                                         ({n}, []))
         if not n and len(counts) > 1:   # re-bound, and its calls closed over unlike numbers
             return []
@@ -136,19 +137,12 @@ class Closures:
         over traced values?  Discharge rebuilds those (and re-traces the bodies around)."""
         if self._any is None:
             self._any = any(_holds_closure_call(e) for s in self.sources for e in s.jaxpr.eqns
-                            if e.primitive in hop.TABLE)
-        if not self._any or hop.TABLE.get(eqn.primitive) is None:
+                            if e.primitive in nested.TABLE)
+        if not self._any or nested.TABLE.get(eqn.primitive) is None:
             return False
         if _is_custom_call(eqn) and self.closure(eqn):
             return True
-        for body in hop.bodies(eqn):
-            hit = self._holds.get(id(body.jaxpr))
-            if hit is None or hit[0] is not body.jaxpr:
-                hit = self._holds[id(body.jaxpr)] = (
-                    body.jaxpr, any(self.holds(e) for e in body.jaxpr.eqns))
-            if hit[1]:
-                return True
-        return False
+        return any(self._holds(body) for body in nested.bodies(eqn))
 
     def traced(self, var) -> bool:
         """Is ``var`` a variable of a jaxpr as traced (a value of the function's trace)?"""
@@ -158,7 +152,7 @@ class Closures:
                 found.update(v for v in map(_jax.staged_var, closed.consts) if v is not None)
                 found.update(closed.jaxpr.invars)
                 found.update(closed.jaxpr.constvars)
-                for e, holder in walk.walk_eqns(closed):
+                for e, holder in nested.walk_eqns(closed):
                     found.update(v for v in e.outvars if isinstance(v, _jax.Var))
                     found.update(holder.invars)
             self._vars = found
@@ -174,39 +168,41 @@ def _thunk_key(thunk) -> Any:
     return key
 
 
-_custom_memo: "weakref.WeakKeyDictionary[_jax.Jaxpr, bool]" = weakref.WeakKeyDictionary()
-_closure_memo: "weakref.WeakKeyDictionary[_jax.Jaxpr, bool]" = weakref.WeakKeyDictionary()
+def _holds(eqn, found_in: Callable[[Any], bool], memo: nested.per_jaxpr) -> bool:
+    """Does ``found_in`` hold for ``eqn`` or for an equation in one of its bodies?
+    ``memo(body)`` answers for a whole body."""
+    return found_in(eqn) or any(memo(body) for body in nested.bodies(eqn))
 
 
-def _holds(eqn, found_in: Callable[[Any], bool], memo) -> bool:
-    """Does ``found_in`` hold for ``eqn`` or for an equation in one of its bodies?"""
-    if found_in(eqn):
-        return True
-    for body in hop.bodies(eqn):
-        found = memo.get(body.jaxpr)
-        if found is None:
-            found = memo[body.jaxpr] = any(_holds(e, found_in, memo) for e in body.jaxpr.eqns)
-        if found:
-            return True
-    return False
+def _holds_in(found_in: Callable[[Any], bool]) -> nested.per_jaxpr:
+    """Whether ``found_in`` holds for an equation of a body, at any depth: once per body."""
+    memo: nested.per_jaxpr = nested.per_jaxpr(lambda j: any(_holds(e, found_in, memo) for e in j.eqns))
+    return memo
 
 
 def _is_custom_call(eqn) -> bool:
-    spec = hop.TABLE.get(eqn.primitive)
+    spec = nested.TABLE.get(eqn.primitive)
     return spec is not None and spec.thunk is not None
 
 
 def holds_custom_call(eqn: _jax.JaxprEqn) -> bool:
     """A custom call here or in a body (at any depth): its rules are user code JAX may
     trace later."""
-    return hop.TABLE.get(eqn.primitive) is not None and _holds(eqn, _is_custom_call, _custom_memo)
+    return nested.TABLE.get(eqn.primitive) is not None and _holds(eqn, _is_custom_call, _custom_in)
 
 
 def _holds_closure_call(eqn) -> bool:
     """A custom call whose function closes over traced values (``num_consts > 0``), here
     or in a body."""
-    return hop.TABLE.get(eqn.primitive) is not None and _holds(
-        eqn, lambda e: _is_custom_call(e) and e.params["num_consts"] > 0, _closure_memo)
+    return nested.TABLE.get(eqn.primitive) is not None and _holds(eqn, _is_closure_call, _closure_in)
+
+
+def _is_closure_call(eqn) -> bool:
+    return _is_custom_call(eqn) and eqn.params["num_consts"] > 0
+
+
+_custom_in = _holds_in(_is_custom_call)
+_closure_in = _holds_in(_is_closure_call)
 
 
 def guarded_params(eqn: _jax.JaxprEqn, enter: Callable[[], ContextManager[Any]],
@@ -216,9 +212,9 @@ def guarded_params(eqn: _jax.JaxprEqn, enter: Callable[[], ContextManager[Any]],
     user's trace re-entered at the call site), so ``vj.*`` calls there work, and the
     rule is rejected if it touches variables or closes over a traced value, since the
     call is re-bound as it is and nothing passes those in."""
-    spec = hop.TABLE[eqn.primitive]
+    spec = nested.TABLE[eqn.primitive]
     if spec.thunk is None:
-        return hop.with_bodies(eqn, lambda body: _guarded_body(body, enter, closures))
+        return nested.with_bodies(eqn, lambda body: _guarded_body(body, enter, closures))
 
     def around(call):
         with enter():
@@ -238,7 +234,7 @@ def reject_rule_variables(eqn: _jax.JaxprEqn, rule: _jax.Jaxpr, passed: Sequence
     if passed is None:
         if not touches_variables(rule.effects):
             return
-        collection, path = walk.first_variable([rule])
+        collection, path = nested.first_variable([rule])
     else:
         missing = sorted(traffic(rule).needs - set(passed))
         if not missing:

@@ -15,8 +15,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from varjax import _jax, errors
-from varjax.passes import hop
+from varjax import _jax, errors, nested
 from varjax.passes.analysis import traffic
 from varjax.passes.discharge.core import (
     Discharger,
@@ -68,8 +67,8 @@ def _closed_call(d: Discharger, eqn: _jax.JaxprEqn, invals: list[Any], env: Env,
 @register_discharge_rule(_jax.remat_p)
 def _remat(d: Discharger, eqn: _jax.JaxprEqn, invals: list[Any], env: Env,
            region: Region) -> list[Any]:
-    return _call(d, eqn, invals, env, region, hop.closed(eqn.params["jaxpr"]),
-                 lambda new, n_in, n_out: dict(eqn.params, jaxpr=hop.const_free(new)))
+    return _call(d, eqn, invals, env, region, nested.closed(eqn.params["jaxpr"]),
+                 lambda new, n_in, n_out: dict(eqn.params, jaxpr=nested.const_free(new)))
 
 
 # --- loops -------------------------------------------------------------------------------

@@ -19,12 +19,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import weakref
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence, TypeVar
 
-from varjax import _jax, errors
+from varjax import _jax, errors, nested
 from varjax.effects import strip as strip_effects
-from varjax.passes import hop, walk
 from varjax.passes.analysis import key_of, touches_variables, traffic
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.discharge.closures import Closures, guarded_params, holds_custom_call
@@ -171,7 +169,7 @@ def register_discharge_rule(primitive: _jax.Primitive) -> Callable[[_Rule], _Rul
     (replacing any rule registered before, as JAX's rule tables do).
 
     The variable traffic of the primitive's equations must be known to
-    ``analysis.traffic`` (today: an entry in ``hop.TABLE``), which sizes every
+    ``analysis.traffic`` (today: an entry in ``nested.TABLE``), which sizes every
     signature discharge builds; a rule-less primitive whose equations touch variables
     raises ``UnsupportedPrimitiveError``."""
     def register(rule: _Rule) -> _Rule:
@@ -213,7 +211,7 @@ class Discharger(Rewriter):
             return region.bind(eqn, invals, self.guard_custom_rules(eqn, env, var_type))
         rule = RULES.get(prim)
         if rule is None:
-            raise hop.unsupported(eqn, "has variable effects but no discharge rule")
+            raise nested.unsupported(eqn, "has variable effects but no discharge rule")
         with errors.enclosing(eqn.source_info):   # errors in the bodies name eqn's module
             return rule(self, eqn, invals, env, region)
 
@@ -254,7 +252,7 @@ class Discharger(Rewriter):
         return self.trace(fn, avals), out_types
 
 
-_hidden_memo: "weakref.WeakKeyDictionary[_jax.Jaxpr, tuple]" = weakref.WeakKeyDictionary()
+_hidden = nested.per_jaxpr(lambda j: nested.first_variable([j]))
 
 
 _has_bodies: dict = {}    # primitive -> do its equations hold jaxprs (asked once per primitive)
@@ -264,17 +262,13 @@ def _reject_hidden(eqn: _jax.JaxprEqn) -> None:
     """A primitive varjax has no rule for whose equation drops its body's effects (JAX's
     ``composite`` does) would carry variable accesses, unseen, to lowering."""
     prim = eqn.primitive
-    if prim in hop.TABLE or _has_bodies.get(prim) is False:
+    if prim in nested.TABLE or _has_bodies.get(prim) is False:
         return
-    subs = walk.subjaxprs(eqn)
+    subs = nested.subjaxprs(eqn)
     _has_bodies[prim] = bool(subs) or _has_bodies.get(prim, False)
     for sub in subs:
-        j = walk.open_jaxpr(sub)
-        found = _hidden_memo.get(j)
-        if found is None:
-            found = _hidden_memo[j] = walk.first_variable([j])
-        if found != (None, None):
-            raise hop.unsupported(eqn, "has a body with variable accesses but no varjax rule")
+        if _hidden(sub) != (None, None):
+            raise nested.unsupported(eqn, "has a body with variable accesses but no varjax rule")
 
 
 # --- the common case, without re-tracing --------------------------------------------------
@@ -305,25 +299,19 @@ def discharge_flat(closed: ClosedJaxpr, in_types: Sequence[tuple[Key, VarType]],
         atoms = [_jax.new_var(a) for a in vt.avals]
         env[k] = (vt.tree, atoms)
         new_invars += atoms
-    rename: dict = {}
-
-    def sub(a):
-        return rename.get(a, a) if isinstance(a, _jax.Var) else a
-
+    rename = nested.Renamer()
     eqns = []
     changed = bool(in_types or out_keys)
     for eqn in jaxpr.eqns:
         if eqn.primitive is var_get_p:
-            rename.update(zip(eqn.outvars, checked_read(eqn, env, _atom_type)))
+            rename.rename(eqn.outvars, checked_read(eqn, env, _atom_type))
             changed = True
             continue
         if eqn.primitive is var_set_p:
-            env[key_of(eqn)] = (eqn.params["tree"], [sub(a) for a in eqn.invars])
+            env[key_of(eqn)] = (eqn.params["tree"], rename.atoms(eqn.invars))
             changed = True
             continue
-        new = eqn
-        if rename and any(isinstance(a, _jax.Var) and a in rename for a in eqn.invars):
-            new = new.replace(invars=[sub(a) for a in eqn.invars])
+        new = rename.eqn(eqn)
         _reject_hidden(eqn)
         guarded = d.guard_custom_rules(eqn, env, _atom_type)
         if guarded is not None:
@@ -332,7 +320,7 @@ def discharge_flat(closed: ClosedJaxpr, in_types: Sequence[tuple[Key, VarType]],
         eqns.append(new)
     if not changed:
         return closed, []
-    outvars = [sub(a) for a in jaxpr.outvars] + leaves_of(env, out_keys)
+    outvars = rename.atoms(jaxpr.outvars) + leaves_of(env, out_keys)
     new = _jax.rebuild_jaxpr(jaxpr, invars=new_invars + list(jaxpr.invars), outvars=outvars,
                              eqns=eqns, effects=strip_effects(jaxpr.effects))
     return ClosedJaxpr(new, closed.consts), [_atom_type(env[k]) for k in out_keys]

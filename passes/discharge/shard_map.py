@@ -12,8 +12,7 @@ from typing import Any
 
 import jax
 
-from varjax import _jax, errors
-from varjax.passes import hop, walk
+from varjax import _jax, errors, nested
 from varjax.passes.analysis import key_of, traffic
 from varjax.passes.discharge.core import (
     Discharger,
@@ -37,7 +36,7 @@ def _shard_map(d: Discharger, eqn: _jax.JaxprEqn, invals: list[Any], env: Env,
     value) and leave it the same way, which is right only for a value that is the same on
     every shard: a write JAX's type says varies over a mesh axis raises."""
     p = eqn.params
-    body = hop.closed(p["jaxpr"])
+    body = nested.closed(p["jaxpr"])
     t = traffic(body)
     in_keys, out_keys = sorted(t.needs), sorted(t.may_write)
     require(eqn, in_keys, env, "'shard_map'")
@@ -84,6 +83,6 @@ def _shard_map(d: Discharger, eqn: _jax.JaxprEqn, invals: list[Any], env: Env,
 
 
 def _last_write(body: ClosedJaxpr, k: Key) -> _jax.JaxprEqn:
-    writes = [e for e, _ in walk.walk_eqns(body) if e.primitive is var_set_p and key_of(e) == k]
+    writes = [e for e, _ in nested.walk_eqns(body) if e.primitive is var_set_p and key_of(e) == k]
     return writes[-1]
 

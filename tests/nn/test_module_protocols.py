@@ -1,12 +1,11 @@
 """The lower layers' protocols (``varjax.protocols``) hold for the objects above them.
 
-``lifting``, ``transforms``, ``scope`` and ``functionalize`` never import ``Module`` or
-``Rngs``; they rely on these contracts, so a rename on the nn side must fail here.
+``lifting``, ``transforms`` and the tracing layer never import ``Module``; they rely on
+these contracts, so a rename on the nn side must fail here.
 """
 import jax
 import jax.numpy as jnp
 
-import varjax as vj
 import varjax.nn as nn
 from varjax import protocols
 
@@ -43,21 +42,3 @@ def test_bound_module_labels_itself_by_scope():
     labels: list[str] = []
     Outer().init(jax.random.key(0), jnp.ones(2))
     assert labels == ["Outer/inner (Scale)"]
-
-
-def test_rngs_is_rng_state_and_keys_are_not():
-    rngs = vj.Rngs(0)
-    assert isinstance(rngs, protocols.RngState)
-    assert set(rngs._varjax_rng_state()) == {"default"}
-    assert not isinstance(jax.random.key(0), protocols.RngState)
-    assert not isinstance({"params": jax.random.key(0)}, protocols.RngState)
-
-
-def test_protocols_sit_at_ir_core_level():
-    import ast
-    import pathlib
-
-    tree = ast.parse(pathlib.Path(protocols.__file__).read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
-    assert {m for m in imported if m.startswith("varjax")} <= {"varjax.primitives"}

@@ -11,8 +11,8 @@ import pytest
 
 import varjax as vj
 from golden import context
-from varjax import errors
-from varjax.passes import Discharge, PassContext, hop, verify
+from varjax import errors, nested
+from varjax.passes import Discharge, PassContext, verify
 from varjax.passes.analysis import traffic
 from varjax.passes.discharge import RULES, register_discharge_rule
 from varjax.passes.discharge.core import leaves_of, store, var_type
@@ -52,7 +52,7 @@ def _ctx() -> PassContext:
 def toy_p(monkeypatch):
     """A new call-like primitive, known to the traffic analysis; its rule is dropped after."""
     p = _toy_call_primitive("toy_call")
-    monkeypatch.setitem(hop.TABLE, p, hop.Hop(("body",), "call"))
+    monkeypatch.setitem(nested.TABLE, p, nested.Hop(("body",), "call"))
     yield p
     RULES.pop(p, None)
 
@@ -85,14 +85,14 @@ def test_a_registered_rule_discharges_its_primitive(toy_p):
 def test_a_higher_order_primitive_without_a_rule_raises(monkeypatch, in_table):
     toy_p = _toy_call_primitive("toy_unruled_call")
     if in_table:
-        monkeypatch.setitem(hop.TABLE, toy_p, hop.Hop(("body",), "call"))
+        monkeypatch.setitem(nested.TABLE, toy_p, nested.Hop(("body",), "call"))
     with pytest.raises(errors.UnsupportedPrimitiveError, match="toy_unruled_call") as info:
         Discharge().run(_program(toy_p), _ctx())
     assert info.value.collection == "s"
 
 
 def test_every_built_in_higher_order_primitive_has_a_rule():
-    assert set(hop.TABLE) <= set(RULES)
+    assert set(nested.TABLE) <= set(RULES)
 
 
 def _rule_reading_program():

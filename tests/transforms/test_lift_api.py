@@ -15,7 +15,7 @@ from transform_checks import close as _close
 
 import varjax as vj
 import varjax.nn as nn
-from varjax.lifting import Traffic
+from varjax.lifting import BodyTraffic
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3)), jnp.float32)
 INIT = jax.nn.initializers.normal(1.0)
@@ -112,7 +112,7 @@ def test_region_traffic_reports_reads_writes_creates_and_streams():
     rngs = {"params": jax.random.key(0), "noise": jax.random.key(1)}
     v = model.init(rngs, X)
     init_t = seen[-1]
-    assert isinstance(init_t, Traffic)
+    assert isinstance(init_t, BodyTraffic)
     created = {("params", ("w",)), ("state", ("count",)), ("state", ("fresh",)),
                ("state", ("unused",))}
     assert init_t.creates == created and init_t.writes == created

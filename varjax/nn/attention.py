@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from varjax import errors, scope
+from varjax import errors
+from varjax.context import site
 from varjax.nn import initializers
 from varjax.nn.dtypes import merge_param, promote_dtype
 from varjax.nn.linear import DenseGeneral, default_kernel_init
@@ -254,13 +255,13 @@ class MultiHeadDotProductAttention(Module):
         if not initialized and not self.is_mutable_collection("cache"):
             raise errors.MissingVariableError(
                 "decode=True needs the autoregressive cache, which is missing", collection="cache",
-                path=(*self.path, "cached_key"), **scope.where(about=self),
+                path=(*self.path, "cached_key"), **site(about=self),
                 fix="initialize with decode=True on a full-length input (init(...)['cache']) and pass "
                     "that cache in the variables")
         if initialized and not self.is_mutable_collection("cache"):
             raise errors.ImmutableCollectionError(
                 "a decode step updates the autoregressive cache, but 'cache' is not mutable",
-                collection="cache", path=(*self.path, "cached_key"), **scope.where(about=self),
+                collection="cache", path=(*self.path, "cached_key"), **site(about=self),
                 fix="apply with mutable=['cache'] so the decode step can update the cache")
         cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
         cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
@@ -274,7 +275,7 @@ class MultiHeadDotProductAttention(Module):
             raise errors.VariableShapeError(
                 f"a decode step takes one position: query projection {query.shape} does not fit the "
                 f"cache, which expects {expected}", collection="cache",
-                path=(*self.path, "cached_key"), **scope.where(about=self),
+                path=(*self.path, "cached_key"), **site(about=self),
                 fix="feed one token per call ([batch..., 1, features]) with the batch shape used at init")
         index = cache_index.value
         zero = jnp.zeros((), index.dtype)

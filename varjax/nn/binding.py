@@ -18,10 +18,12 @@ from typing import Any, Callable, Hashable, Mapping
 
 import jax
 
-from varjax import errors, scope
+from varjax import errors, streams
+from varjax.context import TraceContext, active, current, site
 from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
 from varjax.primitives import Path
-from varjax.protocols import Labelled, RngState
+from varjax.protocols import Labelled
+from varjax.rngs import Rngs
 
 
 class _Root:
@@ -50,7 +52,7 @@ class _Root:
 class TraceRoot(_Root):
     """The root of a module tree bound inside one ``init``/``apply`` trace."""
 
-    def __init__(self, ctx: scope.TraceContext, capture: Callable[[Labelled, str], bool] | None):
+    def __init__(self, ctx: TraceContext, capture: Callable[[Labelled, str], bool] | None):
         super().__init__()
         self.origin = ctx.origin
         self.capture = capture
@@ -68,10 +70,10 @@ class BoundRoot(_Root):
             {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
         # A vj.Rngs is state: every call draws from it and advances it.  Keys are folded
         # with the call index instead (see _next_rngs).
-        self.held = rngs if isinstance(rngs, RngState) else None
+        self.held = rngs if isinstance(rngs, Rngs) else None
         self.rngs = {} if self.held is not None else normalize_rngs(rngs)
         self.mutable = mutable
-        self.origin: scope.TraceContext | None = None  # set while one of our calls traces
+        self.origin: TraceContext | None = None  # set while one of our calls traces
         self.calls = 0
         self._fns: dict[Any, Functionalized] = {}
 
@@ -81,7 +83,7 @@ class BoundRoot(_Root):
         if self.held is not None:
             return self.held
         n, self.calls = self.calls, self.calls + 1
-        return self.rngs if n == 0 else {s: jax.random.fold_in(k, n) for s, k in self.rngs.items()}
+        return self.rngs if n == 0 else {s: streams.derive(k, n) for s, k in self.rngs.items()}
 
     def has_rng(self, name: str) -> bool:
         return name in (self.held if self.held is not None else self.rngs)
@@ -101,7 +103,7 @@ class BoundRoot(_Root):
         functionalized = self._fns.get(key) if key is not None else None
         if functionalized is None:
             def traced(*a: Any, **k: Any) -> Any:
-                self.origin = scope.current().origin
+                self.origin = current().origin
                 try:
                     return body(*a, **k)
                 finally:
@@ -144,14 +146,14 @@ class Scope:
         """Bound by ``bind`` and called from outside any of its traces."""
         return isinstance(self.root, BoundRoot) and self.root.origin is None
 
-    def context(self, module: Labelled, api: str) -> scope.TraceContext:
+    def context(self, module: Labelled, api: str) -> TraceContext:
         """The active trace, which must be the one this scope's root is bound to; ``module``
         (the module calling ``api``) is for the error."""
-        ctx = scope.active()
+        ctx = active()
         if ctx is None or ctx.origin is not self.root.origin:
             raise errors.InvalidScopeError(
                 f"{api} was called on module {module._label()} after the init/apply that "
-                "bound it had ended (or under another one).", **scope.where(about=module),
+                "bound it had ended (or under another one).", **site(about=module),
                 fix="do not keep bound modules beyond apply; use Module.bind for a "
                     "long-lived bound module")
         return ctx

@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 import jax
 import jax.numpy as jnp
 
-from varjax import errors, scope
+from varjax import errors
+from varjax.context import site
 
 __all__ = ["canonicalize_dtype", "promote_dtype", "merge_param", "cast"]
 
@@ -81,9 +82,9 @@ def merge_param(name: str, field: T | None, call_arg: T | None) -> T:
     if field is not None and call_arg is not None:
         raise errors.ConfigError(
             f"'{name}' was given both as a module field and as a call argument.",
-            **scope.where(), fix=f"drop '{name}' from the constructor or from the call.")
+            **site(), fix=f"drop '{name}' from the constructor or from the call.")
     if field is None and call_arg is None:
         raise errors.ConfigError(
             f"'{name}' was given neither as a module field nor as a call argument.",
-            **scope.where(), fix=f"pass '{name}' to the constructor or to the call.")
+            **site(), fix=f"pass '{name}' to the constructor or to the call.")
     return field if field is not None else call_arg

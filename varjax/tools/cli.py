@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from varjax.errors import VarjaxError
 from varjax.nn.module import DEFAULT_INIT_MUTABLE, Module
 from varjax.tools.dataflow import dataflow, to_dot
-from varjax.tools.dump import dump
+from varjax.tools.ir_dump import dump
 from varjax.tools.summary import summary
 from varjax.tools.target import as_functionalized
 

@@ -54,10 +54,9 @@ from typing import Any, Hashable, Iterable, Mapping
 
 import networkx as nx
 
-from varjax import _jax
+from varjax import _jax, nested
 from varjax.effects import RngEffect
 from varjax.functionalize import flatten_variables
-from varjax.passes import hop, walk
 from varjax.passes.analysis import key_of, touches_variables
 from varjax.primitives import Key, Path, rng_draw_p, var_get_p, var_set_p
 from varjax.tools.target import as_functionalized
@@ -86,7 +85,7 @@ def graph_of_jaxpr(closed: _jax.ClosedJaxpr | _jax.Jaxpr,
                    given: Iterable[Key] = ()) -> nx.DiGraph:
     """The dataflow graph of an effectful jaxpr; ``given`` lists the variables passed in."""
     flow = _Flow()
-    jaxpr = walk.open_jaxpr(closed)
+    jaxpr = nested.open_jaxpr(closed)
     outs, _ = flow.run(jaxpr, [_NONE] * len(jaxpr.invars), {}, _NONE)
     for i, sources in enumerate(outs):
         flow.sink(("output", i), sources)
@@ -147,8 +146,8 @@ class _Flow:
 
     def higher_order(self, eqn: _jax.JaxprEqn, ins: list[frozenset], store: Store,
                      control: frozenset) -> tuple[list[frozenset], Store]:
-        spec = hop.TABLE.get(eqn.primitive)
-        bodies = [walk.open_jaxpr(b) for b in hop.bodies(eqn)]
+        spec = nested.TABLE.get(eqn.primitive)
+        bodies = [nested.open_jaxpr(b) for b in nested.bodies(eqn)]
         if spec is None or (spec.kind == "call" and len(bodies[0].invars) != len(ins)):
             return self.opaque(eqn, ins, store, control)
         if spec.kind == "call":
@@ -195,7 +194,7 @@ class _Flow:
         store = dict(store)
         everything = _union(ins) | control
         written: set[Key] = set()
-        inner_eqns = (inner for sub in walk.subjaxprs(eqn) for inner, _ in walk.walk_eqns(sub))
+        inner_eqns = (inner for sub in nested.subjaxprs(eqn) for inner, _ in nested.walk_eqns(sub))
         for inner in inner_eqns:
             if inner.primitive is var_get_p:
                 self.nodes.add(("read", *key_of(inner)))

@@ -28,9 +28,9 @@ import numpy as np
 
 from varjax import _jax
 from varjax.functionalize import flatten_variables
+from varjax.nested import walk_eqns
 from varjax.nn.module import DEFAULT_INIT_MUTABLE, Module
 from varjax.passes.analysis import key_of
-from varjax.passes.walk import walk_eqns
 from varjax.primitives import Key, var_get_p, var_set_p
 from varjax.tools.target import as_functionalized
 

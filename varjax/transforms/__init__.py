@@ -5,7 +5,7 @@ Exported from ``varjax`` and ``varjax.nn``; one file per family: ``batching``
 ``branches`` (cond, switch), ``calls`` (jit, remat, named_call, map_variables,
 fold_rngs)
 and ``autodiff`` (jvp, vjp, grad, value_and_grad, custom_vjp, custom_jvp).
-``target`` is the glue they share.
+``common`` is the glue they share.
 """
 from varjax.transforms.autodiff import custom_jvp as custom_jvp
 from varjax.transforms.autodiff import custom_vjp as custom_vjp

@@ -19,7 +19,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from varjax.lifting import from_tree, is_array, lift, partition, to_tree
-from varjax.transforms.target import call_direct, reject
+from varjax.transforms.common import call_direct, reject
 
 
 def _zero_tangent(x: Any) -> Any:

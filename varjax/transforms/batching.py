@@ -24,9 +24,10 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from varjax import errors, filters, scope
+from varjax import errors, filters
+from varjax.context import site
 from varjax.lifting import is_array, lift, set_aside
-from varjax.transforms.target import (
+from varjax.transforms.common import (
     apply_to,
     array_axes,
     filter_items,
@@ -76,7 +77,7 @@ def vmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
                 f"vj.vmap: the body writes a per-member value to variable "
                 f"{errors.format_path(shared[1])} of collection '{shared[0]}', whose "
                 "variable_axes entry is None (one value shared by every member).",
-                collection=shared[0], path=shared[1], **scope.where(),
+                collection=shared[0], path=shared[1], **site(),
                 fix=f"map '{shared[0]}' along an axis in variable_axes (e.g. "
                     f"{{'{shared[0]}': 0}}) to keep one copy per member") from e
         return out, tuple({**a, **g} for a, g in zip(aside, gs_out))

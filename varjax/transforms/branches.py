@@ -14,9 +14,10 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from varjax import errors, scope
+from varjax import errors
+from varjax.context import site
 from varjax.lifting import lift, partition
-from varjax.transforms.target import call_direct
+from varjax.transforms.common import call_direct
 
 
 def cond(pred: Any, true_fun: Callable, false_fun: Callable, mdl: Any, *operands: Any,
@@ -45,7 +46,7 @@ def _check_creations(name: str, labels: list[str], created: list[set]) -> None:
                 f"variable {errors.format_path(key[1])} is created in {', '.join(makers)} of "
                 f"vj.{name} but not in {', '.join(others)}, so after the {name} it would "
                 "exist on some paths only.", collection=key[0], path=key[1],
-                **scope.where(), fix=f"create it in every branch, or before the {name}")
+                **site(), fix=f"create it in every branch, or before the {name}")
 
 
 def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl: Any,

@@ -15,7 +15,7 @@ import numpy as np
 
 from varjax.lifting import from_tree, is_array, is_module, lift, partition, to_tree
 from varjax.scope import is_initializing
-from varjax.transforms.target import apply_to, reject
+from varjax.transforms.common import apply_to, reject
 
 
 def _positions(args: tuple, argnums: Sequence[int] | int, shift: int) -> tuple[int, ...]:

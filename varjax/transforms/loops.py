@@ -20,10 +20,11 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from varjax import errors, filters, scope
+from varjax import errors, filters
+from varjax.context import site
 from varjax.lifting import DerivedKeys, Group, lift, set_aside
 from varjax.transforms.calls import checkpoint
-from varjax.transforms.target import apply_to, call_direct, filter_items, has_axis, reject, rng_groups
+from varjax.transforms.common import apply_to, call_direct, filter_items, has_axis, reject, rng_groups
 
 
 class _Broadcast:
@@ -221,7 +222,7 @@ def _check_loop_step(what: str, given: tuple[Group, Group], returned: tuple[Grou
                 raise errors.VariableCreationError(
                     f"vj.while_loop: {what} creates variable {errors.format_path(key[1])}; "
                     "a loop carry needs a value before the loop, and the loop may run zero "
-                    "times.", collection=key[0], path=key[1], **scope.where(),
+                    "times.", collection=key[0], path=key[1], **site(),
                     fix="create it before the loop (call body_fn once first, or initialise "
                         "it in setup)")
             reject(after[key] is not before[key] and (what == "cond_fn" or group == 1),

@@ -12,7 +12,8 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from varjax import errors, scope
+from varjax import errors
+from varjax.context import site
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
 from varjax.nn.module.entry import EntryPoints
 from varjax.nn.module.lifecycle import module_stack
@@ -66,7 +67,7 @@ class Module(VariableAPI, LiftHooks, EntryPoints):
             else:
                 raise errors.AssignSubModuleError(
                     f"submodule {type(self).__name__} of {parent._label()} was constructed outside "
-                    "setup() and outside an @compact method.", **scope.where(about=parent),
+                    "setup() and outside an @compact method.", **site(about=parent),
                     fix="construct submodules in setup(), or decorate the method with @nn.compact")
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Self
 
-from varjax import errors, filters, scope
+from varjax import errors, filters
 from varjax.caches import LRU
+from varjax.context import current, site
 from varjax.functionalize import Functionalized
 from varjax.nn.binding import BoundRoot, TraceRoot
 from varjax.nn.module.lifecycle import Lifecycle
@@ -34,7 +35,7 @@ class EntryPoints(Lifecycle):
         if self.scope is None or not isinstance(self.scope.root, BoundRoot) or self.scope.path:
             raise errors.UnboundModuleError(
                 f"unbind() needs the root module returned by bind(); got {self._label()}.",
-                **scope.where(about=self), fix="call unbind on the module that bind() returned")
+                **site(about=self), fix="call unbind on the module that bind() returned")
         return self.clone(parent=None), self.scope.root.variables
 
     def functionalize(self, method: Any = None, capture_intermediates: Any = False) -> Functionalized:
@@ -55,7 +56,7 @@ class EntryPoints(Lifecycle):
         capture_fn = _capture_filter(capture)
 
         def bound_call(*args: Any, **kwargs: Any) -> Any:
-            root = TraceRoot(scope.current(), capture_fn)
+            root = TraceRoot(current(), capture_fn)
             return fn(self.clone(parent=root, name=None), *args, **kwargs)
         bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
         return Functionalized(bound_call)
@@ -110,13 +111,13 @@ def _resolve_method(module: EntryPoints, method: Any) -> Callable:
         fn = getattr(type(module), method, None)
         if fn is None or not callable(fn):
             raise errors.ModuleError(
-                f"{type(module).__name__} has no method '{method}'.", **scope.where(about=module),
+                f"{type(module).__name__} has no method '{method}'.", **site(about=module),
                 fix="pass method= the name of a method of the module")
         return fn
     if not callable(method):
         raise errors.ModuleError(
             f"method= must be a method name or a callable taking the module first, got "
-            f"{type(method).__name__}.", **scope.where(about=module),
+            f"{type(method).__name__}.", **site(about=module),
             fix="pass e.g. method=Model.encode or method='encode'")
     return method
 

@@ -14,7 +14,8 @@ from typing import Any, Callable, Self
 
 import jax
 
-from varjax import errors, scope
+from varjax import errors
+from varjax.context import active, site
 from varjax.nn.module.naming import Naming, adopt_submodules
 from varjax.nn.module.state import SetupSnapshot
 
@@ -53,7 +54,7 @@ class Lifecycle(Naming):
         if not state.in_setup:
             raise errors.FrozenModuleError(
                 f"cannot set attribute '{attr}' of {self._label()}: modules are frozen "
-                "dataclasses outside setup().", **scope.where(about=self),
+                "dataclasses outside setup().", **site(about=self),
                 fix="assign attributes in setup(), or make it a dataclass field")
         value = adopt_submodules(value, self._adopt, attr)
         object.__setattr__(self, attr, value)
@@ -99,7 +100,7 @@ class Lifecycle(Naming):
                         object.__setattr__(self, field.name, adopted)
             # Errors name this module while its setup runs (also when a parent's attribute
             # access runs it lazily).
-            ctx = scope.active()
+            ctx = active()
             previous_module = ctx.module if ctx is not None else None
             if ctx is not None:
                 ctx.module = self
@@ -154,7 +155,7 @@ class Lifecycle(Naming):
             if is_compact:
                 raise errors.UnboundModuleError(
                     f"the @compact method {fn.__name__} was called on {self._label()}.",
-                    **scope.where(about=self),
+                    **site(about=self),
                     fix="call it through module.init / module.apply (or module.bind)")
             return fn(self, *args, **kwargs)
         if sc.eager():

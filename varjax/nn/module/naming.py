@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
-from varjax import errors, scope
+from varjax import errors
+from varjax.context import site
 from varjax.nn.binding import Scope
 from varjax.primitives import Path
 
@@ -63,20 +64,20 @@ class Naming:
         if self.scope is None:
             raise errors.UnboundModuleError(
                 f"submodule {name} cannot be added to {self._label()}, which is not bound.",
-                **scope.where(about=self),
+                **site(about=self),
                 fix="call the module through init/apply/bind")
         state = self._state
         if name in state.call_names:
             raise errors.NameInUseError(
                 f"the name '{name}' is used by two submodules of {self._label()}.",
-                path=self._path(name), **scope.where(about=self),
+                path=self._path(name), **site(about=self),
                 fix="give the submodules distinct name= arguments")
         taken = sorted(c for c, n in state.call_vars if n == name)
         if taken:
             raise errors.NameInUseError(
                 f"submodule '{name}' of {self._label()} has the name of a variable in "
                 f"collection '{taken[0]}'.", collection=taken[0], path=self._path(name),
-                **scope.where(about=self), fix="rename the submodule or the variable")
+                **site(about=self), fix="rename the submodule or the variable")
         state.call_names.add(name)
         if state.in_setup:
             state.setup_names.add(name)
@@ -93,12 +94,12 @@ class Naming:
         if not (anywhere or state.in_setup or state.compact_depth or state.eager_op):
             raise errors.ModuleError(
                 f"{what} '{name}' of {self._label()} is declared outside setup() and outside an "
-                "@compact method.", collection=collection, path=path, **scope.where(about=self),
+                "@compact method.", collection=collection, path=path, **site(about=self),
                 fix="declare it in setup(), or decorate the method with @nn.compact")
         if name in state.call_names:
             raise errors.NameInUseError(
                 f"{what} '{name}' of {self._label()} has the name of a submodule.",
-                collection=collection, path=path, **scope.where(about=self),
+                collection=collection, path=path, **site(about=self),
                 fix=f"rename the {what} or the submodule")
         key = (collection, name)
         if key in state.call_vars:
@@ -106,7 +107,7 @@ class Naming:
                 f"{what} '{name}' of {self._label()} is declared twice in collection "
                 f"'{collection}'" + (" (in setup and again in the call)."
                                      if key in state.setup_vars and not state.in_setup else "."),
-                collection=collection, path=path, **scope.where(about=self),
+                collection=collection, path=path, **site(about=self),
                 fix="declare it once and keep the value (or handle) the declaration returns, "
                     "or give the second one another name")
         state.call_vars.add(key)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Self
 import jax
 
 from varjax import errors, filters, scope, streams
+from varjax.context import TraceContext, site
 from varjax.functionalize import flatten_variables, unflatten_variables
 from varjax.nn.binding import BoundVariable
 from varjax.nn.module.lifecycle import Lifecycle
@@ -23,12 +24,12 @@ from varjax.scope import Variable
 class VariableAPI(Lifecycle):
     """The variables, RNG streams and collection flags a module reads and writes."""
 
-    def _ctx(self, api: str) -> scope.TraceContext:
+    def _ctx(self, api: str) -> TraceContext:
         """The trace this bound module's operation ``api`` runs under."""
         if self.scope is None:
             raise errors.UnboundModuleError(
                 f"{api} needs a bound module, but {self._label()} is not bound.",
-                **scope.where(about=self),
+                **site(about=self),
                 fix="call the module through init / apply, or use module.bind(variables)")
         return self.scope.context(self, api)
 
@@ -87,7 +88,7 @@ class VariableAPI(Lifecycle):
         scope.write_at(self._ctx("Module.put_variable"), collection, self._path(name), value)
 
     def sow(self, collection: str, name: str, value: Any,
-            reduce_fn: Callable[[Any, Any], Any] = scope._append,
+            reduce_fn: Callable[[Any, Any], Any] = scope.append,
             init_fn: Callable[[], Any] = tuple) -> bool:
         """Store ``value`` if ``collection`` is mutable (Linen's ``sow``); False if not."""
         if self.scope is not None and self.scope.eager():
@@ -135,7 +136,7 @@ class VariableAPI(Lifecycle):
         """The names from the root module to this one (``()`` for the root)."""
         if self.scope is None:
             raise errors.UnboundModuleError(
-                f"{self._label()} has no path: it is not bound.", **scope.where(about=self),
+                f"{self._label()} has no path: it is not bound.", **site(about=self),
                 fix="read .path inside a method called through init/apply, or on a module made by bind")
         return self.scope.path
 

@@ -14,16 +14,19 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from varjax import errors, scope
+from varjax import errors
+from varjax.context import site
 from varjax.lifting import is_array
+from varjax.protocols import LiftableModuleClass
 
 
 def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],
              methods: Any = None) -> Any:
-    """``make(fn)`` wrapped for ``target``: a lifted subclass for a Module class (hook
-    ``_varjax_lift_class``), else a function calling the lift."""
+    """``make(fn)`` wrapped for ``target``: a lifted subclass for a Module class
+    (``protocols.LiftableModuleClass``), else a function calling the lift."""
     if isinstance(target, type) and getattr(target, "_varjax_module", False):
-        return target._varjax_lift_class(transform, lambda fn: lifted_function(make(fn), fn),
+        module_class: LiftableModuleClass = target
+        return module_class._varjax_lift_class(transform, lambda fn: lifted_function(make(fn), fn),
                                          methods)
     if not callable(target):
         raise TypeError(f"vj.{transform} needs a Module class or a function, got "
@@ -105,4 +108,4 @@ def reject(condition: bool, transform: str, message: str, fix: str, key: Any = N
     if condition:
         collection, path = key if key is not None else (None, None)
         raise errors.TransformError(f"vj.{transform}: {message}", collection=collection,
-                                    path=path, **scope.where(), fix=fix)
+                                    path=path, **site(), fix=fix)

@@ -1,0 +1,109 @@
+"""The layer order of ``notes/architecture.md``, enforced on the imports of ``varjax/`` and
+``passes/`` (read with ``ast``, function-level imports included): every import points to the
+importing module's layer or one below it, no two modules import each other (directly or
+through others), and no file is over ``MAX_LINES``.
+
+The order is stated once, here, and quoted by the architecture note (an ``excerpt`` block,
+which ``tests/test_notes.py`` checks against this file).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 500
+
+# Bottom to top.  A module belongs to the first layer with a matching entry; an entry ending
+# in ".*" matches a package and everything in it.
+LAYERS = {
+    "ir": ["varjax._jax", "varjax.errors", "varjax.effects", "varjax.primitives", "varjax.filters",
+           "varjax.streams", "varjax.statics", "varjax.caches", "varjax.nested", "varjax.printing",
+           "varjax.protocols"],
+    "tracing": ["varjax.fingerprint", "varjax.context", "varjax.scope", "varjax.rngs"],
+    "passes": ["varjax.passes.*"],
+    "functionalize": ["varjax.functionalize"],
+    "lifting": ["varjax.lifted_body", "varjax.lifting"],
+    "transforms": ["varjax.transforms.*"],
+    "modules": ["varjax.nn.*"],
+    "tools": ["varjax.tools.*", "varjax.__main__", "varjax"],
+}
+
+
+def _sources() -> dict[str, Path]:
+    """Module name -> file, for every module of the package (``passes/`` is ``varjax.passes``)."""
+    found = {}
+    for base, package in ((ROOT / "varjax", "varjax"), (ROOT / "passes", "varjax.passes")):
+        for path in sorted(base.rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+SOURCES = _sources()
+
+
+def layer_of(module: str) -> int:
+    for i, entries in enumerate(LAYERS.values()):
+        for entry in entries:
+            package = entry[:-2] if entry.endswith(".*") else None
+            if module == entry or (package and (module == package or module.startswith(package + "."))):
+                return i
+    raise AssertionError(f"{module} is in no layer of LAYERS: add it there and to the note")
+
+
+def imports(module: str) -> set[str]:
+    """The varjax modules ``module`` imports (``from varjax import errors`` is
+    ``varjax.errors``; ``from varjax.x import name`` is ``varjax.x``)."""
+    path = SOURCES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in SOURCES else base for a in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in SOURCES and n != module)
+    return found
+
+
+GRAPH = nx.DiGraph([(m, dep) for m in SOURCES for dep in imports(m)])
+GRAPH.add_nodes_from(SOURCES)
+
+
+def test_every_module_is_in_a_layer():
+    for module in SOURCES:
+        layer_of(module)
+
+
+def test_imports_point_down_the_layer_order():
+    names = list(LAYERS)
+    upward = sorted(f"{m} ({names[layer_of(m)]}) imports {d} ({names[layer_of(d)]})"
+                    for m, d in GRAPH.edges if layer_of(d) > layer_of(m))
+    assert not upward, "imports pointing up the layer order:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles():
+    # The package root imports everything to re-export it; submodules import `varjax.x`,
+    # not the root, so the root is left out of cycle detection.
+    tangles = [sorted(c) for c in nx.strongly_connected_components(GRAPH.subgraph(set(SOURCES) - {"varjax"}))
+               if len(c) > 1]
+    assert not tangles, "modules that import each other (directly or through others):\n" + \
+        "\n".join(", ".join(t) for t in tangles)
+
+
+@pytest.mark.parametrize("module", sorted(SOURCES))
+def test_file_is_at_most_max_lines(module):
+    n = len(SOURCES[module].read_text().splitlines())
+    assert n <= MAX_LINES, f"{SOURCES[module].relative_to(ROOT)} has {n} lines (at most {MAX_LINES})"

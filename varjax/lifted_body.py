@@ -1,0 +1,124 @@
+"""What the body of a lifted transform sees: its access policy and, when it runs directly
+in its transform's trace, its store.
+
+``varjax.lifting`` traces each body under a ``TraceContext`` (``varjax.context``) whose
+policy is a ``Lifted``: the body may touch the variables whose collection one of the
+transform's filters matches, and the streams it was handed.  Two situations are not
+errors but signals to the lift, raised as exceptions and caught by ``Lift.__call__``:
+
+* ``LiftRetry`` -- the body touched a variable outside the lifted module (a closure over
+  another module): the lift runs again with that variable handed in;
+* ``DirectFallback`` -- a body run directly (``DictStore``) used a variable inside an
+  inner JAX trace, which a dictionary cannot follow: the lift runs again through the IR.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+
+from varjax import _jax, errors, filters, streams
+from varjax.context import TraceContext, site
+from varjax.primitives import Key, Path, VarType, is_internal
+from varjax.scope import immutable_error
+
+
+@dataclasses.dataclass(frozen=True)
+class Lifted:
+    """The access policy of a lifted body: variables whose collection matches one of
+    ``groups``, and the RNG streams it was given.  ``hidden`` are the enclosing trace's
+    streams that were not lifted; ``fix`` tells the user how to lift a collection
+    (``{collection}`` is filled in)."""
+
+    name: str
+    groups: tuple
+    hidden: frozenset
+    fix: str
+    # Variables of the enclosing trace (or of any enclosing lifted region) that match a
+    # filter but were not handed in, because they are outside the lifted module: touching
+    # one raises ``LiftRetry`` and the lift runs again with it handed in.
+    outside: frozenset = frozenset()
+    # Variables the transform was given but did not hand to this body (it set them aside,
+    # e.g. a variable without the mapped axis): touching one is an error, not a creation.
+    withheld: frozenset = frozenset()
+
+    def check(self, ctx: TraceContext, collection: str, path: Path) -> None:
+        key = (collection, path)
+        if key in self.outside and key not in ctx.variables:
+            raise LiftRetry(key)
+        if key in self.withheld and key not in ctx.variables:
+            raise errors.TransformError(
+                f"variable {errors.format_path(path)} of collection '{collection}' is used inside "
+                f"vj.{self.name}, which did not hand it to the body: its value does not fit the "
+                "transform (for example, it lacks the mapped or scanned axis).",
+                collection=collection, path=path, **site(ctx),
+                fix=f"give it that axis, or lift '{collection}' without one (variable_axes "
+                    "None, variable_broadcast)")
+        if is_internal(collection) or any(filters.matches(f, collection) for f in self.groups):
+            return
+        raise errors.TransformError(
+            f"variable {errors.format_path(path)} of collection '{collection}' is used inside "
+            f"vj.{self.name}, but '{collection}' matches none of its variable filters, so the "
+            "transform does not know how to lift it.", collection=collection, path=path,
+            **site(ctx), fix=self.fix.format(collection=collection))
+
+    def check_stream(self, ctx: TraceContext, stream: str, where_: Path) -> None:
+        if stream in self.hidden:
+            raise errors.TransformError(
+                f"RNG stream '{stream}' is used inside vj.{self.name}, which was not asked "
+                "to lift it.", collection=stream, path=where_ or None, **site(ctx),
+                fix=f"include '{stream}' in the transform's rngs filter")
+
+
+class LiftRetry(Exception):
+    """A lifted body touched a variable outside the lifted module (a closure): not an error,
+    the lift catches it and traces again with the variable handed in."""
+
+    def __init__(self, key: Key):
+        super().__init__(key)
+        self.key = key
+
+
+class DirectFallback(Exception):
+    """A lifted body running directly (``DictStore``) used a variable inside an inner JAX
+    trace (a raw ``jit``/``scan`` body): the lift runs it again through the IR."""
+
+
+class DictStore:
+    """The store of a lifted body that runs directly in its transform's trace: reads and
+    writes are dictionary operations on the values handed in, and draws fold a static,
+    order-based counter into the handed key, exactly as ``lower-rng`` would."""
+
+    # A direct body falls back as soon as a variable is used inside an inner trace, so no
+    # inner trace made under it depends on variables: one shared jit key.
+    jit_key = ("varjax", "direct")
+
+    def __init__(self, values: dict[Key, Any], keys: Mapping[str, Any]):
+        self.values = values
+        self.keys = keys
+        self.counters: dict[str, int] = {}
+        self.written: set[Key] = set()
+
+    def observe(self, ctx: TraceContext) -> None:
+        if _jax.current_trace() is not ctx.top_trace:
+            raise DirectFallback()
+
+    def read(self, ctx: TraceContext, collection: str, path: Path, vt: VarType) -> Any:
+        return self.values[(collection, path)]
+
+    def write(self, ctx: TraceContext, collection: str, path: Path, leaves: list, tree: Any) -> None:
+        # No check-mutability pass runs over a direct body: check here.
+        if not ctx.is_mutable(collection):
+            raise immutable_error(ctx, collection, path)
+        # Stored values are strongly typed, as a var_get would read them back.
+        leaves = [jax.lax.convert_element_type(x, x.dtype) if _jax.get_aval(x).weak_type else x
+                  for x in leaves]
+        self.values[(collection, path)] = jax.tree.unflatten(tree, leaves)
+        self.written.add((collection, path))
+
+    def draw(self, ctx: TraceContext, stream: str) -> Any:
+        self.observe(ctx)
+        n = self.counters.get(stream, 0)
+        self.counters[stream] = n + 1
+        return streams.derive(self.keys[stream], n)
