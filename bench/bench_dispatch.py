@@ -81,8 +81,10 @@ def mlp_class(nn: Any) -> Any:
 
 class Trainer(mlp_class(varjax.nn)):
     """The varjax MLP plus a stateful train step: the Adam state is a variable of
-    collection ``opt_state`` and the new parameters are written back in place."""
+    collection ``opt_state`` and the new parameters are written back in place.  The step
+    declares that variable, so it is ``@compact`` (Linen's rule)."""
 
+    @varjax.nn.compact
     def train_step(self, x: jax.Array, y: jax.Array) -> jax.Array:
         loss, vjp_fn = varjax.nn.vjp(lambda mdl, x, y: mse(mdl(x), y), self, x, y)
         grads = vjp_fn(jnp.ones((), loss.dtype))[0]["params"]
