@@ -11,6 +11,23 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("VARJAX_VERIFY", "1")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture
+def report(request):
+    """``report(line)`` writes ``line`` to the terminal even while output is captured: the
+    fuzz tests say how many examples they checked."""
+    def write(line: str) -> None:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None or capture is None:
+            print(line)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.ensure_newline()
+            reporter.write_line(line)
+    return write

@@ -248,21 +248,10 @@ def _fuzz(case: Case) -> None:
     check_case(case)
 
 
-def _report(request, line: str) -> None:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():
-            reporter.ensure_newline()
-            reporter.write_line(line)
-    else:
-        print(line)
-
-
-def test_fuzz_programs(request):
+def test_fuzz_programs(report):
     before = _checked
     _fuzz()
-    _report(request, f"fuzz: {_checked - before} examples checked")
+    report(f"fuzz: {_checked - before} examples checked")
 
 
 # --- hand-written programs: one per construct, so a failure names the construct -------------

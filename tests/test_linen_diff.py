@@ -264,18 +264,7 @@ def _record(spec: M.Spec, e: AssertionError) -> None:
     del found[3:]
 
 
-def _report(request, line: str) -> None:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():
-            reporter.ensure_newline()
-            reporter.write_line(line)
-    else:
-        print(line)
-
-
-def test_linen_diff(request):
+def test_linen_diff(report):
     before = collections.Counter(_stats)
     _failures.clear()
     _failure_counts.clear()
@@ -285,12 +274,12 @@ def test_linen_diff(request):
         counts = collections.Counter(_stats)
         counts.subtract(before)
         extra = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "checked" and v)
-        _report(request, f"fuzz-linen: {counts['checked']} examples checked ({extra})")
+        report(f"fuzz-linen: {counts['checked']} examples checked ({extra})")
     if _failures:
-        report = [f"{_failure_counts[kind]} example(s) of: {kind}\n\n{found[0][2]}"
-                  for kind, found in sorted(_failures.items())]
+        kinds = [f"{_failure_counts[kind]} example(s) of: {kind}\n\n{found[0][2]}"
+                 for kind, found in sorted(_failures.items())]
         pytest.fail(f"{counts['FAILED']} failing examples, {len(_failures)} kinds; the smallest of each:\n\n"
-                    + ("\n\n" + "=" * 100 + "\n\n").join(report), pytrace=False)
+                    + ("\n\n" + "=" * 100 + "\n\n").join(kinds), pytrace=False)
 
 
 # --- hand-written specs: one per lifted transform, and the failures the fuzzer found -------
