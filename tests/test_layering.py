@@ -27,6 +27,7 @@ LAYERS = {
     "passes": ["varjax.passes.*"],
     "functionalize": ["varjax.functionalize"],
     "lifting": ["varjax.lifted_body", "varjax.lifting"],
+    "objects": ["varjax.objects.*"],
     "transforms": ["varjax.transforms.*"],
     "modules": ["varjax.nn.*"],
     "tools": ["varjax.tools.*", "varjax.__main__", "varjax"],

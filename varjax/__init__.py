@@ -14,6 +14,11 @@ from varjax.functionalize import functionalize as functionalize
 from varjax.lifting import from_tree as from_tree
 from varjax.lifting import lift as lift
 from varjax.lifting import to_tree as to_tree
+from varjax.objects.capture import capture as capture
+from varjax.objects.state import GraphDef as GraphDef
+from varjax.objects.state import merge as merge
+from varjax.objects.state import split as split
+from varjax.objects.state import state as state
 from varjax.printing import pretty as pretty
 from varjax.rngs import Rngs as Rngs
 from varjax.rngs import RngStream as RngStream

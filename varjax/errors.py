@@ -225,6 +225,11 @@ class TransformError(VarjaxError):
     """A raw JAX transformation was applied to stateful code it cannot handle."""
 
 
+class InconsistentAliasError(TransformError, ValueError):
+    """One object is passed to an object-mode transform in two places that disagree (two
+    ``in_axes``); also a ``ValueError``, which JAX raises for inconsistent arguments."""
+
+
 class UnsupportedPrimitiveError(VarjaxError, NotImplementedError):
     """A higher-order primitive carries variable effects varjax cannot discharge."""
 

@@ -292,28 +292,104 @@ def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_ar
 
 
 class Variable:
-    """A handle on one variable: ``.value`` reads it, ``.value = x`` writes it.
+    """A variable: ``.value`` reads it, ``.value = x`` writes it.  One class, two constructors.
 
-    Every access goes through the IR, so a read after a write inside a
-    ``lax.scan`` body sees the carried value, not a Python-side cache.
+    * ``vj.Variable(value, collection='params', **metadata)`` holds its value: object mode
+      (``notes/object-mode.md``).  Metadata become attributes and ``get_metadata()``.
+    * ``vj.variable(...)`` / ``Module.variable(...)`` return a *handle* on a variable of the
+      running trace (``Variable.at``); so does an object-mode transform for each ``Variable``
+      it is given, inside its body.  A handle holds no value: every access goes through the
+      IR (``var_get``/``var_set``), so a read after a write inside a ``lax.scan`` body sees
+      the carried value, not a Python-side cache.
+
+    A ``Variable`` is a pytree with one child, its value (a handle's flatten reads it), so
+    ``jax.tree.*`` and raw JAX transforms see the array; unflattening gives a held one.
     """
 
-    __slots__ = ("collection", "path")
+    __slots__ = ("collection", "path", "_value", "_metadata", "_origin")
 
-    def __init__(self, collection: str, path: Path):
-        self.collection = collection
-        self.path = path
+    def __init__(self, value: Any, *, collection: str = "params", **metadata: Any):
+        if not isinstance(collection, str):
+            raise TypeError(f"vj.Variable: collection must be a string, got {collection!r} "
+                            "(the handle constructor is Variable.at(collection, path))")
+        self.collection, self.path = collection, None
+        self._value, self._metadata, self._origin = value, metadata, None
+
+    @classmethod
+    def at(cls, collection: str, path: Path, metadata: Mapping[str, Any] | None = None,
+           origin: Any = None) -> "Variable":
+        """A handle on variable ``path`` of ``collection`` in the active trace (``origin``:
+        the trace it must be used under, ``None`` for whichever is active)."""
+        handle = object.__new__(cls)
+        handle.collection, handle.path = collection, tuple(path)
+        handle._value, handle._metadata, handle._origin = None, dict(metadata or {}), origin
+        return handle
+
+    def _ctx(self, api: str) -> TraceContext:
+        ctx = current(api)
+        if self._origin is not None and ctx.origin is not self._origin:
+            raise errors.InvalidScopeError(
+                f"variable {errors.format_path(self.path)} of collection '{self.collection}' "
+                "was used after the object-mode transform that made its handle had returned.",
+                collection=self.collection, path=self.path, **site(ctx),
+                fix="return values out of the transformed function instead of keeping "
+                    "the Variable objects it was given")
+        return ctx
 
     @property
     def value(self) -> Any:
-        return read_at(current("Variable.value"), self.collection, self.path)
+        if self.path is None:
+            return self._value
+        return read_at(self._ctx("Variable.value"), self.collection, self.path)
 
     @value.setter
     def value(self, new: Any) -> None:
-        _write(current("Variable.value"), self.collection, self.path, new)
+        if self.path is None:
+            self._value = new
+        else:
+            _write(self._ctx("Variable.value"), self.collection, self.path, new)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.value[index]
+
+    def __setitem__(self, index: Any, new: Any) -> None:
+        self.value = new if index is Ellipsis else self.value.at[index].set(new)
+
+    def __jax_array__(self) -> Any:
+        return self.value
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The metadata given at construction (``out_sharding=...`` and the like)."""
+        return dict(self._metadata)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names not found normally: metadata, then the value's (shape, dtype...).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        metadata = object.__getattribute__(self, "_metadata")
+        if name in metadata:
+            return metadata[name]
+        return getattr(self.value, name)
 
     def __repr__(self) -> str:
-        return f"Variable({self.collection}:{errors.format_path(self.path)})"
+        if self.path is not None:
+            return f"Variable({self.collection}:{errors.format_path(self.path)})"
+        extra = "".join(f", {k}={v!r}" for k, v in self._metadata.items())
+        return f"Variable({self._value!r}, collection={self.collection!r}{extra})"
+
+
+def _flatten_variable(v: Variable) -> tuple[tuple, tuple]:
+    return (v.value,), (v.collection, tuple(sorted(v._metadata.items())))
+
+
+def _unflatten_variable(aux: tuple, children: tuple) -> Variable:
+    held = object.__new__(Variable)
+    held.collection, held.path, held._origin = aux[0], None, None
+    held._value, held._metadata = children[0], dict(aux[1])
+    return held
+
+
+jax.tree_util.register_pytree_node(Variable, _flatten_variable, _unflatten_variable)
 
 
 def variable(collection: str, name: str | Sequence[str], init_fn: Callable[..., Any] | None = None,
@@ -338,7 +414,7 @@ def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callabl
     elif init_fn is not None and ctx.variables.get((collection, path)) is ctx.given.get((collection, path)) \
             is not None:    # given, and not rewritten in this trace
         expect_given(ctx, collection, path, init_fn, init_args)
-    return Variable(collection, path)
+    return Variable.at(collection, path)
 
 
 def append(xs: tuple, x: Any) -> tuple:

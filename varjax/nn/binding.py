@@ -77,6 +77,19 @@ class BoundRoot(_Root):
         self.calls = 0
         self._fns: dict[Any, Functionalized] = {}
 
+    @classmethod
+    def restore(cls, variables: dict[str, Any], rngs: Any, mutable: Any) -> "BoundRoot":
+        """A root over ``variables`` as they are (a pytree's leaves, maybe not arrays: JAX
+        unflattens with placeholders too), without the checks of ``bind``."""
+        root = object.__new__(cls)
+        _Root.__init__(root)
+        root.variables = variables
+        root.held = rngs if isinstance(rngs, Rngs) else None
+        root.rngs = {} if root.held is not None else dict(rngs)
+        root.mutable = mutable
+        root.origin, root.calls, root._fns = None, 0, {}
+        return root
+
     def _next_rngs(self) -> Any:
         """The held ``Rngs``, or the keys with call n >= 1 folding n into every key: either
         way repeated calls draw fresh randomness."""

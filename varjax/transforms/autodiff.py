@@ -19,7 +19,8 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from varjax.lifting import from_tree, is_array, lift, partition, to_tree
-from varjax.transforms.common import call_direct, reject
+from varjax.objects import transforms as objects
+from varjax.transforms.common import NO_INIT, call_direct, object_options, reject
 
 
 def _zero_tangent(x: Any) -> Any:
@@ -92,11 +93,22 @@ def vjp(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axe
     return call_direct(lifted, mdl, *primals)
 
 
-def value_and_grad(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False,
-                   reduce_axes: Any = (), variables: Any = True, rngs: Any = True) -> Any:
+def value_and_grad(fn: Callable, mdl: Any = NO_INIT, *primals: Any, has_aux: bool = False,
+                   reduce_axes: Any = (), variables: Any = True, rngs: Any = True,
+                   argnums: Any = 0) -> Any:
     """Lifted ``jax.value_and_grad`` with respect to every primal (not the variables):
-    ``(value, grads)``, or ``((value, aux), grads)``; ``fn`` returns a scalar."""
+    ``(value, grads)``, or ``((value, aux), grads)``; ``fn`` returns a scalar.
+
+    ``vj.value_and_grad(fn, argnums=..., has_aux=...)`` (no module): the object-mode form,
+    a function differentiating every float variable of its ``argnums`` arguments."""
     _no_reduce_axes("value_and_grad", reduce_axes)
+    if mdl is NO_INIT:
+        object_options("value_and_grad", lambda f: f, variables=(variables, True),
+                       rngs=(rngs, True))(fn)
+        return objects.value_and_grad(fn, argnums=argnums, has_aux=has_aux)
+    reject(argnums != 0, "value_and_grad", "argnums= is for the object-mode form; the lifted "
+           "form differentiates every primal.", "drop argnums, or call vj.value_and_grad(fn, "
+           "argnums=...) without the module")
 
     def transform(region: Callable, groups: tuple, rngs_: tuple, *primals: Any) -> Any:
         def f(*p):
@@ -113,11 +125,16 @@ def value_and_grad(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False,
     return call_direct(lifted, mdl, *primals)
 
 
-def grad(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axes: Any = (),
-         variables: Any = True, rngs: Any = True) -> Any:
-    """Lifted ``jax.grad`` with respect to every primal: ``grads``, or ``(grads, aux)``."""
+def grad(fn: Callable, mdl: Any = NO_INIT, *primals: Any, has_aux: bool = False,
+         reduce_axes: Any = (), variables: Any = True, rngs: Any = True, argnums: Any = 0) -> Any:
+    """Lifted ``jax.grad`` with respect to every primal: ``grads``, or ``(grads, aux)``.
+    Without a module, the object-mode ``vj.grad(fn, argnums=..., has_aux=...)``."""
+    if mdl is NO_INIT:
+        _no_reduce_axes("grad", reduce_axes)
+        object_options("grad", lambda f: f, variables=(variables, True), rngs=(rngs, True))(fn)
+        return objects.grad(fn, argnums=argnums, has_aux=has_aux)
     out = value_and_grad(fn, mdl, *primals, has_aux=has_aux, reduce_axes=reduce_axes,
-                         variables=variables, rngs=rngs)
+                         variables=variables, rngs=rngs, argnums=argnums)
     (_, aux), grads = out if has_aux else ((None, None), out[1])
     return (grads, aux) if has_aux else grads
 
@@ -157,13 +174,20 @@ def _per_nondiff(make: Callable[[set[int]], Callable], nondiff_argnums: Any,
     return call
 
 
-def custom_vjp(fn: Callable, forward_fn: Callable, backward_fn: Callable,
-               grad_vars: Any = "params", nondiff_argnums: tuple = ()) -> Callable:
+def custom_vjp(fn: Callable, forward_fn: Callable | None = None,
+               backward_fn: Callable | None = None, grad_vars: Any = "params",
+               nondiff_argnums: tuple = ()) -> Any:
     """Lifted ``jax.custom_vjp``, called as ``f(mdl, *args)``: ``forward_fn(mdl, *args) ->
     (out, residuals)``, ``backward_fn(*nondiff_args, residuals, ct) -> (variable_grads,
     *arg_grads)``, where ``variable_grads`` covers ``grad_vars`` (``{'params': {...}}``,
     relative to ``mdl``) and ``arg_grads`` the arguments not in ``nondiff_argnums``.
-    ``nondiff_argnums`` count ``fn``'s parameters, ``mdl`` being 0 (as in Linen)."""
+    ``nondiff_argnums`` count ``fn``'s parameters, ``mdl`` being 0 (as in Linen).
+
+    ``f = vj.custom_vjp(fn, nondiff_argnums=...); f.defvjp(fwd, bwd)`` (no rules given):
+    the object-mode form, as ``jax.custom_vjp`` (``varjax.objects.transforms.custom_vjp``)."""
+    if forward_fn is None and backward_fn is None:
+        object_options("custom_vjp", lambda f: f, grad_vars=(grad_vars, "params"))(fn)
+        return objects.custom_vjp(fn, nondiff_argnums=nondiff_argnums)
 
     def make(nondiff: set[int]) -> Callable:
         def transform(r_fn: Callable, r_fwd: Callable, groups: tuple, rngs_: tuple,

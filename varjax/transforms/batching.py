@@ -18,6 +18,7 @@ warning) and must be static (non-array) for ``shard_map`` / ``pmap``.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any, Callable, Mapping
 
 import jax
@@ -27,11 +28,13 @@ from jax.sharding import PartitionSpec
 from varjax import errors, filters
 from varjax.context import site
 from varjax.lifting import is_array, lift, set_aside
+from varjax.objects import transforms as objects
 from varjax.transforms.common import (
     apply_to,
     array_axes,
     filter_items,
     has_axis,
+    object_options,
     reject,
     rng_groups,
     split_keys,
@@ -41,7 +44,7 @@ _AXES_FIX = ("add '{collection}' to variable_axes: an axis to give each member i
              "copy, or None to share one")
 
 
-def vmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
+def vmap(target: Any = None, variable_axes: Mapping[Any, int | None] | None = None,
          split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
          axis_size: int | None = None, axis_name: Any = None, spmd_axis_name: Any = None,
          metadata_params: Mapping[str, Any] | None = None, methods: Any = None) -> Any:
@@ -49,6 +52,11 @@ def vmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
 
     ``metadata_params`` is accepted for Linen compatibility; varjax has no boxed
     partitioning metadata, so there is nothing for it to annotate."""
+    if target is None:       # @vj.vmap(in_axes=...)
+        return functools.partial(vmap, variable_axes=variable_axes, split_rngs=split_rngs,
+                                 in_axes=in_axes, out_axes=out_axes, axis_size=axis_size,
+                                 axis_name=axis_name, spmd_axis_name=spmd_axis_name,
+                                 metadata_params=metadata_params, methods=methods)
     axes = filter_items(variable_axes, "variable_axes")
     var_axes = tuple(a for _, a in axes)
     rng_filters, split = rng_groups(split_rngs)
@@ -84,7 +92,11 @@ def vmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
 
     return apply_to(target, "vmap", lambda fn: lift(
         transform, fn, variables=tuple(f for f, _ in axes), rngs=rng_filters, name="vmap",
-        fix=_AXES_FIX), methods)
+        fix=_AXES_FIX), methods, object_options(
+            "vmap", lambda fn: objects.vmap(fn, in_axes=in_axes, out_axes=out_axes,
+                                           axis_size=axis_size, axis_name=axis_name),
+            variable_axes=(variable_axes, None), split_rngs=(split_rngs, None),
+            spmd_axis_name=(spmd_axis_name, None), metadata_params=(metadata_params, None)))
 
 
 def _shared_write(e: ValueError, region: Any, var_filters: list, var_axes: tuple) -> Any:

@@ -17,13 +17,18 @@ import jax.numpy as jnp
 from varjax import errors
 from varjax.context import site
 from varjax.lifting import lift, partition
-from varjax.transforms.common import call_direct
+from varjax.objects import transforms as objects
+from varjax.transforms.common import call_direct, object_call, object_options
 
 
 def cond(pred: Any, true_fun: Callable, false_fun: Callable, mdl: Any, *operands: Any,
          variables: Any = True, rngs: Any = True) -> Any:
     """Lifted ``jax.lax.cond``: ``true_fun(mdl, *operands)`` if ``pred`` else
-    ``false_fun(mdl, *operands)`` (without ``mdl`` when it is None)."""
+    ``false_fun(mdl, *operands)`` (without ``mdl`` when it is None).  In object mode
+    (``object_call``) JAX's ``cond(pred, true_fun, false_fun, *operands)``."""
+    if object_call("cond", (mdl, *operands), {}):
+        _object_options("cond", variables, rngs)
+        return objects.cond(pred, true_fun, false_fun, mdl, *operands)
     index = jnp.asarray(pred).astype(jnp.int32)
     return _branches("cond", index, [false_fun, true_fun], ["false_fun", "true_fun"], mdl,
                      operands, variables, rngs)
@@ -31,9 +36,17 @@ def cond(pred: Any, true_fun: Callable, false_fun: Callable, mdl: Any, *operands
 
 def switch(index: Any, branches: Sequence[Callable], mdl: Any, *operands: Any,
            variables: Any = True, rngs: Any = True) -> Any:
-    """Lifted ``jax.lax.switch``: ``branches[index](mdl, *operands)``."""
+    """Lifted ``jax.lax.switch``: ``branches[index](mdl, *operands)``; in object mode JAX's
+    ``switch(index, branches, *operands)``."""
+    if object_call("switch", (mdl, *operands), {}):
+        _object_options("switch", variables, rngs)
+        return objects.switch(index, branches, mdl, *operands)
     return _branches("switch", index, list(branches), [f"branch {i}" for i in range(len(branches))],
                      mdl, operands, variables, rngs)
+
+
+def _object_options(name: str, variables: Any, rngs: Any) -> None:
+    object_options(name, lambda f: f, variables=(variables, True), rngs=(rngs, True))(None)
 
 
 def _check_creations(name: str, labels: list[str], created: list[set]) -> None:

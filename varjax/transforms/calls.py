@@ -14,8 +14,9 @@ import jax
 import numpy as np
 
 from varjax.lifting import from_tree, is_array, is_module, lift, partition, to_tree
+from varjax.objects import transforms as objects
 from varjax.scope import is_initializing
-from varjax.transforms.common import apply_to, reject
+from varjax.transforms.common import apply_to, object_options, reject
 
 
 def _positions(args: tuple, argnums: Sequence[int] | int, shift: int) -> tuple[int, ...]:
@@ -109,7 +110,10 @@ def jit(target: Any, variables: Any = True, rngs: Any = True, static_argnums: An
 
     return apply_to(target, "jit", lambda fn: _with_static("jit", lambda shift, body: lift(
         functools.partial(transform, shift), body, variables=(variables,), rngs=(rngs,),
-        name="jit"), fn, static_argnums, static_argnames), methods)
+        name="jit"), fn, static_argnums, static_argnames), methods, object_options(
+            "jit", lambda fn: objects.jit(fn, static_argnums=static_argnums,
+                                         donate_argnums=donate_argnums),
+            variables=(variables, True), rngs=(rngs, True), static_argnames=(static_argnames, ())))
 
 
 def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: bool = False,
@@ -132,7 +136,10 @@ def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: b
 
     return apply_to(target, "checkpoint", lambda fn: _with_static(
         "remat", lambda shift, body: lift(transform, body, variables=(variables,), rngs=(rngs,),
-                                          name="remat"), fn, static_argnums, ()), methods)
+                                          name="remat"), fn, static_argnums, ()), methods,
+        object_options("remat", lambda fn: objects.remat(
+            fn, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy),
+            variables=(variables, True), rngs=(rngs, True)))
 
 
 remat = checkpoint

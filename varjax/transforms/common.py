@@ -15,15 +15,17 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from varjax import errors
-from varjax.context import site
-from varjax.lifting import is_array
+from varjax.context import active, site
+from varjax.lifting import is_array, is_module
+from varjax.objects.nodes import is_node
 from varjax.protocols import LiftableModuleClass
 
 
 def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],
-             methods: Any = None) -> Any:
+             methods: Any = None, objects: Callable[[Callable], Callable] | None = None) -> Any:
     """``make(fn)`` wrapped for ``target``: a lifted subclass for a Module class
-    (``protocols.LiftableModuleClass``), else a function calling the lift."""
+    (``protocols.LiftableModuleClass``), else a function calling the lift -- or, for a call
+    in object mode (``object_call``), the object-mode transform ``objects(fn)``."""
     if isinstance(target, type) and getattr(target, "_varjax_module", False):
         module_class: LiftableModuleClass = target
         return module_class._varjax_lift_class(transform, lambda fn: lifted_function(make(fn), fn),
@@ -31,7 +33,67 @@ def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],
     if not callable(target):
         raise TypeError(f"vj.{transform} needs a Module class or a function, got "
                         f"{type(target).__name__}")
-    return lifted_function(make(target), target)
+    lifted = make(target)
+    if objects is None:
+        return lifted_function(lifted, target)
+    in_objects: list[Callable] = []
+
+    def dual(*args: Any, **kwargs: Any) -> Any:
+        if object_call(transform, args, kwargs):
+            if not in_objects:
+                in_objects.append(objects(target))
+            return in_objects[0](*args, **kwargs)
+        return lifted(*args, **kwargs)
+    return lifted_function(dual, target)
+
+
+class _NoInit:
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+# The default of a Linen-signature argument whose absence selects JAX's object-mode form
+# (``while_loop(cond, body, init_val)``, ``grad(fn)``).
+NO_INIT = _NoInit()
+
+
+def object_call(transform: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a transformed function is called in object mode (``notes/object-mode.md``):
+    outside any trace, or with object nodes (bound modules, ``vj.Variable``s, ``vj.Rngs``)
+    among its arguments -- unless its first argument is a module of the running
+    ``init``/``apply`` (Linen's convention, the lifted form).  Such a module anywhere else
+    is an error: neither form can take it there."""
+    first = args[0] if args else None
+    if is_module(first) and not is_node(first):
+        return False
+    for i, x in enumerate(args):
+        if is_module(x) and not is_node(x) and x.scope is not None:
+            raise errors.TransformError(
+                f"vj.{transform}: argument {i} is module {x._label()} of the running "
+                "init/apply; a lifted transform takes such a module as its first argument "
+                "only, and an object-mode transform takes modules made by bind.",
+                **site(about=x), fix="pass the module first, or close over it")
+    if active() is None:
+        return True
+    return any(is_node(x) for x in jax.tree.leaves((args, kwargs), is_leaf=is_node))
+
+
+def object_options(transform: str, make: Callable[[Callable], Callable],
+                   **linen_only: tuple[Any, Any]) -> Callable[[Callable], Callable]:
+    """``make``, or -- when a Linen-only option (``name=(value, default)``) is set -- a
+    factory raising ``TransformError`` that names it, for an object-mode call."""
+    given = [name for name, (value, default) in linen_only.items() if value is not default
+             and value != default]
+    if not given:
+        return make
+
+    def refuse(fn: Callable) -> Callable:
+        raise errors.TransformError(
+            f"vj.{transform} was called in object mode (no module of a running init/apply "
+            f"first) with Linen's option{'s' * (len(given) > 1)} {', '.join(given)}.",
+            **site(), fix="object mode takes JAX's options only: split the state with vj.split "
+                          "and pass each group with its own in_axes / argnums")
+    return refuse
 
 
 def lifted_function(lift: Callable, target: Callable) -> Callable:

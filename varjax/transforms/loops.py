@@ -23,8 +23,18 @@ import jax.numpy as jnp
 from varjax import errors, filters
 from varjax.context import site
 from varjax.lifting import DerivedKeys, Group, lift, set_aside
+from varjax.objects import transforms as objects
 from varjax.transforms.calls import checkpoint
-from varjax.transforms.common import apply_to, call_direct, filter_items, has_axis, reject, rng_groups
+from varjax.transforms.common import (
+    NO_INIT,
+    apply_to,
+    call_direct,
+    filter_items,
+    has_axis,
+    object_options,
+    reject,
+    rng_groups,
+)
 
 
 class _Broadcast:
@@ -119,7 +129,11 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
     return apply_to(target, "scan", lambda fn: lift(
         transform, fn, variables=var_filters, rngs=rng_filters, name="scan",
         fix="add '{collection}' to variable_axes, variable_broadcast or variable_carry"),
-        methods)
+        methods, object_options(
+            "scan", lambda fn: objects.scan(fn, length=length, reverse=reverse, unroll=unroll),
+            variable_axes=(variable_axes, None), variable_broadcast=(variable_broadcast, False),
+            variable_carry=(variable_carry, False), split_rngs=(split_rngs, None),
+            in_axes=(in_axes, 0), out_axes=(out_axes, 0), metadata_params=(metadata_params, None)))
 
 
 def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, length: int,
@@ -174,12 +188,20 @@ def remat_scan(target: Any, lengths: Sequence[int] = (), policy: Any = None,
     return apply_to(target, "remat_scan", lambda fn: nest(fn, 0))
 
 
-def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any,
+def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any = NO_INIT,
                carry_variables: Any = False, broadcast_variables: Any = True,
                split_rngs: Mapping[Any, bool] | None = None) -> Any:
     """Lifted ``jax.lax.while_loop``: ``cond_fn(mdl, c) -> bool``, ``body_fn(mdl, c) -> c``
     (without ``mdl`` when it is None).  Carry variables are threaded through the loop,
-    broadcast ones are read-only; a split stream draws a fresh key per iteration."""
+    broadcast ones are read-only; a split stream draws a fresh key per iteration.
+
+    Without ``init``, JAX's signature in object mode: ``while_loop(cond_fun, body_fun,
+    init_val)``, objects in ``init_val`` carried (``varjax.objects.transforms``)."""
+    if init is NO_INIT:
+        object_options("while_loop", lambda f: f, carry_variables=(carry_variables, False),
+                       broadcast_variables=(broadcast_variables, True),
+                       split_rngs=(split_rngs, None))(cond_fn)
+        return objects.while_loop(cond_fn, body_fn, mdl)
     rng_filters, split = rng_groups(split_rngs)
     var_filters = (filters.freeze(carry_variables), filters.freeze(broadcast_variables))
 
@@ -231,11 +253,17 @@ def _check_loop_step(what: str, given: tuple[Group, Group], returned: tuple[Grou
                    "write it in body_fn, with its collection in carry_variables", key)
 
 
-def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any,
+def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any = NO_INIT,
               carry_variables: Any = False, broadcast_variables: Any = True,
               split_rngs: Mapping[Any, bool] | None = None) -> Any:
     """Lifted ``jax.lax.fori_loop``: ``body_fn(mdl, i, c) -> c`` for ``lower <= i < upper``
-    (``body_fn(i, c)`` when ``mdl`` is None); built on ``while_loop``."""
+    (``body_fn(i, c)`` when ``mdl`` is None); built on ``while_loop``.  Without ``init``,
+    JAX's ``fori_loop(lower, upper, body_fun, init_val)`` in object mode."""
+    if init is NO_INIT:
+        object_options("fori_loop", lambda f: f, carry_variables=(carry_variables, False),
+                       broadcast_variables=(broadcast_variables, True),
+                       split_rngs=(split_rngs, None))(body_fn)
+        return objects.fori_loop(lower, upper, body_fn, mdl)
     # The bounds travel in the loop state, not in closures: a traced ``upper`` is an
     # array of the enclosing trace, and the bodies are traced on their own.
     def cond(*a: Any) -> Any:

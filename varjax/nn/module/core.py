@@ -18,6 +18,7 @@ from varjax.nn.binding import BoundRoot, Scope, TraceRoot
 from varjax.nn.module.entry import EntryPoints
 from varjax.nn.module.lifecycle import module_stack
 from varjax.nn.module.lifted import LiftHooks
+from varjax.nn.module.objects import register_pytree
 from varjax.nn.module.state import UNSPECIFIED, ModuleState
 from varjax.nn.module.variables import VariableAPI
 
@@ -36,6 +37,7 @@ class Module(VariableAPI, LiftHooks, EntryPoints):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(cls, repr=False, eq=True, unsafe_hash="__hash__" not in cls.__dict__)
+        register_pytree(cls)
         compacts = [n for n in dir(cls) if getattr(getattr(cls, n, None), "varjax_compact", False)]
         if len(compacts) > 1:
             raise errors.ModuleError(
@@ -72,6 +74,7 @@ class Module(VariableAPI, LiftHooks, EntryPoints):
 
 
 dataclasses.dataclass(Module, repr=False, eq=True, unsafe_hash=True)
+register_pytree(Module)
 
 # Methods of Module itself, from every class it is assembled from, are never wrapped.
 _API_NAMES: frozenset[str] = frozenset(

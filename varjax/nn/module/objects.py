@@ -1,0 +1,231 @@
+"""A bound module as an object-mode node, and as a pytree.
+
+A module made by ``bind`` owns variables (``binding.BoundRoot``).  For object mode
+(``notes/object-mode.md``) it is a node whose cells are those variables, plus the
+streams of an ``Rngs`` it was bound with; inside an object-mode body it is bound to
+the trace instead (``ObjectRoot``), so each variable operation is a ``var_get`` /
+``var_set`` of that trace at the module's place in the arguments.
+
+Every module class is also a pytree.  A bound module's leaves are its variables'
+values (and its ``Rngs``'s), so ``jax.tree.map`` gives a bound module of the same
+class and raw ``jax.jit``/``jax.grad`` take one.  Any other module (a template, or one
+bound by ``init``/``apply``) has one opaque leaf standing for itself, as a Linen module
+is a leaf: raw JAX transforms still reject it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from varjax import filters, scope, streams
+from varjax.context import TraceContext
+from varjax.functionalize import flatten_variables
+from varjax.nn.binding import BoundRoot, Scope, TraceRoot
+from varjax.objects.nodes import Cell, nested_get, nested_set, register_kind, rng_state_cells
+from varjax.primitives import Key, Path
+from varjax.rngs import Rngs, RngStream
+
+
+class ObjectRoot(TraceRoot):
+    """The root of a module inside an object-mode body: its variables are those of the
+    trace at ``prefix`` (its RNG state, Linen's ``rngs`` collection, at the trace's own
+    ``rngs`` keys, where draws find it)."""
+
+    def __init__(self, ctx: TraceContext, prefix: Path, mutable: Any, rng_streams: tuple[str, ...]):
+        super().__init__(ctx, None)
+        self.ctx, self.prefix, self.mutable, self.rng_streams = ctx, prefix, mutable, rng_streams
+
+
+def _is_rng_state(collection: str, path: Path) -> bool:
+    return collection == streams.STATE and len(path) == 2
+
+
+def _object_root(module: Any) -> BoundRoot | ObjectRoot | None:
+    sc = module.__dict__.get("scope")
+    root = sc.root if sc is not None else None
+    return root if isinstance(root, (BoundRoot, ObjectRoot)) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Template:
+    """A module's class and fields, compared by value when they hash (so equal modules
+    share JAX's caches), else by identity."""
+
+    module: Any
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, _Template):
+            return False
+        try:
+            return self.module is other.module or self.module == other.module
+        except Exception:     # noqa: BLE001  (a field whose == is not a bool: arrays)
+            return False
+
+    def __hash__(self) -> int:
+        try:
+            return hash(self.module)
+        except TypeError:
+            return id(self.module)
+
+
+def _template(module: Any) -> _Template:
+    found = module.__dict__.get("_varjax_template")
+    if found is None:
+        found = _Template(module.clone(parent=None, name=module.name))
+        object.__setattr__(module, "_varjax_template", found)
+    return found
+
+
+class ModuleKind:
+    """A bound module as an object-mode node (see the module docstring)."""
+
+    def accepts(self, x: Any) -> bool:
+        return getattr(type(x), "_varjax_module", False) and _object_root(x) is not None
+
+    def cells(self, module: Any) -> list[Cell]:
+        return variable_cells(module) + rng_cells(module)
+
+    def mutable(self, module: Any) -> Any:
+        root = _object_root(module)
+        held = isinstance(root, BoundRoot) and root.held is not None
+        rng = isinstance(root, ObjectRoot) and root.rng_streams
+        return (filters.freeze(root.mutable), streams.STATE) if held or rng else filters.freeze(root.mutable)
+
+    def trace_key(self, module: Any, cell: Cell, prefix: Path) -> Key:
+        if _is_rng_state(cell.collection, cell.path):
+            return (cell.collection, cell.path)     # where the trace's draws look for it
+        return (cell.collection, prefix + cell.path)
+
+    def explicit_rngs(self, module: Any) -> dict[str, Any]:
+        root = _object_root(module)
+        return dict(root.rngs) if isinstance(root, BoundRoot) and root.held is None else {}
+
+    def bind(self, module: Any, prefix: Path, ctx: TraceContext) -> Any:
+        root = _object_root(module)
+        streams_ = tuple(sorted({c.path[0] for c in self.cells(module)
+                                 if _is_rng_state(c.collection, c.path)}))
+        inner = _template(module).module.clone(
+            parent=ObjectRoot(ctx, prefix, root.mutable, streams_), name=module.name)
+        object.__setattr__(inner, "scope", Scope(inner.scope.root, prefix))
+        return inner
+
+    def add(self, module: Any, collection: str, path: Path, value: Any) -> None:
+        root = _object_root(module)
+        full = module.scope.path + path
+        if isinstance(root, ObjectRoot):
+            scope.write_at(root.ctx, collection, full, value)
+            return
+        nested_set(root.variables.setdefault(collection, {}), full, value)
+        root.version = root.new_version()
+
+
+def variable_cells(module: Any) -> list[Cell]:
+    """The cells of the variables at or below the module's path."""
+    root, base = _object_root(module), module.scope.path
+    if isinstance(root, ObjectRoot):
+        ctx = root.ctx
+        keys = sorted(k for k in ctx.variables if k[1][:len(base)] == base and len(k[1]) > len(base)
+                      and not (k[0] == streams.STATE and k[1][:1] in {(s,) for s in root.rng_streams}))
+        return [_traced_cell(ctx, col, path, base) for col, path in keys]
+    keys = sorted(k for k in flatten_variables(root.variables)
+                  if k[1][:len(base)] == base and len(k[1]) > len(base))
+    return [_bound_cell(root, col, path, base) for col, path in keys]
+
+
+def rng_cells(module: Any) -> list[Cell]:
+    """The cells of the ``Rngs`` the module was bound with (inside a body: of the trace's
+    ``rngs`` state it draws from)."""
+    root = _object_root(module)
+    if isinstance(root, ObjectRoot):
+        return [_traced_cell(root.ctx, streams.STATE, (s, part), ())
+                for s in root.rng_streams for part in ("key", "count")]
+    return rng_state_cells(root.held) if root.held is not None else []
+
+
+def _bound_cell(root: BoundRoot, collection: str, path: Path, base: Path) -> Cell:
+    def set_(value: Any) -> None:
+        nested_set(root.variables[collection], path, value)
+        root.version = root.new_version()     # setup attributes read the new values
+    return Cell((id(root), collection, path), collection, path[len(base):],
+                lambda: nested_get(root.variables[collection], path), set_)
+
+
+def _traced_cell(ctx: TraceContext, collection: str, path: Path, base: Path) -> Cell:
+    return Cell((id(ctx.origin), collection, path), collection, path[len(base):],
+                lambda: scope.read_at(ctx, collection, path),
+                lambda value: scope.write_at(ctx, collection, path, value))
+
+
+MODULE_KIND = register_kind(ModuleKind())
+
+
+# --- pytree ------------------------------------------------------------------------------
+
+class _Opaque:
+    """The one leaf of a module that holds no variables of its own (a template, or one bound
+    by ``init``/``apply``): the module itself, as Linen has it -- a static Python object,
+    which raw JAX transforms reject as an argument ("not a valid JAX type")."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: Any):
+        self.module = module
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Opaque) and self.module == other.module
+
+    def __hash__(self) -> int:
+        return hash(self.module)
+
+    def __repr__(self) -> str:
+        return repr(self.module)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BoundDef:
+    """The static half of a bound module's pytree: what its leaves are."""
+
+    template: _Template
+    keys: tuple[tuple[str, Path], ...]
+    trees: tuple[Any, ...]
+    mutable: Any
+    rng: Any          # the held Rngs' treedef, or the explicit keys' stream names
+
+
+def flatten_module(module: Any) -> tuple[tuple, Any]:
+    root = _object_root(module)
+    if root is None:
+        return (_Opaque(module),), None
+    cells = variable_cells(module)
+    values, trees = [], []
+    for c in cells:
+        leaves, tree = jax.tree.flatten(c.get())
+        values.append(leaves)
+        trees.append(tree)
+    if isinstance(root, ObjectRoot):
+        state = {c.path: c.get() for c in rng_cells(module)}
+        rng_part: Any = Rngs(**{s: RngStream(state[(s, "key")], state[(s, "count")], tag=s)
+                                for s in root.rng_streams}) if root.rng_streams else {}
+    else:
+        rng_part = root.held if root.held is not None else dict(root.rngs)
+    aux = _BoundDef(_template(module), tuple((c.collection, c.path) for c in cells),
+                    tuple(trees), filters.freeze(root.mutable), jax.tree.structure(rng_part))
+    return (tuple(values), rng_part), aux
+
+
+def unflatten_module(aux: Any, children: tuple) -> Any:
+    if aux is None:
+        leaf = children[0]
+        return leaf.module if isinstance(leaf, _Opaque) else leaf
+    values, rng_part = children
+    variables: dict[str, Any] = {}
+    for (col, path), tree, leaves in zip(aux.keys, aux.trees, values):
+        nested_set(variables.setdefault(col, {}), path, jax.tree.unflatten(tree, leaves))
+    root = BoundRoot.restore(variables, rng_part, aux.mutable)
+    return aux.template.module.clone(parent=root, name=aux.template.module.name)
+
+
+def register_pytree(cls: type) -> None:
+    jax.tree_util.register_pytree_node(cls, flatten_module, unflatten_module)

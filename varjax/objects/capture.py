@@ -1,0 +1,80 @@
+"""``vj.capture``: run a function or bound module, collecting what it sows or perturbs.
+
+The captured collections are made mutable for the call and their writes are returned
+instead of written back, so the module is not modified (Linen's ``mutable=
+['intermediates']`` without the state living on).  ``init=`` gives the captured
+variables their starting values: a ``perturbations`` state passed this way is an input
+of the trace, so ``vj.grad`` with respect to it is the gradient of the intermediates.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+from varjax import errors
+from varjax.objects.nodes import is_node
+from varjax.objects.run import arg_names, graph_of, run, write_back
+from varjax.primitives import Key
+
+_SELF = "self"
+
+
+def _flat(state: Mapping[str, Any]) -> dict[Key, Any]:
+    out: dict[Key, Any] = {}
+
+    def visit(col: str, path: tuple, sub: Any) -> None:
+        if isinstance(sub, Mapping):
+            for k, v in sub.items():
+                visit(col, path + (str(k),), v)
+        else:
+            out[(col, path)] = sub
+    for col, tree in state.items():
+        visit(col, (), tree)
+    return out
+
+
+def _nest(flat: Mapping[Key, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (col, path), value in sorted(flat.items(), key=lambda kv: kv[0]):
+        node = out.setdefault(col, {})
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = value
+    return out
+
+
+def capture(target: Any, *collections: str, init: Mapping[str, Any] | None = None) -> Callable:
+    """``f(*args) -> (out, captured)``: ``target`` (a function, or a bound module, which is
+    called) with ``collections`` captured; with only ``init=``, ``f(*args) -> out``.
+
+    ``captured`` is a state (``{collection: {path: value}}``), paths relative to the
+    module for a bound module, else prefixed by the argument names of the function."""
+    if not collections and init is None:
+        raise errors.TransformError(
+            "vj.capture needs the collections to capture, or init=.", **errors.where(),
+            fix="e.g. vj.capture(model, 'intermediates')")
+    given = _flat(init) if init is not None else {}
+    wanted = tuple(collections) or tuple(sorted({col for col, _ in given}))
+    module = is_node(target) and getattr(type(target), "_varjax_module", False)
+    fn = _call_module if module else target
+    names = (_SELF,) if module else arg_names(target)
+    root = (_SELF,) if module else ()
+
+    @functools.wraps(_call_module if module else target)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if module:
+            args = (target, *args)
+        graph = graph_of(args, kwargs, names)
+        out, result = run(fn, args, kwargs, names=names, capture=wanted, given=given,
+                          capture_root=root)
+        write_back(graph, result)
+        if not collections:
+            return out
+        captured = {k: v for k, v in given.items() if k[0] in collections}
+        captured.update(result.captured)
+        return out, _nest(captured)
+    return call
+
+
+def _call_module(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return self(*args, **kwargs)

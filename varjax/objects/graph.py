@@ -1,0 +1,104 @@
+"""The nodes of an argument tree, their cells, and where each cell lives.
+
+``Graph.of(tree)`` walks a pytree (arguments of a transformed function, or the
+node given to ``vj.split``) and finds every object node in it.  Each cell gets a
+full path: the node's key path in the tree (``model``, ``opt/0``) followed by the
+cell's path inside the node.  A node or variable reached twice is kept once: the
+second place is an *alias* of the first (``aliases``), so sharing survives a
+round trip through JAX, which copies each place separately.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+
+from varjax import errors
+from varjax.objects.nodes import Cell, NodeKind, is_node, kind_of
+from varjax.primitives import Key, Path
+
+
+def key_name(entry: Any) -> str:
+    """A key-path entry as a path name: ``0`` for a sequence index, the key for a dict,
+    the attribute for a dataclass field."""
+    for attr in ("key", "idx", "name"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
+
+
+@dataclasses.dataclass
+class Node:
+    """One object node found in a tree."""
+
+    obj: Any
+    kind: NodeKind
+    prefix: Path
+    cells: list[Cell]
+
+
+@dataclasses.dataclass
+class Graph:
+    """The nodes of a tree, in tree order, without repeats; ``places`` maps each node
+    position of the tree (leaf index when nodes are leaves) to its node index."""
+
+    nodes: list[Node]
+    places: list[int]
+    treedef: Any
+    leaves: list[Any]
+
+    @classmethod
+    def of(cls, tree: Any, names: Sequence[str] | None = None) -> "Graph":
+        """``names``: path names for the top level entries of a tuple ``tree`` (argument
+        names of the transformed function), instead of ``0``, ``1``, ..."""
+        with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)
+        nodes: list[Node] = []
+        places: list[int] = []
+        seen: dict[Any, int] = {}
+        for key_path, leaf in with_paths:
+            kind = kind_of(leaf)
+            if kind is None:
+                continue
+            cells = kind.cells(leaf)
+            ident = (id(leaf), tuple(c.identity for c in cells))
+            if ident in seen:
+                places.append(seen[ident])
+                continue
+            path = [key_name(k) for k in key_path]
+            if names is not None and path and path[0].isdigit() and int(path[0]) < len(names):
+                path[0] = names[int(path[0])]
+            seen[ident] = len(nodes)
+            places.append(len(nodes))
+            nodes.append(Node(leaf, kind, tuple(path), cells))
+        return cls(nodes, places, treedef, [leaf for _, leaf in with_paths])
+
+    @property
+    def cells(self) -> list[tuple[Node, Cell]]:
+        return [(n, c) for n in self.nodes for c in n.cells]
+
+    def full_path(self, node: Node, cell: Cell) -> Key:
+        return (cell.collection, node.prefix + cell.path)
+
+    def shared_cells(self) -> list[tuple[Cell, Node, Node]]:
+        """Variables reached through two different nodes (one module root seen through
+        two of its modules): ``(cell, first node, second node)``."""
+        first: dict[Any, Node] = {}
+        shared = []
+        for node, cell in self.cells:
+            other = first.setdefault(cell.identity, node)
+            if other is not node:
+                shared.append((cell, other, node))
+        return shared
+
+    def check_unshared(self, what: str) -> None:
+        """``TransformError`` when two different nodes share a variable: object mode
+        would see two variables where the program has one."""
+        for cell, a, b in self.shared_cells():
+            raise errors.TransformError(
+                f"{what}: variable {errors.format_path(cell.path)} of collection "
+                f"'{cell.collection}' is reached through two different objects, "
+                f"{errors.format_path(a.prefix)} and {errors.format_path(b.prefix)}.",
+                collection=cell.collection, path=b.prefix + cell.path, **errors.where(),
+                fix="pass the object that holds the variable once (the root module made by "
+                    "bind, not it and one of its submodules)")

@@ -1,0 +1,201 @@
+"""Object nodes and their cells: what object mode reads, writes back and splits.
+
+A *node* is an object that holds variables: a ``vj.Variable``, a ``vj.Rngs``, or
+a bound module (registered by ``varjax.nn``, which sits above this layer).  Each
+node shows its variables as *cells*: one variable each, with the collection
+and path it has inside the node, a getter and a setter.  A cell's ``identity``
+says when two nodes share a variable: one ``Variable`` object reached twice, or
+one bound module root reached through two modules.
+
+A node kind also says how to *bind* a node to a trace: give back an object of
+the same kind whose every access is a ``var_get``/``var_set`` of the running
+trace (``scope.Variable.at`` for a variable).  That is how object mode stays on
+the IR: the body of an object-mode transform sees only bound objects, and the
+discharge pass says which variables it wrote.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Hashable, Mapping, Protocol
+
+import jax
+
+from varjax import scope, streams
+from varjax.context import TraceContext
+from varjax.primitives import Key, Path
+from varjax.rngs import Rngs, RngStream
+
+
+@dataclasses.dataclass(eq=False)
+class Cell:
+    """One variable of a node: ``(collection, path)`` inside the node, and access to it."""
+
+    identity: Hashable
+    collection: str
+    path: Path
+    get: Callable[[], Any]
+    set: Callable[[Any], None]
+
+
+class NodeKind(Protocol):
+    """How object mode handles one kind of node (see the module docstring)."""
+
+    def accepts(self, x: Any) -> bool:
+        """Whether ``x`` is a node of this kind."""
+        ...
+
+    def cells(self, node: Any) -> list[Cell]:
+        """The node's variables, in a fixed order (the same for a node and its copies)."""
+        ...
+
+    def mutable(self, node: Any) -> Any:
+        """The collections a transformed function may write in this node (a filter)."""
+        ...
+
+    def trace_key(self, node: Any, cell: Cell, prefix: Path) -> Key:
+        """Where ``cell`` lives in the trace of a transformed function, the node being
+        at ``prefix`` in its arguments."""
+        ...
+
+    def explicit_rngs(self, node: Any) -> dict[str, Any]:
+        """RNG keys the node hands to the trace (a module bound with ``rngs={...}``)."""
+        ...
+
+    def bind(self, node: Any, prefix: Path, ctx: TraceContext) -> Any:
+        """An object like ``node`` whose variables are those of ``ctx`` at ``prefix``."""
+        ...
+
+    def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
+        """Record a variable the transformed function created under this node."""
+        ...
+
+
+_KINDS: list[NodeKind] = []
+
+
+def register_kind(kind: NodeKind) -> NodeKind:
+    """Add a node kind (``varjax.nn`` registers bound modules)."""
+    _KINDS.append(kind)
+    return kind
+
+
+def kind_of(x: Any) -> NodeKind | None:
+    for kind in _KINDS:
+        if kind.accepts(x):
+            return kind
+    return None
+
+
+def is_node(x: Any) -> bool:
+    return kind_of(x) is not None
+
+
+# --- vj.Variable ------------------------------------------------------------------------
+
+class VariableKind:
+    """A ``vj.Variable``: one cell, at the node's own path."""
+
+    def accepts(self, x: Any) -> bool:
+        return type(x) is scope.Variable
+
+    def cells(self, node: scope.Variable) -> list[Cell]:
+        identity = id(node) if node.path is None else (id(node._origin), node.collection, node.path)
+        def set_(value: Any) -> None:
+            node.value = value
+        return [Cell(identity, node.collection, (), lambda: node.value, set_)]
+
+    def mutable(self, node: scope.Variable) -> Any:
+        return node.collection
+
+    def trace_key(self, node: scope.Variable, cell: Cell, prefix: Path) -> Key:
+        return (node.collection, prefix)
+
+    def explicit_rngs(self, node: Any) -> dict[str, Any]:
+        return {}
+
+    def bind(self, node: scope.Variable, prefix: Path, ctx: TraceContext) -> scope.Variable:
+        return scope.Variable.at(node.collection, prefix, node.get_metadata(), ctx.origin)
+
+    def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
+        raise AssertionError("a Variable has no variables below it")
+
+
+# --- vj.Rngs ----------------------------------------------------------------------------
+
+class _TracedStream(RngStream):
+    """A stream of an ``Rngs`` inside an object-mode body: key and count are variables."""
+
+    def __init__(self, tag: str, key: scope.Variable, count: scope.Variable):
+        self.tag, self._key, self._count = tag, key, count
+
+    key = property(lambda self: self._key.value)
+    count = property(lambda self: self._count.value,
+                     lambda self, value: setattr(self._count, "value", value))
+
+
+def _stream_cells(stream: RngStream, name: str) -> list[Cell]:
+    def set_key(v: Any) -> None:
+        stream.key = v
+
+    def set_count(v: Any) -> None:
+        stream.count = v
+    return [Cell((id(stream), "key"), streams.STATE, (name, "key"), lambda: stream.key, set_key),
+            Cell((id(stream), "count"), streams.STATE, (name, "count"), lambda: stream.count,
+                 set_count)]
+
+
+class RngsKind:
+    """A ``vj.Rngs``: a key and a count per stream, collection ``rngs`` (as ``init`` keeps
+    RNG state: ``rngs:dropout/count``)."""
+
+    def accepts(self, x: Any) -> bool:
+        return type(x) is Rngs
+
+    def cells(self, node: Rngs) -> list[Cell]:
+        return [c for name in node for c in _stream_cells(node[name], name)]
+
+    def mutable(self, node: Rngs) -> Any:
+        return streams.STATE
+
+    def trace_key(self, node: Rngs, cell: Cell, prefix: Path) -> Key:
+        return (cell.collection, prefix + cell.path)
+
+    def explicit_rngs(self, node: Any) -> dict[str, Any]:
+        return {}
+
+    def bind(self, node: Rngs, prefix: Path, ctx: TraceContext) -> Rngs:
+        def var(name: str, part: str) -> scope.Variable:
+            return scope.Variable.at(streams.STATE, prefix + (name, part), None, ctx.origin)
+        bound = object.__new__(Rngs)
+        bound._streams = {name: _TracedStream(name, var(name, "key"), var(name, "count"))
+                          for name in node}
+        return bound
+
+    def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
+        raise AssertionError("an Rngs gains no variables")
+
+
+register_kind(VariableKind())
+register_kind(RngsKind())
+
+
+def rng_state_cells(rngs: Rngs) -> list[Cell]:
+    """The cells of an ``Rngs`` held by another node (a module bound with ``rngs=Rngs``)."""
+    return RngsKind().cells(rngs)
+
+
+def nested_get(tree: Mapping[str, Any], path: Path) -> Any:
+    for name in path:
+        tree = tree[name]
+    return tree
+
+
+def nested_set(tree: dict, path: Path, value: Any) -> None:
+    for name in path[:-1]:
+        tree = tree.setdefault(name, {})
+    tree[path[-1]] = value
+
+
+def stream_leaves(rngs: Rngs) -> tuple[list[Any], Any]:
+    """An ``Rngs``'s leaves and treedef, for node kinds that carry one."""
+    return jax.tree.flatten(rngs)

@@ -1,0 +1,182 @@
+"""One call of a function over object nodes, as a functionalized trace.
+
+``run(fn, args, kwargs)`` is the heart of object mode.  The nodes in the
+arguments become the variables of one ``vj.functionalize`` call, each cell at its
+full path (``params:model/Dense_0/kernel``); the function is traced with every
+node replaced by the same object bound to that trace (``NodeKind.bind``), so a
+read is a ``var_get`` and an update a ``var_set``; the pass pipeline runs as for
+any ``apply``, and the discharge signature says which variables were written.
+Nothing is compared in Python: an unchanged variable is one the IR never writes.
+
+The result says, per cell, the new value or ``None`` (unchanged), and per node the
+variables created under it; ``write_back`` applies both to the nodes.  The
+object-mode transforms call ``run`` inside the JAX transform, on the copies JAX
+makes of the argument objects, and ``write_back`` outside, on the originals.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+
+from varjax import errors, filters
+from varjax.caches import LRU
+from varjax.context import current
+from varjax.functionalize import Functionalized
+from varjax.objects.graph import Graph
+from varjax.objects.nodes import is_node
+from varjax.primitives import Key, Path
+
+
+@dataclasses.dataclass
+class Result:
+    """What a call changed: ``updates[i]`` is cell i's new value (None: unchanged),
+    ``created[j]`` the variables created under node j, ``captured`` what a ``capture``
+    collected (``{(collection, path): value}``, paths relative to the captured node)."""
+
+    updates: list[Any]
+    created: list[dict[Key, Any]]
+    captured: dict[Key, Any]
+
+
+jax.tree_util.register_dataclass(Result, data_fields=["updates", "created", "captured"],
+                                 meta_fields=[])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """Stands for node ``index`` in the arguments a trace is keyed by; ``static`` is the
+    node's structure (kind, collection, metadata, module class and fields)."""
+
+    index: int
+    static: Any
+
+
+def arg_names(fn: Callable) -> tuple[str, ...]:
+    """Path names for the positional arguments of ``fn`` (``model``, ``opt``...)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in params
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def graph_of(args: tuple, kwargs: Mapping[str, Any], names: Sequence[str]) -> Graph:
+    """The nodes of a call's arguments; argument i's nodes live under ``names[i]`` (else
+    ``args{i}``), a keyword argument's under its name."""
+    graph = Graph.of((args, dict(kwargs)))
+    for node in graph.nodes:
+        head, *rest = node.prefix
+        if head == "0":
+            i = int(rest[0])
+            rest[0] = names[i] if i < len(names) else f"args{i}"
+        node.prefix = tuple(rest)
+    return graph
+
+
+_TRACES = LRU()    # (fn, capture) -> Functionalized
+
+
+def _functionalized(fn: Callable, capture: Any) -> tuple[Functionalized, dict]:
+    key = (fn, capture)
+    found = _TRACES.get(key)
+    if found is None:
+        holder: dict[str, Any] = {}
+
+        def body(stripped: Any) -> Any:
+            graph, ctx = holder["graph"], current()
+            bound = [n.kind.bind(n.obj, n.prefix, ctx) for n in graph.nodes]
+            leaves = [bound[x.index] if isinstance(x, _Slot) else x
+                      for x in jax.tree.leaves(stripped, is_leaf=lambda x: isinstance(x, _Slot))]
+            args, kwargs = jax.tree.unflatten(graph.treedef, leaves)
+            return holder["fn"](*args, **kwargs)
+        body.__name__ = getattr(fn, "__name__", "fn")
+        found = _TRACES[key] = (Functionalized(body), holder)
+    return found
+
+
+def _static(node: Any) -> Any:
+    """What a node's structure contributes to the trace's cache key."""
+    leaves, tree = jax.tree.flatten(node.obj)
+    return (type(node.obj), tree)
+
+
+def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence[str] = (),
+        capture: Any = False, given: Mapping[Key, Any] | None = None,
+        capture_root: Path = ()) -> tuple[Any, Result]:
+    """``fn(*args, **kwargs)`` through the IR (see the module docstring).
+
+    ``capture``: a collection filter whose variables start empty and whose writes are
+    collected, not written back (paths relative to ``capture_root``); ``given``: starting
+    values for captured variables (``vj.capture(..., init=)``), relative to ``capture_root``."""
+    graph = graph_of(args, kwargs, names)
+    what = f"vj.{getattr(fn, '__name__', 'fn')}"
+    graph.check_unshared(what)
+    cells = graph.cells
+    keys = [node.kind.trace_key(node.obj, cell, node.prefix) for node, cell in cells]
+    flat: dict[Key, tuple[Any, list]] = {}
+    for key, (node, cell) in zip(keys, cells):
+        if capture is not False and filters.matches(capture, cell.collection):
+            continue          # a captured collection starts empty (or from ``given``)
+        if key in flat:
+            raise errors.TransformError(
+                f"{what}: two arguments hold variable {errors.format_path(key[1])} of "
+                f"collection '{key[0]}' (RNG state of two bound modules).",
+                collection=key[0], path=key[1], **errors.where(),
+                fix="bind one of the modules without an Rngs, or pass one module per call")
+        leaves, tree = jax.tree.flatten(cell.get())
+        flat[key] = (tree, leaves)
+    for (col, path), value in (given or {}).items():
+        leaves, tree = jax.tree.flatten(value)
+        flat[(col, capture_root + path)] = (tree, leaves)
+    mutable = tuple(filters.freeze(n.kind.mutable(n.obj)) for n in graph.nodes)
+    if capture is not False:
+        mutable += (filters.freeze(capture),)
+    rngs: dict[str, Any] = {}
+    for node in graph.nodes:
+        rngs.update(node.kind.explicit_rngs(node.obj))
+
+    functionalized, holder = _functionalized(fn, capture)
+    slots = {id(n.obj): _Slot(i, _static(n)) for i, n in enumerate(graph.nodes)}
+    stripped = jax.tree.unflatten(graph.treedef, [slots[id(x)] if is_node(x) else x
+                                                  for x in graph.leaves])
+    holder.update(graph=graph, fn=fn)
+    out, written, _ = functionalized.call(flat, (stripped,), {}, rngs, mutable, False)
+
+    updates = [None] * len(cells)
+    position = {k: i for i, k in enumerate(keys)}
+    created: list[dict[Key, Any]] = [{} for _ in graph.nodes]
+    captured: dict[Key, Any] = {}
+    for (col, path), value in written.items():
+        if capture is not False and filters.matches(capture, col):
+            if path[:len(capture_root)] == capture_root:
+                captured[(col, path[len(capture_root):])] = value
+            continue
+        if (col, path) in position:
+            updates[position[(col, path)]] = value
+            continue
+        owner = max((j for j, n in enumerate(graph.nodes) if path[:len(n.prefix)] == n.prefix),
+                    key=lambda j: len(graph.nodes[j].prefix), default=None)
+        if owner is None:
+            raise errors.TransformError(
+                f"{what}: variable {errors.format_path(path)} of collection '{col}' was "
+                "created outside every argument object, so there is nothing to keep it in.",
+                collection=col, path=path, **errors.where(),
+                fix="create variables inside a bound module passed as an argument, or return "
+                    "the value instead")
+        created[owner][(col, path[len(graph.nodes[owner].prefix):])] = value
+    return out, Result(updates, created, captured)
+
+
+def write_back(graph: Graph, result: Result) -> None:
+    """Apply a call's changes to the nodes it was given (originals, outside the JAX
+    transform; copies are never written back)."""
+    for (node, cell), value in zip(graph.cells, result.updates):
+        if value is not None:
+            cell.set(value)
+    for node, created in zip(graph.nodes, result.created):
+        for (col, path), value in created.items():
+            node.kind.add(node.obj, col, path, value)

@@ -1,0 +1,159 @@
+"""``vj.split`` / ``vj.merge`` / ``vj.state``: a node as a static graphdef and states.
+
+A state is a nested dict in the variables-dict layout, ``{collection: {scope:
+{name: value}}}``, where the scope is the node's place in the tree followed by the
+variable's path inside the node (``params:Dense_0/kernel`` for a bound module given
+alone).  A plain variables dict is its own state: its leaves are the variables.
+``split`` sorts every variable into the first filter that matches it; ``merge``
+builds new objects of the same structure from the values (JAX's unflatten of each
+object's treedef, so a bound module comes back as a bound module of the same class).
+An object reached twice is stored once and comes back as one object.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from varjax import errors, filters
+from varjax.objects.graph import Graph, key_name
+from varjax.objects.nodes import is_node
+from varjax.primitives import Key
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphDef:
+    """The static half of ``split``; hashable, so it can be a static ``jax.jit`` argument.
+
+    ``outer``: the treedef with every object a leaf; ``parts``: per outer leaf, the
+    variable it is (a plain leaf) or the index of the object; ``objects``: per object,
+    its own treedef and the ``(variable, number of leaves)`` of each of its cells."""
+
+    outer: Any
+    parts: tuple[tuple[str, Any], ...]
+    objects: tuple[tuple[Any, tuple[tuple[Key, int], ...]], ...]
+
+
+def _split_node(node: Any) -> tuple[GraphDef, list[tuple[Key, Any]]]:
+    graph = Graph.of(node)
+    with_paths = jax.tree_util.tree_flatten_with_path(node, is_leaf=is_node)[0]
+    entries: list[tuple[Key, Any]] = []
+    parts: list[tuple[str, Any]] = []
+    place = iter(graph.places)
+    for key_path, leaf in with_paths:
+        if is_node(leaf):
+            parts.append(("object", next(place)))
+            continue
+        names = tuple(key_name(k) for k in key_path)
+        if not names:
+            raise errors.TransformError(
+                "vj.split: the node is a bare array; a state needs a collection.",
+                **errors.where(), fix="wrap it: vj.Variable(x), or {'params': {'x': x}}")
+        key = (names[0], names[1:])
+        parts.append(("variable", key))
+        entries.append((key, leaf))
+    objects = []
+    for n in graph.nodes:
+        cells = []
+        for cell in n.cells:
+            key, value = (cell.collection, n.prefix + cell.path), cell.get()
+            entries.append((key, value))
+            cells.append((key, len(jax.tree.leaves(value))))
+        objects.append((jax.tree.structure(n.obj), tuple(cells)))
+    return GraphDef(graph.treedef, tuple(parts), tuple(objects)), entries
+
+
+def _matches(f: Any, key: Key, value: Any) -> bool:
+    """Whether filter ``f`` takes the variable ``key``: a collection name, a list or tuple
+    (any), ``True``/``...`` (all), ``False``, ``vj.DenyList``, or ``pred(path, value)``."""
+    if f is Ellipsis:
+        return True
+    if isinstance(f, filters.DenyList):
+        return not _matches(f.deny, key, value)
+    if isinstance(f, (tuple, list)):
+        return any(_matches(x, key, value) for x in f)
+    if callable(f):
+        return bool(f((key[0], *key[1]), value))
+    return filters.matches(f, key[0])
+
+
+def _nest(entries: list[tuple[Key, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (col, path), value in entries:
+        if not path:
+            out[col] = value
+            continue
+        node = out.setdefault(col, {})
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = value
+    return out
+
+
+def split(node: Any, *filters_: Any) -> tuple:
+    """``(graphdef, state)``, or ``(graphdef, s1, ..., sn)``: one state per filter, each
+    variable in the first filter it matches (``TransformError`` if none)."""
+    graphdef, entries = _split_node(node)
+    chosen = filters_ or (True,)
+    groups: list[list[tuple[Key, Any]]] = [[] for _ in chosen]
+    for key, value in entries:
+        for group, f in zip(groups, chosen):
+            if _matches(f, key, value):
+                group.append((key, value))
+                break
+        else:
+            raise errors.TransformError(
+                f"vj.split: variable {errors.format_path(key[1])} of collection '{key[0]}' "
+                "matches none of the filters.", collection=key[0], path=key[1],
+                **errors.where(), fix="add a filter that matches it, or end with ... (the rest)")
+    return (graphdef, *(_nest(g) for g in groups))
+
+
+def state(node: Any, *filters_: Any) -> Any:
+    """The state of ``node``: one dict, or a tuple of dicts for several filters."""
+    _, *states = split(node, *filters_)
+    return tuple(states) if len(filters_) > 1 else states[0]
+
+
+def _flat(state_: Any, into: dict[Key, Any]) -> None:
+    if not isinstance(state_, dict):
+        raise TypeError(f"vj.merge: a state is a dict of collections, got {type(state_).__name__}")
+
+    def visit(col: str, path: tuple, sub: Any) -> None:
+        if isinstance(sub, dict):
+            for k, v in sub.items():
+                visit(col, path + (str(k),), v)
+            return
+        if (col, path) in into:
+            raise errors.TransformError(
+                f"vj.merge: variable {errors.format_path(path)} of collection '{col}' is in "
+                "two of the states.", collection=col, path=path, **errors.where(),
+                fix="pass each variable in one state, as split returned them")
+        into[(col, path)] = sub
+    for col, tree in state_.items():
+        visit(col, (), tree)
+
+
+def merge(graphdef: GraphDef, *states: Any) -> Any:
+    """The node that ``split`` took apart, as new objects holding the states' values."""
+    if not isinstance(graphdef, GraphDef):
+        raise TypeError(f"vj.merge needs the graphdef vj.split returned, got "
+                        f"{type(graphdef).__name__}")
+    values: dict[Key, Any] = {}
+    for s in states:
+        _flat(s, values)
+
+    def value(key: Key) -> Any:
+        if key not in values:
+            raise errors.TransformError(
+                f"vj.merge: variable {errors.format_path(key[1])} of collection '{key[0]}' is "
+                "in none of the states.", collection=key[0], path=key[1], **errors.where(),
+                fix="pass every state that split returned")
+        return values[key]
+    objects = []
+    for treedef, cells in graphdef.objects:
+        leaves = [x for key, _ in cells for x in jax.tree.leaves(value(key))]
+        objects.append(jax.tree.unflatten(treedef, leaves))
+    outer = [objects[ref] if kind == "object" else value(ref) for kind, ref in graphdef.parts]
+    return jax.tree.unflatten(graphdef.outer, outer)

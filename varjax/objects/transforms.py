@@ -1,0 +1,361 @@
+"""Object-mode transforms: a JAX transform of ``run``, and the updates written back.
+
+Each one is the design note's "simple transform" on varjax's IR:
+
+    graph = nodes of the arguments                    (the originals)
+    out, result = jax_transform(pure)(*args)          JAX copies the objects (pytrees)
+        pure: run(fn, copies)                          a functionalized trace: reads are
+                                                       var_get, updates var_set, and the
+                                                       discharge pass says what was written
+    write_back(graph, result)                         only the variables written
+
+JAX does the structural work: objects are pytrees, so ``in_axes`` prefixes, ``argnums``
+and cotangent types follow JAX's rules (``grad`` of a bound module is a bound module of
+the same class).  What is left here is the bookkeeping per transform: the axes of the
+updates under ``vmap``, the aux output of ``grad``, the carry of the loops.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from varjax import errors
+from varjax.objects.graph import Graph
+from varjax.objects.nodes import is_node
+from varjax.objects.run import Result, arg_names, graph_of, run, write_back
+
+
+def _dealias(args: tuple, kwargs: dict, places: tuple[int, ...]) -> tuple[tuple, dict]:
+    """The copies JAX made, with one copy per original object: a node passed twice is one
+    object inside, as outside."""
+    if places == tuple(range(len(places))):
+        return args, kwargs
+    leaves, tree = jax.tree.flatten((args, kwargs), is_leaf=is_node)
+    first: dict[int, Any] = {}
+    k = 0
+    for i, leaf in enumerate(leaves):
+        if is_node(leaf):
+            leaves[i] = first.setdefault(places[k], leaf)
+            k += 1
+    return jax.tree.unflatten(tree, leaves)
+
+
+class _Pure:
+    """``fn`` as the pure function a JAX transform takes: ``(*copies) -> (out, Result)``,
+    one per argument structure (aliasing), cached so JAX's caches see the same function."""
+
+    def __init__(self, fn: Callable, names: Sequence[str]):
+        self.fn, self.names = fn, tuple(names)
+        self._made: dict[Any, Callable] = {}
+
+    def get(self, key: Any, make: Callable[[Callable], Callable]) -> Callable:
+        found = self._made.get(key)
+        if found is None:
+            places = key[0]
+
+            def pure(*args: Any, **kwargs: Any) -> tuple[Any, Result]:
+                args, kwargs = _dealias(args, kwargs, places)
+                return run(self.fn, args, kwargs, names=self.names)
+            functools.update_wrapper(pure, self.fn)
+            found = self._made[key] = make(pure)
+        return found
+
+
+def _wrapper(fn: Callable, call: Callable[..., Any]) -> Callable:
+    wrapped = functools.wraps(fn)(call)
+    wrapped.varjax_object_mode = True
+    return wrapped
+
+
+# --- jit, remat ---------------------------------------------------------------------------
+
+def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
+        donate_argnums: int | Sequence[int] = ()) -> Callable:
+    """``jax.jit`` over objects: their variables are traced inputs; updates come back."""
+    pure = _Pure(fn, arg_names(fn))
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        graph = graph_of(args, kwargs, pure.names)
+        jitted = pure.get((tuple(graph.places),), lambda p: jax.jit(
+            p, static_argnums=static_argnums, donate_argnums=donate_argnums))
+        out, result = jitted(*args, **kwargs)
+        write_back(graph, result)
+        return out
+    return _wrapper(fn, call)
+
+
+def remat(fn: Callable, *, prevent_cse: bool = True, static_argnums: int | Sequence[int] = (),
+          policy: Callable | None = None) -> Callable:
+    """``jax.checkpoint`` over objects."""
+    pure = _Pure(fn, arg_names(fn))
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        graph = graph_of(args, kwargs, pure.names)
+        checkpointed = pure.get((tuple(graph.places),), lambda p: jax.checkpoint(
+            p, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy))
+        out, result = checkpointed(*args, **kwargs)
+        write_back(graph, result)
+        return out
+    return _wrapper(fn, call)
+
+
+# --- vmap ---------------------------------------------------------------------------------
+
+def _node_axes(in_axes: Any, args: tuple, kwargs: dict, graph: Graph, what: str) -> list[Any]:
+    """The axis of every node (``in_axes`` as JAX broadcasts it, keyword arguments at 0);
+    ``TransformError`` when one object is passed at two different axes."""
+    prefix = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+    if len(prefix) != len(args):
+        raise ValueError(f"{what}: in_axes has {len(prefix)} entries for {len(args)} arguments")
+    per_place: list[Any] = []
+
+    def visit(axis: Any, sub: Any) -> None:
+        per_place.extend([axis] * sum(map(is_node, jax.tree.leaves(sub, is_leaf=is_node))))
+    for axis, arg in zip(prefix, args):
+        jax.tree.map(visit, axis, arg, is_leaf=lambda x: x is None)
+    for value in kwargs.values():
+        visit(0, value)
+    axes: dict[int, Any] = {}
+    for node_index, axis in zip(graph.places, per_place):
+        if axes.setdefault(node_index, axis) != axis:
+            node = graph.nodes[node_index]
+            raise errors.InconsistentAliasError(
+                f"{what}: one object is passed twice, with in_axes {axes[node_index]} and "
+                f"{axis}; it has one value, so it cannot be both.",
+                path=node.prefix, **errors.where(),
+                fix="pass it once, or with the same axis in both places")
+    return [axes[i] for i in range(len(graph.nodes))]
+
+
+def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
+         axis_size: int | None = None, axis_name: Any = None) -> Any:
+    """``jax.vmap`` over objects; an update is stacked along its object's axis."""
+    if fn is None:
+        return functools.partial(vmap, in_axes=in_axes, out_axes=out_axes,
+                                 axis_size=axis_size, axis_name=axis_name)
+    pure = _Pure(fn, arg_names(fn))
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        graph = graph_of(args, kwargs, pure.names)
+        axes = _node_axes(in_axes, args, kwargs, graph, "vj.vmap")
+        cell_axes = [axes[graph.nodes.index(node)] for node, _ in graph.cells]
+        result_axes = Result(cell_axes, axes, 0)
+        vmapped = pure.get((tuple(graph.places), tuple(cell_axes)), lambda p: jax.vmap(
+            p, in_axes=tuple(in_axes) if isinstance(in_axes, list) else in_axes,
+            out_axes=(out_axes, result_axes), axis_size=axis_size, axis_name=axis_name))
+        try:
+            out, result = vmapped(*args, **kwargs)
+        except ValueError as e:
+            if "out_axes" not in str(e) or None not in axes:
+                raise
+            raise errors.TransformError(
+                "vj.vmap: a variable of an object passed with in_axes=None (one copy for every "
+                "batch member) was written with a different value per member.",
+                **errors.where(),
+                fix="pass the object with an axis (in_axes=0) to keep one copy per member, or "
+                    "write a value that does not depend on the mapped inputs") from e
+        write_back(graph, result)
+        return out
+    return _wrapper(fn, call)
+
+
+# --- grad ---------------------------------------------------------------------------------
+
+def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
+                   has_aux: bool = False) -> Callable:
+    """``jax.value_and_grad`` over objects: every float variable of the ``argnums``
+    arguments is differentiated (integer ones get ``float0`` zeros), and the gradient has
+    the argument's type (a bound module of cotangents for a bound module)."""
+    pure = _Pure(fn, arg_names(fn))
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        graph = graph_of(args, kwargs, pure.names)
+
+        def make(p: Callable) -> Callable:
+            def loss(*a: Any, **k: Any) -> Any:
+                out, result = p(*a, **k)
+                value, aux = out if has_aux else (out, None)
+                return value, (aux, result)
+            return jax.value_and_grad(loss, argnums=argnums, has_aux=True, allow_int=True)
+        (value, (aux, result)), grads = pure.get((tuple(graph.places),), make)(*args, **kwargs)
+        write_back(graph, result)
+        return ((value, aux) if has_aux else value), grads
+    return _wrapper(fn, call)
+
+
+def grad(fn: Callable, *, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+    """``jax.grad`` over objects (see ``value_and_grad``)."""
+    both = value_and_grad(fn, argnums=argnums, has_aux=has_aux)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out, grads = both(*args, **kwargs)
+        return (grads, out[1]) if has_aux else grads
+    return _wrapper(fn, call)
+
+
+# --- custom_vjp ---------------------------------------------------------------------------
+
+class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
+    """``jax.custom_vjp`` over objects: ``bwd(res, g)`` gets the output cotangent only and
+    returns one cotangent per positional argument, shaped like it (a bound module of
+    cotangents for a bound module).  A float variable may not be updated inside ``fn``
+    (its update would have no derivative rule); integer ones may."""
+
+    def __init__(self, fn: Callable, *, nondiff_argnums: Sequence[int] = ()):
+        functools.update_wrapper(self, fn)
+        self.fn, self.nondiff_argnums = fn, tuple(nondiff_argnums)
+        self.names = arg_names(fn)
+        self.fwd: Callable | None = None
+        self.bwd: Callable | None = None
+
+    def defvjp(self, fwd: Callable, bwd: Callable) -> None:
+        self.fwd, self.bwd = fwd, bwd
+
+    def _checked(self, graph: Graph, result: Result) -> Result:
+        for (node, cell), value in zip(graph.cells, result.updates):
+            if value is not None and any(jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+                                         for x in jax.tree.leaves(value)):
+                raise errors.TransformError(
+                    f"vj.custom_vjp: float variable {errors.format_path(cell.path)} of "
+                    f"collection '{cell.collection}' is updated inside "
+                    f"{getattr(self.fn, '__name__', 'the function')}; its update would have "
+                    "no derivative rule.", collection=cell.collection,
+                    path=node.prefix + cell.path, **errors.where(),
+                    fix="update it outside the custom_vjp function, or keep it an integer")
+        return result
+
+    def __call__(self, *args: Any) -> Any:
+        if self.fwd is None or self.bwd is None:
+            raise errors.TransformError(
+                f"vj.custom_vjp: {getattr(self.fn, '__name__', 'the function')} was called "
+                "before defvjp(fwd, bwd).", **errors.where(), fix="call f.defvjp(fwd, bwd) first")
+        graph = graph_of(args, {}, self.names)
+        places = tuple(graph.places)
+
+        def primal(*a: Any) -> tuple[Any, Result]:
+            a, _ = _dealias(a, {}, places)
+            out, result = run(self.fn, a, {}, names=self.names)
+            return out, self._checked(graph_of(a, {}, self.names), result)
+
+        def forward(*a: Any) -> tuple[tuple[Any, Result], Any]:
+            a, _ = _dealias(a, {}, places)
+            (out, residuals), result = run(self.fwd, a, {}, names=self.names)
+            return (out, self._checked(graph_of(a, {}, self.names), result)), residuals
+
+        def backward(*rest: Any) -> tuple:
+            residuals, (g, _) = rest[-2], rest[-1]
+            cotangents = tuple(self.bwd(residuals, g))
+            return tuple(jax.tree.map(_cotangent, ct, x)
+                         for ct, x in zip(cotangents, primal_avals))
+        primal_avals = [jax.tree.map(jax.typeof, a) for i, a in enumerate(args)
+                        if i not in self.nondiff_argnums]
+        f = jax.custom_vjp(primal, nondiff_argnums=self.nondiff_argnums)
+        f.defvjp(forward, backward)
+        out, result = f(*args)
+        write_back(graph, result)
+        return out
+
+
+def _cotangent(ct: Any, aval: Any) -> Any:
+    """A cotangent JAX accepts for a primal of type ``aval``: ``float0`` for integers."""
+    if jnp.issubdtype(aval.dtype, jnp.inexact):
+        return ct
+    return jnp.zeros(aval.shape, jax.dtypes.float0)
+
+
+# --- control flow -------------------------------------------------------------------------
+
+def _run_out(fn: Callable, args: tuple, written: set[int]) -> Any:
+    """``fn(*args)``'s output, its updates kept on the (copied) argument objects; the
+    indices of the cells it wrote are added to ``written``."""
+    graph = Graph.of((args, {}))
+    out, result = run(fn, args, {}, names=arg_names(fn))
+    _no_creation(fn, result)
+    written.update(i for i, v in enumerate(result.updates) if v is not None)
+    write_back(graph, result)
+    return out
+
+
+def _no_creation(fn: Callable, result: Result) -> None:
+    for created in result.created:
+        for col, path in created:
+            raise errors.VariableCreationError(
+                f"{getattr(fn, '__name__', 'a function')} creates variable "
+                f"{errors.format_path(path)} of collection '{col}' inside a loop or branch, "
+                "where it would exist in some iterations only.", collection=col, path=path,
+                **errors.where(), fix="create it before the loop or conditional")
+
+
+def _copy_into(graph: Graph, final: Any, written: set[int]) -> None:
+    """Set the originals' written variables to those of ``final`` (the same structure)."""
+    after = Graph.of((final, {}))
+    for i, ((_, cell), (_, new)) in enumerate(zip(graph.cells, after.cells)):
+        if i in written:
+            cell.set(new.get())
+
+
+def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any) -> Any:
+    """``jax.lax.cond`` over objects: a variable written in either branch is updated."""
+    return switch(jnp.asarray(pred, jnp.int32), [false_fun, true_fun], *operands)
+
+
+def switch(index: Any, branches: Sequence[Callable], *operands: Any) -> Any:
+    """``jax.lax.switch`` over objects: each branch returns its output and the operands'
+    objects as it left them, so JAX sees the same structure from every branch."""
+    graph, written = Graph.of((operands, {})), set()
+
+    def branch(fn: Callable) -> Callable:
+        def run_branch(*ops: Any) -> Any:
+            ops = _dealias(ops, {}, tuple(graph.places))[0]
+            return _run_out(fn, ops, written), ops
+        return run_branch
+    out, final = jax.lax.switch(index, [branch(fn) for fn in branches], *operands)
+    _copy_into(graph, final, written)
+    return out
+
+
+def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
+    """``jax.lax.while_loop`` over objects in the carry: the body's updates are carried."""
+    graph, written = Graph.of((init_val, {})), set()
+    final = jax.lax.while_loop(lambda v: _run_out(cond_fun, (v,), written),
+                               lambda v: _run_out(body_fun, (v,), written), init_val)
+    _copy_into(graph, final, written)
+    return final
+
+
+def fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any) -> Any:
+    """``jax.lax.fori_loop`` over objects in the carry."""
+    graph, written = Graph.of((init_val, {})), set()
+    final = jax.lax.fori_loop(lower, upper, lambda i, v: _run_out(body_fun, (i, v), written),
+                              init_val)
+    _copy_into(graph, final, written)
+    return final
+
+
+def scan(fn: Callable, *, length: int | None = None, reverse: bool = False,
+         unroll: int | bool = 1) -> Callable:
+    """``jax.lax.scan`` over objects, as ``(carry, xs) -> (carry, ys)``: objects in the carry
+    are carried (updated every step), objects in ``xs`` are sliced per step and their
+    updates stacked along axis 0."""
+    names = arg_names(fn)
+
+    def call(init: Any, xs: Any) -> Any:
+        carry_graph, xs_graph, written = Graph.of((init, {})), Graph.of((xs, {})), set()
+
+        def step(carry: Any, x: Any) -> Any:
+            n = len(Graph.of((carry, {})).cells)
+            (new_carry, y), result = run(fn, (carry, x), {}, names=names)
+            _no_creation(fn, result)
+            written.update(i for i, v in enumerate(result.updates[:n]) if v is not None)
+            return new_carry, (y, result.updates[n:])
+        final, (ys, stacked) = jax.lax.scan(step, init, xs, length=length, reverse=reverse,
+                                            unroll=unroll)
+        for (_, cell), value in zip(xs_graph.cells, stacked):
+            if value is not None:
+                cell.set(value)
+        _copy_into(carry_graph, final, written)
+        return final, ys
+    return _wrapper(fn, call)
