@@ -111,8 +111,11 @@ def split(node: Any, *filters_: Any) -> tuple:
 
 
 def state(node: Any, *filters_: Any) -> Any:
-    """The state of ``node``: one dict, or a tuple of dicts for several filters."""
-    _, *states = split(node, *filters_)
+    """The state of ``node``: one dict, or a tuple of dicts for several filters.  Unlike
+    ``split``, a variable that matches no filter is left out (it is not asked for)."""
+    if not filters_:
+        return split(node)[1]
+    _, *states, _ = split(node, *filters_, ...)
     return tuple(states) if len(filters_) > 1 else states[0]
 
 
