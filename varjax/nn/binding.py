@@ -80,14 +80,16 @@ class BoundRoot(_Root):
     @classmethod
     def restore(cls, variables: dict[str, Any], rngs: Any, mutable: Any) -> "BoundRoot":
         """A root over ``variables`` as they are (a pytree's leaves, maybe not arrays: JAX
-        unflattens with placeholders too), without the checks of ``bind``."""
+        unflattens with placeholders too), without the checks of ``bind``; ``rngs`` is an
+        ``Rngs``, ``{}``, or ``(keys, calls)``."""
         root = object.__new__(cls)
         _Root.__init__(root)
         root.variables = variables
         root.held = rngs if isinstance(rngs, Rngs) else None
-        root.rngs = {} if root.held is not None else dict(rngs)
+        keys, calls = ({}, 0) if root.held is not None or rngs == {} else rngs
+        root.rngs, root.calls = dict(keys), calls
         root.mutable = mutable
-        root.origin, root.calls, root._fns = None, 0, {}
+        root.origin, root._fns = None, {}
         return root
 
     def _next_rngs(self) -> Any:

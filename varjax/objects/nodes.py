@@ -69,6 +69,10 @@ class NodeKind(Protocol):
         """Record a variable the transformed function created under this node."""
         ...
 
+    def finish(self, node: Any) -> None:
+        """After a call: advance what the node counts per call."""
+        ...
+
 
 _KINDS: list[NodeKind] = []
 
@@ -118,6 +122,9 @@ class VariableKind:
 
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("a Variable has no variables below it")
+
+    def finish(self, node: Any) -> None:
+        pass
 
 
 # --- vj.Rngs ----------------------------------------------------------------------------
@@ -173,6 +180,9 @@ class RngsKind:
 
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("an Rngs gains no variables")
+
+    def finish(self, node: Any) -> None:
+        pass
 
 
 register_kind(VariableKind())

@@ -180,3 +180,4 @@ def write_back(graph: Graph, result: Result) -> None:
     for node, created in zip(graph.nodes, result.created):
         for (col, path), value in created.items():
             node.kind.add(node.obj, col, path, value)
+        node.kind.finish(node.obj)

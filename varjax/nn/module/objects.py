@@ -99,8 +99,19 @@ class ModuleKind:
         return (cell.collection, prefix + cell.path)
 
     def explicit_rngs(self, module: Any) -> dict[str, Any]:
+        """A module bound with keys draws what its n-th eager call would (``BoundRoot``):
+        the keys at call 0, then ``fold_in(key, n)``; n is a leaf of the pytree."""
         root = _object_root(module)
-        return dict(root.rngs) if isinstance(root, BoundRoot) and root.held is None else {}
+        if not isinstance(root, BoundRoot) or root.held is not None or not root.rngs:
+            return {}
+        n = root.calls
+        return {s: jax.lax.cond(n == 0, lambda k=k: k, lambda k=k: streams.derive(k, n))
+                for s, k in root.rngs.items()}
+
+    def finish(self, module: Any) -> None:
+        root = _object_root(module)
+        if isinstance(root, BoundRoot) and root.held is None and root.rngs:
+            root.calls = root.calls + 1
 
     def bind(self, module: Any, prefix: Path, ctx: TraceContext) -> Any:
         root = _object_root(module)
@@ -209,7 +220,7 @@ def flatten_module(module: Any) -> tuple[tuple, Any]:
         rng_part: Any = Rngs(**{s: RngStream(state[(s, "key")], state[(s, "count")], tag=s)
                                 for s in root.rng_streams}) if root.rng_streams else {}
     else:
-        rng_part = root.held if root.held is not None else dict(root.rngs)
+        rng_part = root.held if root.held is not None else (dict(root.rngs), root.calls)
     aux = _BoundDef(_template(module), tuple((c.collection, c.path) for c in cells),
                     tuple(trees), filters.freeze(root.mutable), jax.tree.structure(rng_part))
     return (tuple(values), rng_part), aux
