@@ -15,6 +15,16 @@ hand); every other row is a ratio against it, measured in the same run:
   written variables go back into the root.  Target <= 1.1.
 * **varjax.nn, lifted nn.jit, bound**: the same method under ``nn.jit`` (a jit nested
   inside the bound call's own); no target, it shows what the lifted jit adds.
+* **varjax object mode**: NNX-style user code, ``@vj.jit def train_step(model, opt_state,
+  x, y)`` over ``model = MLP().bind(variables, mutable="params")`` and ``opt_state =
+  vj.Variable(tx.init(params), collection="opt_state")``.  Inside, ``vj.value_and_grad``
+  of the loss gives a bound module of cotangents (``vj.state(grads)["params"]``), Optax
+  updates the parameters, and the step writes them into the model (``put_variable`` per
+  layer) and the new Adam state into ``opt_state.value``; ``vj.jit`` writes both back to
+  the argument objects, so the model is updated in place as an ``nnx.Optimizer`` step
+  updates an NNX model.  Each call finds the argument objects' variables, dispatches
+  through ``jax.jit`` of the cached pure function, and writes back what was written.
+  Target <= 1.1.
 * For reference: Flax Linen (``jax.jit`` around ``apply``) and Flax NNX:
   ``nnx.jit`` in graph mode (the default), ``nnx.jit(graph=False)`` (tree mode), and the
   functional ``nnx.split``/``nnx.merge`` style inside a raw ``jax.jit``.
@@ -23,11 +33,16 @@ Time: one repetition runs ``STEPS`` steps, each feeding its outputs to the next,
 blocks on the last; the value is the median per-step time over ``REPS`` interleaved
 repetitions after a warm-up (compilation) repetition.
 
+The object-mode row is checked against pure JAX before it is timed: the same loss and
+parameters after ``CHECK_STEPS`` steps from the same start (rtol 1e-5).
+
 The second table counts the HLO instructions XLA compiles for the whole train step
 (``jax.jit(step).lower(...).compile().as_text()``), per op kind, varjax vs pure JAX.
 Both compute the same math from the same parameters, so the counts must be equal:
 varjax's passes leave nothing in the program.  Any op kind whose count differs is
-named in the table.
+named in the table.  The object-mode ``vj.jit`` step has no ``.lower``: its row lowers a
+pure function that binds the model to traced variables, calls the ``vj.jit`` step (a
+``jax.jit`` nested in the outer one, as it runs) and returns ``vj.state(model)``.
 """
 from __future__ import annotations
 
@@ -45,6 +60,7 @@ import optax
 from flax import nnx
 from jax import lax
 
+import varjax as vj
 import varjax.nn
 from bench.harness import Case, Table, compare
 
@@ -53,6 +69,8 @@ BATCH = 32
 STEPS = 50
 REPS = 31
 TARGET = 1.1
+CHECK_STEPS = 5
+OBJECT_ROW = "varjax object mode: vj.jit over a bound module and an optax state"
 
 tx = optax.adam(1e-3)
 
@@ -96,6 +114,36 @@ class Trainer(mlp_class(varjax.nn)):
             for name, value in new_params[f"layers_{i}"].items():
                 layer.put_variable("params", name, value)
         return loss
+
+
+VarjaxMLP = mlp_class(varjax.nn)
+
+
+def mse_of(model: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+    return mse(model(x), y)
+
+
+@vj.jit
+def object_step(model: Any, opt_state: vj.Variable, x: jax.Array, y: jax.Array) -> jax.Array:
+    """The object-mode train step: ``model`` (bound with ``mutable="params"``) and
+    ``opt_state`` (a ``vj.Variable``) are updated in place."""
+    loss, grads = vj.value_and_grad(mse_of)(model, x, y)
+    params = vj.state(model)["params"]
+    updates, opt_state.value = tx.update(vj.state(grads)["params"], opt_state.value, params)
+    new_params = optax.apply_updates(params, updates)
+    for i, layer in enumerate(model.layers):
+        for name, value in new_params[f"layers_{i}"].items():
+            layer.put_variable("params", name, value)
+    return loss
+
+
+def object_pure(variables: dict, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple:
+    """``object_step`` as a pure function (for ``jax.jit(...).lower``): the model and the
+    optimizer state are made from the (traced) inputs, and their new values returned."""
+    model = VarjaxMLP().bind(variables, mutable="params")
+    opt = vj.Variable(opt_state, collection="opt_state")
+    loss = object_step(model, opt, x, y)
+    return vj.state(model), opt.value, loss
 
 
 def pure_forward(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
@@ -199,6 +247,11 @@ def dispatch_cases(key: jax.Array, x: jax.Array, y: jax.Array) -> dict[str, Case
         b = module.bind({"params": params, "opt_state": {"adam": tx.init(params)}}, mutable=True)
         return loop(lambda: b.train_step(x, y))
 
+    def object_mode() -> Case:
+        model = VarjaxMLP().bind(variables, mutable="params")
+        opt_state = vj.Variable(tx.init(params), collection="opt_state")
+        return loop(lambda: object_step(model, opt_state, x, y))
+
     def nnx_jit(graph: bool) -> Case:
         model = NnxMLP(nnx.Rngs(0))
         optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param, graph=graph)
@@ -228,11 +281,28 @@ def dispatch_cases(key: jax.Array, x: jax.Array, y: jax.Array) -> dict[str, Case
         "varjax.nn, jax.jit around apply": jitted(module_step(Trainer()), variables, params),
         "varjax.nn, bound module": bound(Trainer()),
         "varjax.nn, lifted nn.jit, bound": bound(varjax.nn.jit(Trainer)()),
+        OBJECT_ROW: object_mode(),
         "flax.linen, jax.jit around apply": jitted(module_step(linen), linen_vars, linen_vars["params"]),
         "nnx.jit (graph mode)": nnx_jit(True),
         "nnx.jit(graph=False) (tree mode)": nnx_jit(False),
         "nnx split/merge in jax.jit": nnx_split_merge(),
     }
+
+
+def check_object_mode(key: jax.Array, x: jax.Array, y: jax.Array) -> None:
+    """``object_step`` gives pure JAX's losses and parameters, step by step."""
+    variables = VarjaxMLP().init(key, x)
+    flat = flat_params(variables)
+    model = VarjaxMLP().bind(variables, mutable="params")
+    opt_state = vj.Variable(tx.init(variables["params"]), collection="opt_state")
+    pure, state = jax.jit(pure_step), [flat, tx.init(flat)]
+    for i in range(CHECK_STEPS):
+        loss = object_step(model, opt_state, x, y)
+        state[0], state[1], ref = pure(state[0], state[1], x, y)
+        np.testing.assert_allclose(loss, ref, rtol=1e-5, err_msg=f"{OBJECT_ROW}: loss, step {i}")
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7,
+                                                         err_msg=f"{OBJECT_ROW}: params"),
+                 flat_params(vj.state(model)), state[0])
 
 
 def dispatch_table(key: jax.Array, x: jax.Array, y: jax.Array) -> Table:
@@ -243,10 +313,15 @@ def dispatch_table(key: jax.Array, x: jax.Array, y: jax.Array) -> Table:
              f"of {REPS} interleaved repetitions after a warm-up one. 'bound module' = "
              "`model.bind(variables, mutable=True).train_step(x, y)`, the method updating params "
              "and Adam state (collection `opt_state`) in place; 'lifted nn.jit' = the same under "
-             "`nn.jit(Trainer)`. NNX: `nnx.jit` graph mode (default) and `graph=False` (tree "
+             "`nn.jit(Trainer)`. 'object mode' = `@vj.jit def train_step(model, opt_state, x, y)` "
+             "over `MLP().bind(variables, mutable='params')` and a `vj.Variable` holding the Adam "
+             "state, both updated in place (checked against pure JAX over "
+             f"{CHECK_STEPS} steps). NNX: `nnx.jit` graph mode (default) and `graph=False` (tree "
              "mode); 'split/merge' = `nnx.merge`/`nnx.state` inside a raw `jax.jit`. The ratio of the "
              "fastest repetitions is shown too: on a loaded machine it is the steadier one.")
-    targets = {"varjax.nn, jax.jit around apply": TARGET, "varjax.nn, bound module": TARGET}
+    targets = {"varjax.nn, jax.jit around apply": TARGET, "varjax.nn, bound module": TARGET,
+               OBJECT_ROW: TARGET}
+    check_object_mode(key, x, y)
     timings = compare(dispatch_cases(key, x, y), reps=REPS)
     base_min = timings[table.baseline].min
     for name, timing in timings.items():
@@ -295,6 +370,8 @@ def hlo_table(key: jax.Array, x: jax.Array, y: jax.Array) -> Table:
         "varjax.nn, stateful train_step (apply, mutable)": (
             lambda v, x, y: Trainer().apply(v, x, y, method=Trainer.train_step, mutable=True),
             ({"params": params, "opt_state": {"adam": tx.init(params)}}, x, y)),
+        "varjax object mode (vj.jit step, bound module)": (
+            object_pure, (variables, tx.init(params), x, y)),
         "flax.linen, jax.jit around apply": (module_step(mlp_class(flax.linen)()),
                                              (linen_vars, tx.init(params), x, y)),
     }
@@ -321,9 +398,11 @@ def hlo_table(key: jax.Array, x: jax.Array, y: jax.Array) -> Table:
              "list every op kind whose count differs from pure JAX (this - pure). Target: equal counts "
              "and no HLO diff. All rows are checked to give the same loss and new parameters. "
              "'stateful train_step' is what the bound module runs (params and Adam state written by "
-             "the method). varjax's `apply` stages its cached pure jaxpr as a `jit` equation (under "
-             "differentiation: one call for the forward, one for its transpose): StableHLO "
-             "`func.func`/`call`/`return` that XLA inlines.")
+             "the method). 'object mode' lowers `object_pure`: the model bound to the traced "
+             "variables, the `vj.jit` step called on it (a nested `jax.jit`, as when it runs), "
+             "`vj.state(model)` returned. varjax's `apply` stages its cached pure jaxpr as a "
+             "`jit` equation (under differentiation: one call for the forward, one for its "
+             "transpose): StableHLO `func.func`/`call`/`return` that XLA inlines.")
     base_shlo, base_hlo = counts["pure JAX"]
     for name, (shlo, hlo) in counts.items():
         diff, sdiff = _diff(hlo, base_hlo), _diff(shlo, base_shlo)
