@@ -74,6 +74,11 @@ class BoundRoot(_Root):
         self.rngs = {} if self.held is not None else normalize_rngs(rngs)
         self.mutable = mutable
         self.origin: TraceContext | None = None  # set while one of our calls traces
+        # Which variables exist changes only when this moves on: object mode keeps the
+        # cells of a module per layout (``varjax.nn.module.objects``).
+        self.layout = 0
+        self.cells: dict[Path, tuple[int, list]] = {}
+        self.defs: dict[Path, tuple[int, Any]] = {}
         self.calls = 0
         self._fns: dict[Any, Functionalized] = {}
 
@@ -89,7 +94,7 @@ class BoundRoot(_Root):
         keys, calls = ({}, 0) if root.held is not None or rngs == {} else rngs
         root.rngs, root.calls = dict(keys), calls
         root.mutable = mutable
-        root.origin, root._fns = None, {}
+        root.origin, root._fns, root.layout, root.cells, root.defs = None, {}, 0, {}, {}
         return root
 
     def _next_rngs(self) -> Any:
@@ -134,6 +139,7 @@ class BoundRoot(_Root):
                                             **kwargs)
         self.variables.update(updated)
         self.version = self.new_version()     # setup attributes read the new values
+        self.layout += 1                      # maybe new variables
         return out
 
     def read(self, collection: str, path: Path) -> Any:

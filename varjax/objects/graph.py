@@ -10,7 +10,7 @@ round trip through JAX, which copies each place separately.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 
@@ -49,28 +49,27 @@ class Graph:
     leaves: list[Any]
 
     @classmethod
-    def of(cls, tree: Any, names: Sequence[str] | None = None) -> "Graph":
-        """``names``: path names for the top level entries of a tuple ``tree`` (argument
-        names of the transformed function), instead of ``0``, ``1``, ..."""
-        with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)
+    def of(cls, tree: Any, paths: bool = True) -> "Graph":
+        """``paths=False``: skip the key paths (``prefix`` is ``()``), for a caller that
+        only writes back; a call's trace needs them (``run.graph_of``)."""
+        if paths:
+            with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)
+        else:
+            leaves, treedef = jax.tree.flatten(tree, is_leaf=is_node)
+            with_paths = [((), leaf) for leaf in leaves]
         nodes: list[Node] = []
         places: list[int] = []
-        seen: dict[Any, int] = {}
+        seen: dict[int, int] = {}
         for key_path, leaf in with_paths:
             kind = kind_of(leaf)
             if kind is None:
                 continue
-            cells = kind.cells(leaf)
-            ident = (id(leaf), tuple(c.identity for c in cells))
-            if ident in seen:
-                places.append(seen[ident])
+            if id(leaf) in seen:
+                places.append(seen[id(leaf)])
                 continue
-            path = [key_name(k) for k in key_path]
-            if names is not None and path and path[0].isdigit() and int(path[0]) < len(names):
-                path[0] = names[int(path[0])]
-            seen[ident] = len(nodes)
+            seen[id(leaf)] = len(nodes)
             places.append(len(nodes))
-            nodes.append(Node(leaf, kind, tuple(path), cells))
+            nodes.append(Node(leaf, kind, tuple(key_name(k) for k in key_path), kind.cells(leaf)))
         return cls(nodes, places, treedef, [leaf for _, leaf in with_paths])
 
     @property

@@ -33,6 +33,9 @@ class GraphDef:
     outer: Any
     parts: tuple[tuple[str, Any], ...]
     objects: tuple[tuple[Any, tuple[tuple[Key, int], ...]], ...]
+    # Per object, its leaves that are not variables: the keys and call count of a module
+    # bound with ``rngs={...}`` (not state: they travel with the graphdef).
+    extras: tuple[tuple[Any, ...], ...] = dataclasses.field(default=(), compare=False)
 
 
 def _split_node(node: Any) -> tuple[GraphDef, list[tuple[Key, Any]]]:
@@ -53,15 +56,17 @@ def _split_node(node: Any) -> tuple[GraphDef, list[tuple[Key, Any]]]:
         key = (names[0], names[1:])
         parts.append(("variable", key))
         entries.append((key, leaf))
-    objects = []
+    objects, extras = [], []
     for n in graph.nodes:
         cells = []
         for cell in n.cells:
             key, value = (cell.collection, n.prefix + cell.path), cell.get()
             entries.append((key, value))
             cells.append((key, len(jax.tree.leaves(value))))
-        objects.append((jax.tree.structure(n.obj), tuple(cells)))
-    return GraphDef(graph.treedef, tuple(parts), tuple(objects)), entries
+        leaves, treedef = jax.tree.flatten(n.obj)
+        objects.append((treedef, tuple(cells)))
+        extras.append(tuple(leaves[sum(count for _, count in cells):]))
+    return GraphDef(graph.treedef, tuple(parts), tuple(objects), tuple(extras)), entries
 
 
 def _matches(f: Any, key: Key, value: Any) -> bool:
@@ -155,8 +160,8 @@ def merge(graphdef: GraphDef, *states: Any) -> Any:
                 fix="pass every state that split returned")
         return values[key]
     objects = []
-    for treedef, cells in graphdef.objects:
+    for (treedef, cells), extra in zip(graphdef.objects, graphdef.extras):
         leaves = [x for key, _ in cells for x in jax.tree.leaves(value(key))]
-        objects.append(jax.tree.unflatten(treedef, leaves))
+        objects.append(jax.tree.unflatten(treedef, [*leaves, *extra]))
     outer = [objects[ref] if kind == "object" else value(ref) for kind, ref in graphdef.parts]
     return jax.tree.unflatten(graphdef.outer, outer)

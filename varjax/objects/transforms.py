@@ -78,7 +78,7 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = graph_of(args, kwargs, pure.names)
+        graph = Graph.of((args, dict(kwargs)), paths=False)
         jitted = pure.get((tuple(graph.places),), lambda p: jax.jit(
             p, static_argnums=static_argnums, donate_argnums=donate_argnums))
         out, result = jitted(*args, **kwargs)
@@ -93,7 +93,7 @@ def remat(fn: Callable, *, prevent_cse: bool = True, static_argnums: int | Seque
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = graph_of(args, kwargs, pure.names)
+        graph = Graph.of((args, dict(kwargs)), paths=False)
         checkpointed = pure.get((tuple(graph.places),), lambda p: jax.checkpoint(
             p, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy))
         out, result = checkpointed(*args, **kwargs)
@@ -139,7 +139,7 @@ def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = graph_of(args, kwargs, pure.names)
+        graph = Graph.of((args, dict(kwargs)), paths=False)
         axes = _node_axes(in_axes, args, kwargs, graph, "vj.vmap")
         cell_axes = [axes[graph.nodes.index(node)] for node, _ in graph.cells]
         result_axes = Result(cell_axes, axes, 0)
@@ -172,7 +172,7 @@ def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = graph_of(args, kwargs, pure.names)
+        graph = Graph.of((args, dict(kwargs)), paths=False)
 
         def make(p: Callable) -> Callable:
             def loss(*a: Any, **k: Any) -> Any:
@@ -232,7 +232,7 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
             raise errors.TransformError(
                 f"vj.custom_vjp: {getattr(self.fn, '__name__', 'the function')} was called "
                 "before defvjp(fwd, bwd).", **errors.where(), fix="call f.defvjp(fwd, bwd) first")
-        graph = graph_of(args, {}, self.names)
+        graph = Graph.of((args, {}), paths=False)
         places = tuple(graph.places)
 
         def primal(*a: Any) -> tuple[Any, Result]:

@@ -63,6 +63,8 @@ def object_call(transform: str, args: tuple, kwargs: dict) -> bool:
     among its arguments -- unless its first argument is a module of the running
     ``init``/``apply`` (Linen's convention, the lifted form).  Such a module anywhere else
     is an error: neither form can take it there."""
+    if active() is None:
+        return True
     first = args[0] if args else None
     if is_module(first) and not is_node(first):
         return False
@@ -73,8 +75,6 @@ def object_call(transform: str, args: tuple, kwargs: dict) -> bool:
                 "init/apply; a lifted transform takes such a module as its first argument "
                 "only, and an object-mode transform takes modules made by bind.",
                 **site(about=x), fix="pass the module first, or close over it")
-    if active() is None:
-        return True
     return any(is_node(x) for x in jax.tree.leaves((args, kwargs), is_leaf=is_node))
 
 

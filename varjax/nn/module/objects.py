@@ -130,6 +130,7 @@ class ModuleKind:
             return
         nested_set(root.variables.setdefault(collection, {}), full, value)
         root.version = root.new_version()
+        root.layout += 1
 
 
 def variable_cells(module: Any) -> list[Cell]:
@@ -140,9 +141,13 @@ def variable_cells(module: Any) -> list[Cell]:
         keys = sorted(k for k in ctx.variables if k[1][:len(base)] == base and len(k[1]) > len(base)
                       and not (k[0] == streams.STATE and k[1][:1] in {(s,) for s in root.rng_streams}))
         return [_traced_cell(ctx, col, path, base) for col, path in keys]
-    keys = sorted(k for k in flatten_variables(root.variables)
-                  if k[1][:len(base)] == base and len(k[1]) > len(base))
-    return [_bound_cell(root, col, path, base) for col, path in keys]
+    layout, cells = root.cells.get(base, (-1, None))
+    if layout != root.layout:
+        keys = sorted(k for k in flatten_variables(root.variables)
+                      if k[1][:len(base)] == base and len(k[1]) > len(base))
+        cells = [_bound_cell(root, col, path, base) for col, path in keys]
+        root.cells[base] = (root.layout, cells)
+    return cells
 
 
 def rng_cells(module: Any) -> list[Cell]:
@@ -196,13 +201,27 @@ class _Opaque:
 
 @dataclasses.dataclass(frozen=True)
 class _BoundDef:
-    """The static half of a bound module's pytree: what its leaves are."""
+    """The static half of a bound module's pytree: which variables its children are (each
+    child is one variable's value; JAX's treedef holds the value's own structure)."""
 
     template: _Template
     keys: tuple[tuple[str, Path], ...]
-    trees: tuple[Any, ...]
     mutable: Any
-    rng: Any          # the held Rngs' treedef, or the explicit keys' stream names
+
+
+def _bound_def(module: Any, root: Any, cells: list[Cell]) -> _BoundDef:
+    """The module's ``_BoundDef``, kept per layout of a ``BoundRoot`` (the same object
+    every call: cheap to compare in JAX's jit cache)."""
+    base = module.scope.path
+    if isinstance(root, BoundRoot):
+        found = root.defs.get(base)
+        if found is not None and found[0] == root.layout:
+            return found[1]
+    made = _BoundDef(_template(module), tuple((c.collection, c.path) for c in cells),
+                     filters.freeze(root.mutable))
+    if isinstance(root, BoundRoot):
+        root.defs[base] = (root.layout, made)
+    return made
 
 
 def flatten_module(module: Any) -> tuple[tuple, Any]:
@@ -210,20 +229,15 @@ def flatten_module(module: Any) -> tuple[tuple, Any]:
     if root is None:
         return (_Opaque(module),), None
     cells = variable_cells(module)
-    values, trees = [], []
-    for c in cells:
-        leaves, tree = jax.tree.flatten(c.get())
-        values.append(leaves)
-        trees.append(tree)
+    values = tuple(c.get() for c in cells)
     if isinstance(root, ObjectRoot):
         state = {c.path: c.get() for c in rng_cells(module)}
         rng_part: Any = Rngs(**{s: RngStream(state[(s, "key")], state[(s, "count")], tag=s)
                                 for s in root.rng_streams}) if root.rng_streams else {}
     else:
-        rng_part = root.held if root.held is not None else (dict(root.rngs), root.calls)
-    aux = _BoundDef(_template(module), tuple((c.collection, c.path) for c in cells),
-                    tuple(trees), filters.freeze(root.mutable), jax.tree.structure(rng_part))
-    return (tuple(values), rng_part), aux
+        rng_part = root.held if root.held is not None else (
+            (dict(root.rngs), root.calls) if root.rngs else {})
+    return (values, rng_part), _bound_def(module, root, cells)
 
 
 def unflatten_module(aux: Any, children: tuple) -> Any:
@@ -232,8 +246,8 @@ def unflatten_module(aux: Any, children: tuple) -> Any:
         return leaf.module if isinstance(leaf, _Opaque) else leaf
     values, rng_part = children
     variables: dict[str, Any] = {}
-    for (col, path), tree, leaves in zip(aux.keys, aux.trees, values):
-        nested_set(variables.setdefault(col, {}), path, jax.tree.unflatten(tree, leaves))
+    for (col, path), value in zip(aux.keys, values):
+        nested_set(variables.setdefault(col, {}), path, value)
     root = BoundRoot.restore(variables, rng_part, aux.mutable)
     return aux.template.module.clone(parent=root, name=aux.template.module.name)
 
