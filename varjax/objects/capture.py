@@ -14,33 +14,9 @@ from typing import Any, Callable, Mapping
 from varjax import errors
 from varjax.objects.nodes import is_node
 from varjax.objects.run import arg_names, graph_of, run, write_back
-from varjax.primitives import Key
+from varjax.objects.state import flatten_state, nest
 
 _SELF = "self"
-
-
-def _flat(state: Mapping[str, Any]) -> dict[Key, Any]:
-    out: dict[Key, Any] = {}
-
-    def visit(col: str, path: tuple, sub: Any) -> None:
-        if isinstance(sub, Mapping):
-            for k, v in sub.items():
-                visit(col, path + (str(k),), v)
-        else:
-            out[(col, path)] = sub
-    for col, tree in state.items():
-        visit(col, (), tree)
-    return out
-
-
-def _nest(flat: Mapping[Key, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for (col, path), value in sorted(flat.items(), key=lambda kv: kv[0]):
-        node = out.setdefault(col, {})
-        for name in path[:-1]:
-            node = node.setdefault(name, {})
-        node[path[-1]] = value
-    return out
 
 
 def capture(target: Any, *collections: str, init: Mapping[str, Any] | None = None) -> Callable:
@@ -53,7 +29,7 @@ def capture(target: Any, *collections: str, init: Mapping[str, Any] | None = Non
         raise errors.TransformError(
             "vj.capture needs the collections to capture, or init=.", **errors.where(),
             fix="e.g. vj.capture(model, 'intermediates')")
-    given = _flat(init) if init is not None else {}
+    given = flatten_state(init, {}) if init is not None else {}
     wanted = tuple(collections) or tuple(sorted({col for col, _ in given}))
     module = is_node(target) and getattr(type(target), "_varjax_module", False)
     fn = _call_module if module else target
@@ -72,7 +48,7 @@ def capture(target: Any, *collections: str, init: Mapping[str, Any] | None = Non
             return out
         captured = {k: v for k, v in given.items() if k[0] in collections}
         captured.update(result.captured)
-        return out, _nest(captured)
+        return out, nest(sorted(captured.items()))
     return call
 
 

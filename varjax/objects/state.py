@@ -83,9 +83,10 @@ def _matches(f: Any, key: Key, value: Any) -> bool:
     return filters.matches(f, key[0])
 
 
-def _nest(entries: list[tuple[Key, Any]]) -> dict[str, Any]:
+def nest(entries: Any) -> dict[str, Any]:
+    """``[((collection, path), value)]`` (or a dict of them) as a state."""
     out: dict[str, Any] = {}
-    for (col, path), value in entries:
+    for (col, path), value in (entries.items() if isinstance(entries, dict) else entries):
         if not path:
             out[col] = value
             continue
@@ -112,7 +113,7 @@ def split(node: Any, *filters_: Any) -> tuple:
                 f"vj.split: variable {errors.format_path(key[1])} of collection '{key[0]}' "
                 "matches none of the filters.", collection=key[0], path=key[1],
                 **errors.where(), fix="add a filter that matches it, or end with ... (the rest)")
-    return (graphdef, *(_nest(g) for g in groups))
+    return (graphdef, *(nest(g) for g in groups))
 
 
 def state(node: Any, *filters_: Any) -> Any:
@@ -124,7 +125,8 @@ def state(node: Any, *filters_: Any) -> Any:
     return tuple(states) if len(filters_) > 1 else states[0]
 
 
-def _flat(state_: Any, into: dict[Key, Any]) -> None:
+def flatten_state(state_: Any, into: dict[Key, Any]) -> dict[Key, Any]:
+    """Add a state's variables to ``into`` as ``{(collection, path): value}``."""
     if not isinstance(state_, dict):
         raise TypeError(f"vj.merge: a state is a dict of collections, got {type(state_).__name__}")
 
@@ -141,6 +143,7 @@ def _flat(state_: Any, into: dict[Key, Any]) -> None:
         into[(col, path)] = sub
     for col, tree in state_.items():
         visit(col, (), tree)
+    return into
 
 
 def merge(graphdef: GraphDef, *states: Any) -> Any:
@@ -150,7 +153,7 @@ def merge(graphdef: GraphDef, *states: Any) -> Any:
                         f"{type(graphdef).__name__}")
     values: dict[Key, Any] = {}
     for s in states:
-        _flat(s, values)
+        flatten_state(s, values)
 
     def value(key: Key) -> Any:
         if key not in values:
