@@ -23,7 +23,7 @@ import jax
 
 from varjax import _jax, errors, streams
 from varjax.caches import LRU
-from varjax.context import TraceContext, current, run_init, site
+from varjax.context import TraceContext, active, current, run_init, site
 from varjax.primitives import Key, Path, VarType, is_internal
 from varjax.protocols import Labelled
 from varjax.statics import typed
@@ -326,12 +326,12 @@ class Variable:
         return handle
 
     def _ctx(self, api: str) -> TraceContext:
-        ctx = current(api)
-        if self._origin is not None and ctx.origin is not self._origin:
+        ctx = active() if self._origin is not None else current(api)
+        if self._origin is not None and (ctx is None or ctx.origin is not self._origin):
             raise errors.InvalidScopeError(
                 f"variable {errors.format_path(self.path)} of collection '{self.collection}' "
                 "was used after the object-mode transform that made its handle had returned.",
-                collection=self.collection, path=self.path, **site(ctx),
+                collection=self.collection, path=self.path, **(site(ctx) if ctx else errors.where()),
                 fix="return values out of the transformed function instead of keeping "
                     "the Variable objects it was given")
         return ctx

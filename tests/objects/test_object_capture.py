@@ -133,9 +133,6 @@ def test_perturbation_gradients_match_nnx_capture():
                                expected["grad_of_x"][...], atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="inside a nested object-mode transform the module is "
-                   "bound with its bind(mutable=) filter only (ObjectRoot gets root.mutable), not "
-                   "the captured collections, so sow is a no-op there and the capture is {}")
 @pytest.mark.parametrize("inner", ["jit", "remat"])
 def test_capture_sees_sows_inside_a_nested_object_mode_transform(probe, inner):
     model, params = probe

@@ -57,10 +57,6 @@ def test_switch_runs_the_indexed_branch():
     assert float(v.value) == 3.0 and float(w.value) == 5.0
 
 
-@pytest.mark.xfail(strict=True, raises=vj.errors.InvalidVariablesError,
-                   reason="jax.lax.switch unflattens the branch outputs with avals as leaves and "
-                          "flattens them again (_check_branch_outputs); flattening a bound module "
-                          "whose leaves are avals raises InvalidVariablesError")
 def test_cond_with_a_bound_module_operand():
     model, variables = bound(Lin())
     out = vj.cond(True, lambda m: m(X).sum(), lambda m: -m(X).sum(), model)

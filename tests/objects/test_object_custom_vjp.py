@@ -84,9 +84,6 @@ def test_updating_a_float_variable_inside_raises_naming_it():
     np.testing.assert_array_equal(v.value, [1.0, 1.0])
 
 
-@pytest.mark.xfail(strict=True, reason="the message's first line says 'float variable <none>' "
-                   "for a Variable argument (its path inside the node is empty); the argument "
-                   "name shows only in the 'variable:' line")
 def test_float_update_error_message_names_the_argument_in_its_first_line():
     def double(v):
         v.value = v.value * 2.0

@@ -5,7 +5,6 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 from object_models import Foo, Lin, Probe, assert_tree_close
 
@@ -109,10 +108,6 @@ def test_grad_of_a_model_without_non_differentiable_state_has_the_models_type():
 
 # --- nnx.custom_vjp: bwd gets the output cotangent, returns the input's type ----------------
 
-@pytest.mark.xfail(strict=True, raises=vj.errors.InvalidVariablesError,
-                   reason="custom_vjp's backward maps over the primal avals of a bound module "
-                          "(jax.tree.map(jax.typeof, module)), and flattening a bound module "
-                          "whose leaves are avals raises InvalidVariablesError")
 def test_custom_vjp_on_a_two_variable_module_matches_the_formula_and_nnx():
     variables = Foo().init(jax.random.key(0))
     m = Foo().bind(variables)

@@ -85,9 +85,6 @@ def test_handle_used_in_a_later_transform_raises_invalid_scope_error():
     assert info.value.path == ("v",)
 
 
-@pytest.mark.xfail(strict=True, raises=vj.errors.ScopeError,
-                   reason="outside any trace a stale handle raises ScopeError ('called outside "
-                          "a functionalized function'), not InvalidScopeError")
 def test_handle_used_after_its_transform_returned_raises_invalid_scope_error():
     stale = _keep_handle()
     with pytest.raises(vj.errors.InvalidScopeError):

@@ -51,10 +51,6 @@ def test_raw_jax_vmap_over_a_stacked_bound_module():
     np.testing.assert_allclose(out, expected, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, raises=vj.errors.InvalidVariablesError,
-                   reason="flatten_module -> variable_cells -> flatten_variables checks that every "
-                          "value is an array, so a bound module rebuilt with avals or None as "
-                          "leaves cannot be flattened again")
 @pytest.mark.parametrize("to", [jax.typeof, lambda a: None],
                          ids=["avals", "none"])
 def test_bound_module_mapped_to_non_array_leaves_flattens_again(to):

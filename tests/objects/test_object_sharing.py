@@ -3,7 +3,6 @@ so updates through either place act on the same variables, as they do eagerly.""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import varjax as vj
 import varjax.nn as nn
@@ -61,10 +60,6 @@ def test_grad_of_a_variable_reached_twice_totals_both_uses():
     np.testing.assert_allclose(g["a"].value + g["b"].value, [2.0, 4.0])
 
 
-@pytest.mark.xfail(strict=True, reason="a bound module and its own submodule passed together "
-                   "are two nodes over the same variables; graph.check_unshared is meant to raise "
-                   "TransformError, but it only runs on the copies JAX makes inside the "
-                   "transform (each with its own root), so the call silently loses an update")
 def test_module_and_its_submodule_together_raise_or_update_like_eager():
     eager, traced = _model(), _model()
     expected = _twice(eager, eager.bn)

@@ -140,6 +140,13 @@ class _TracedStream(RngStream):
                      lambda self, value: setattr(self._count, "value", value))
 
 
+# A traced stream flattens as a stream (reading its key and count through the IR), so an
+# Rngs drawn from inside an object-mode body can be returned or carried.
+jax.tree_util.register_pytree_node(
+    _TracedStream, lambda s: ((s.key, s.count), s.tag),
+    lambda tag, children: RngStream.tree_unflatten(tag, children))
+
+
 def _stream_cells(stream: RngStream, name: str) -> list[Cell]:
     def set_key(v: Any) -> None:
         stream.key = v

@@ -23,7 +23,7 @@ import jax
 
 from varjax import errors, filters
 from varjax.caches import LRU
-from varjax.context import current
+from varjax.context import active, current
 from varjax.functionalize import Functionalized
 from varjax.objects.graph import Graph
 from varjax.objects.nodes import is_node
@@ -133,6 +133,9 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
         leaves, tree = jax.tree.flatten(value)
         flat[(col, capture_root + path)] = (tree, leaves)
     mutable = tuple(filters.freeze(n.kind.mutable(n.obj)) for n in graph.nodes)
+    enclosing = active()
+    if enclosing is not None:   # nested: may write what the enclosing trace may (a capture's)
+        mutable += (filters.freeze(enclosing.mutable),)
     if capture is not False:
         mutable += (filters.freeze(capture),)
     rngs: dict[str, Any] = {}

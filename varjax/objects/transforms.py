@@ -43,6 +43,15 @@ def _dealias(args: tuple, kwargs: dict, places: tuple[int, ...]) -> tuple[tuple,
     return jax.tree.unflatten(tree, leaves)
 
 
+def _originals(args: tuple, kwargs: dict, fn: Callable) -> Graph:
+    """The argument objects of one call, to write back into: two of them sharing a variable
+    (a module and its own submodule) is an error, since JAX copies each separately."""
+    graph = Graph.of((args, dict(kwargs)), paths=False)
+    if len(graph.nodes) > 1:
+        graph.check_unshared(f"vj transform of {getattr(fn, '__name__', 'a function')}")
+    return graph
+
+
 class _Pure:
     """``fn`` as the pure function a JAX transform takes: ``(*copies) -> (out, Result)``,
     one per argument structure (aliasing), cached so JAX's caches see the same function."""
@@ -78,7 +87,7 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = Graph.of((args, dict(kwargs)), paths=False)
+        graph = _originals(args, kwargs, fn)
         jitted = pure.get((tuple(graph.places),), lambda p: jax.jit(
             p, static_argnums=static_argnums, donate_argnums=donate_argnums))
         out, result = jitted(*args, **kwargs)
@@ -93,7 +102,7 @@ def remat(fn: Callable, *, prevent_cse: bool = True, static_argnums: int | Seque
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = Graph.of((args, dict(kwargs)), paths=False)
+        graph = _originals(args, kwargs, fn)
         checkpointed = pure.get((tuple(graph.places),), lambda p: jax.checkpoint(
             p, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy))
         out, result = checkpointed(*args, **kwargs)
@@ -139,7 +148,7 @@ def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = Graph.of((args, dict(kwargs)), paths=False)
+        graph = _originals(args, kwargs, fn)
         axes = _node_axes(in_axes, args, kwargs, graph, "vj.vmap")
         cell_axes = [axes[graph.nodes.index(node)] for node, _ in graph.cells]
         result_axes = Result(cell_axes, axes, 0)
@@ -172,7 +181,7 @@ def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = Graph.of((args, dict(kwargs)), paths=False)
+        graph = _originals(args, kwargs, fn)
 
         def make(p: Callable) -> Callable:
             def loss(*a: Any, **k: Any) -> Any:
@@ -219,7 +228,7 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
             if value is not None and any(jnp.issubdtype(jnp.result_type(x), jnp.inexact)
                                          for x in jax.tree.leaves(value)):
                 raise errors.TransformError(
-                    f"vj.custom_vjp: float variable {errors.format_path(cell.path)} of "
+                    f"vj.custom_vjp: float variable {errors.format_path(node.prefix + cell.path)} of "
                     f"collection '{cell.collection}' is updated inside "
                     f"{getattr(self.fn, '__name__', 'the function')}; its update would have "
                     "no derivative rule.", collection=cell.collection,
@@ -232,7 +241,7 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
             raise errors.TransformError(
                 f"vj.custom_vjp: {getattr(self.fn, '__name__', 'the function')} was called "
                 "before defvjp(fwd, bwd).", **errors.where(), fix="call f.defvjp(fwd, bwd) first")
-        graph = Graph.of((args, {}), paths=False)
+        graph = _originals(args, {}, self.fn)
         places = tuple(graph.places)
 
         def primal(*a: Any) -> tuple[Any, Result]:

@@ -89,10 +89,11 @@ def object_options(transform: str, make: Callable[[Callable], Callable],
 
     def refuse(fn: Callable) -> Callable:
         raise errors.TransformError(
-            f"vj.{transform} was called in object mode (no module of a running init/apply "
-            f"first) with Linen's option{'s' * (len(given) > 1)} {', '.join(given)}.",
-            **site(), fix="object mode takes JAX's options only: split the state with vj.split "
-                          "and pass each group with its own in_axes / argnums")
+            f"vj.{transform} was called in object mode (outside any functionalized function, "
+            f"or on objects) with Linen's option{'s' * (len(given) > 1)} {', '.join(given)}.",
+            **site(), fix="Linen's options belong to the lifted form: call it inside a "
+                          "functionalized function or module method; object mode takes JAX's "
+                          "options (split the state with vj.split, one in_axes per group)")
     return refuse
 
 

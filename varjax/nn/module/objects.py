@@ -21,7 +21,6 @@ import jax
 
 from varjax import filters, scope, streams
 from varjax.context import TraceContext
-from varjax.functionalize import flatten_variables
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
 from varjax.objects.nodes import Cell, nested_get, nested_set, register_kind, rng_state_cells
 from varjax.primitives import Key, Path
@@ -143,11 +142,28 @@ def variable_cells(module: Any) -> list[Cell]:
         return [_traced_cell(ctx, col, path, base) for col, path in keys]
     layout, cells = root.cells.get(base, (-1, None))
     if layout != root.layout:
-        keys = sorted(k for k in flatten_variables(root.variables)
+        keys = sorted(k for k in _variable_keys(root.variables)
                       if k[1][:len(base)] == base and len(k[1]) > len(base))
         cells = [_bound_cell(root, col, path, base) for col, path in keys]
         root.cells[base] = (root.layout, cells)
     return cells
+
+
+def _variable_keys(variables: dict[str, Any]) -> list[Key]:
+    """The variables of a nested dict: every value that is not a dict.  Unlike
+    ``flatten_variables`` it does not check the values: JAX flattens a bound module whose
+    leaves are avals or placeholders too (``jax.tree.map(jax.typeof, model)``)."""
+    found: list[Key] = []
+
+    def visit(col: str, path: Path, node: Any) -> None:
+        if isinstance(node, dict):
+            for name, sub in node.items():
+                visit(col, path + (str(name),), sub)
+        else:
+            found.append((col, path))
+    for col, tree in variables.items():
+        visit(col, (), tree)
+    return found
 
 
 def rng_cells(module: Any) -> list[Cell]:
