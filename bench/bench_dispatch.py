@@ -19,8 +19,8 @@ hand); every other row is a ratio against it, measured in the same run:
   x, y)`` over ``model = MLP().bind(variables, mutable="params")`` and ``opt_state =
   vj.Variable(tx.init(params), collection="opt_state")``.  Inside, ``vj.value_and_grad``
   of the loss gives a bound module of cotangents (``vj.state(grads)["params"]``), Optax
-  updates the parameters, and the step writes them into the model (``put_variable`` per
-  layer) and the new Adam state into ``opt_state.value``; ``vj.jit`` writes both back to
+  updates the parameters, and the step writes them into the model (``vj.update``, NNX's
+  ``nnx.update``) and the new Adam state into ``opt_state.value``; ``vj.jit`` writes both back to
   the argument objects, so the model is updated in place as an ``nnx.Optimizer`` step
   updates an NNX model.  Each call finds the argument objects' variables, dispatches
   through ``jax.jit`` of the cached pure function, and writes back what was written.
@@ -128,12 +128,9 @@ def object_step(model: Any, opt_state: vj.Variable, x: jax.Array, y: jax.Array) 
     """The object-mode train step: ``model`` (bound with ``mutable="params"``) and
     ``opt_state`` (a ``vj.Variable``) are updated in place."""
     loss, grads = vj.value_and_grad(mse_of)(model, x, y)
-    params = vj.state(model)["params"]
-    updates, opt_state.value = tx.update(vj.state(grads)["params"], opt_state.value, params)
-    new_params = optax.apply_updates(params, updates)
-    for i, layer in enumerate(model.layers):
-        for name, value in new_params[f"layers_{i}"].items():
-            layer.put_variable("params", name, value)
+    params = vj.state(model, "params")
+    updates, opt_state.value = tx.update(vj.state(grads, "params"), opt_state.value, params)
+    vj.update(model, optax.apply_updates(params, updates))
     return loss
 
 

@@ -19,6 +19,7 @@ from varjax.objects.state import GraphDef as GraphDef
 from varjax.objects.state import merge as merge
 from varjax.objects.state import split as split
 from varjax.objects.state import state as state
+from varjax.objects.state import update as update
 from varjax.printing import pretty as pretty
 from varjax.rngs import Rngs as Rngs
 from varjax.rngs import RngStream as RngStream

@@ -168,3 +168,25 @@ def merge(graphdef: GraphDef, *states: Any) -> Any:
         objects.append(jax.tree.unflatten(treedef, [*leaves, *extra]))
     outer = [objects[ref] if kind == "object" else value(ref) for kind, ref in graphdef.parts]
     return jax.tree.unflatten(graphdef.outer, outer)
+
+
+def update(node: Any, *states: Any) -> None:
+    """Write the states' values into the variables of ``node``'s objects, in place (NNX's
+    ``nnx.update``): the way to put new parameters into a bound module, also inside an
+    object-mode transform, where each write is a ``var_set``.  A state entry that is no
+    variable of an object in ``node`` raises ``TransformError``."""
+    values: dict[Key, Any] = {}
+    for s in states:
+        flatten_state(s, values)
+    graph = Graph.of(node)
+    for n in graph.nodes:
+        for cell in n.cells:
+            key = (cell.collection, n.prefix + cell.path)
+            if key in values:
+                cell.set(values.pop(key))
+    for col, path in values:
+        raise errors.TransformError(
+            f"vj.update: variable {errors.format_path(path)} of collection '{col}' is not a "
+            "variable of the objects given (a plain dict is not updated in place).",
+            collection=col, path=path, **errors.where(),
+            fix="pass the state of this node (vj.state(node)), paths relative to it")
