@@ -128,9 +128,10 @@ def object_step(model: Any, opt_state: vj.Variable, x: jax.Array, y: jax.Array) 
     """The object-mode train step: ``model`` (bound with ``mutable="params"``) and
     ``opt_state`` (a ``vj.Variable``) are updated in place."""
     loss, grads = vj.value_and_grad(mse_of)(model, x, y)
-    params = vj.state(model, "params")
-    updates, opt_state.value = tx.update(vj.state(grads, "params"), opt_state.value, params)
-    vj.update(model, optax.apply_updates(params, updates))
+    params = vj.state(model, "params")["params"]
+    updates, opt_state.value = tx.update(vj.state(grads, "params")["params"], opt_state.value,
+                                         params)
+    vj.update(model, {"params": optax.apply_updates(params, updates)})
     return loss
 
 
