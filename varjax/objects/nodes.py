@@ -40,8 +40,12 @@ class Cell:
 class NodeKind(Protocol):
     """How object mode handles one kind of node (see the module docstring)."""
 
+    def accepts_type(self, t: type) -> bool:
+        """Whether an instance of ``t`` may be a node of this kind (checked once per type)."""
+        ...
+
     def accepts(self, x: Any) -> bool:
-        """Whether ``x`` is a node of this kind."""
+        """Whether ``x``, an instance of a type ``accepts_type`` took, is a node of this kind."""
         ...
 
     def cells(self, node: Any) -> list[Cell]:
@@ -75,16 +79,25 @@ class NodeKind(Protocol):
 
 
 _KINDS: list[NodeKind] = []
+# type -> the kinds that may accept its instances: kind_of runs for every subtree of every
+# argument of every object-mode call (JAX's is_leaf), so the common answer, "no kind", is
+# one dict lookup.
+_CANDIDATES: dict[type, list[NodeKind]] = {}
 
 
 def register_kind(kind: NodeKind) -> NodeKind:
     """Add a node kind (``varjax.nn`` registers bound modules)."""
     _KINDS.append(kind)
+    _CANDIDATES.clear()
     return kind
 
 
 def kind_of(x: Any) -> NodeKind | None:
-    for kind in _KINDS:
+    t = type(x)
+    candidates = _CANDIDATES.get(t)
+    if candidates is None:
+        candidates = _CANDIDATES[t] = [k for k in _KINDS if k.accepts_type(t)]
+    for kind in candidates:
         if kind.accepts(x):
             return kind
     return None
@@ -99,8 +112,11 @@ def is_node(x: Any) -> bool:
 class VariableKind:
     """A ``vj.Variable``: one cell, at the node's own path."""
 
+    def accepts_type(self, t: type) -> bool:
+        return t is scope.Variable
+
     def accepts(self, x: Any) -> bool:
-        return type(x) is scope.Variable
+        return True
 
     def cells(self, node: scope.Variable) -> list[Cell]:
         identity = id(node) if node.path is None else (id(node._origin), node.collection, node.path)
@@ -162,8 +178,11 @@ class RngsKind:
     """A ``vj.Rngs``: a key and a count per stream, collection ``rngs`` (as ``init`` keeps
     RNG state: ``rngs:dropout/count``)."""
 
+    def accepts_type(self, t: type) -> bool:
+        return t is Rngs
+
     def accepts(self, x: Any) -> bool:
-        return type(x) is Rngs
+        return True
 
     def cells(self, node: Rngs) -> list[Cell]:
         return [c for name in node for c in _stream_cells(node[name], name)]

@@ -80,8 +80,11 @@ def _template(module: Any) -> _Template:
 class ModuleKind:
     """A bound module as an object-mode node (see the module docstring)."""
 
+    def accepts_type(self, t: type) -> bool:
+        return getattr(t, "_varjax_module", False)
+
     def accepts(self, x: Any) -> bool:
-        return getattr(type(x), "_varjax_module", False) and _object_root(x) is not None
+        return _object_root(x) is not None
 
     def cells(self, module: Any) -> list[Cell]:
         return variable_cells(module) + rng_cells(module)
@@ -215,14 +218,28 @@ class _Opaque:
         return repr(self.module)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class _BoundDef:
     """The static half of a bound module's pytree: which variables its children are (each
-    child is one variable's value; JAX's treedef holds the value's own structure)."""
+    child is one variable's value; JAX's treedef holds the value's own structure).
+
+    JAX hashes and compares it on every ``jax.jit`` dispatch, so the hash is computed once
+    and the same object (kept per layout by ``_bound_def``) compares by identity first."""
 
     template: _Template
     keys: tuple[tuple[str, Path], ...]
     mutable: Any
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.template, self.keys, self.mutable)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: Any) -> bool:
+        return self is other or (isinstance(other, _BoundDef) and self._hash == other._hash
+                                 and (self.template, self.keys, self.mutable)
+                                 == (other.template, other.keys, other.mutable))
 
 
 def _bound_def(module: Any, root: Any, cells: list[Cell]) -> _BoundDef:
