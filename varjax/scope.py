@@ -310,8 +310,10 @@ class Variable:
 
     def __init__(self, value: Any, *, collection: str = "params", **metadata: Any):
         if not isinstance(collection, str):
-            raise TypeError(f"vj.Variable: collection must be a string, got {collection!r} "
-                            "(the handle constructor is Variable.at(collection, path))")
+            raise errors.InvalidVariablesError(
+                f"vj.Variable: collection must be a string, got {collection!r}.",
+                **errors.where(), fix="vj.Variable(value, collection='params'); a handle on a "
+                                      "variable of a trace is Variable.at(collection, path)")
         self.collection, self.path = collection, None
         self._value, self._metadata, self._origin = value, metadata, None
 

@@ -192,5 +192,5 @@ def test_merge_raises_when_a_variable_is_in_two_states():
 
 
 def test_merge_needs_a_graphdef():
-    with pytest.raises(TypeError):
+    with pytest.raises(vj.errors.TransformError, match="needs the graphdef"):
         vj.merge({"params": {}}, {})

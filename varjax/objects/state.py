@@ -128,7 +128,9 @@ def state(node: Any, *filters_: Any) -> Any:
 def flatten_state(state_: Any, into: dict[Key, Any]) -> dict[Key, Any]:
     """Add a state's variables to ``into`` as ``{(collection, path): value}``."""
     if not isinstance(state_, dict):
-        raise TypeError(f"vj.merge: a state is a dict of collections, got {type(state_).__name__}")
+        raise errors.InvalidVariablesError(
+            f"vj.merge: a state is a dict of collections, got {type(state_).__name__}.",
+            **errors.where(), fix="pass the states vj.split returned")
 
     def visit(col: str, path: tuple, sub: Any) -> None:
         if isinstance(sub, dict):
@@ -149,8 +151,9 @@ def flatten_state(state_: Any, into: dict[Key, Any]) -> dict[Key, Any]:
 def merge(graphdef: GraphDef, *states: Any) -> Any:
     """The node that ``split`` took apart, as new objects holding the states' values."""
     if not isinstance(graphdef, GraphDef):
-        raise TypeError(f"vj.merge needs the graphdef vj.split returned, got "
-                        f"{type(graphdef).__name__}")
+        raise errors.TransformError(
+            f"vj.merge needs the graphdef vj.split returned, got {type(graphdef).__name__}.",
+            **errors.where(), fix="call vj.merge(graphdef, *states) with split's first result")
     values: dict[Key, Any] = {}
     for s in states:
         flatten_state(s, values)

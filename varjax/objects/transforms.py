@@ -118,7 +118,9 @@ def _node_axes(in_axes: Any, args: tuple, kwargs: dict, graph: Graph, what: str)
     ``TransformError`` when one object is passed at two different axes."""
     prefix = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
     if len(prefix) != len(args):
-        raise ValueError(f"{what}: in_axes has {len(prefix)} entries for {len(args)} arguments")
+        raise errors.TransformError(
+            f"{what}: in_axes has {len(prefix)} entries for {len(args)} arguments.",
+            **errors.where(), fix="give one in_axes entry per positional argument")
     per_place: list[Any] = []
 
     def visit(axis: Any, sub: Any) -> None:
