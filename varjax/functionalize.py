@@ -117,8 +117,13 @@ def _is_value(x: Any) -> bool:
 
 
 def unflatten_variables(flat: Mapping[Key, Any]) -> dict[str, Any]:
+    """The inverse of ``flatten_variables``; a variable with an empty path is the whole
+    collection (a ``vj.Variable`` given alone to ``vj.split``)."""
     out: dict[str, Any] = {}
     for (col, path), value in flat.items():
+        if not path:
+            out[col] = value
+            continue
         node = out.setdefault(col, {})
         for name in path[:-1]:
             node = node.setdefault(name, {})

@@ -12,9 +12,10 @@ import functools
 from typing import Any, Callable, Mapping
 
 from varjax import errors
+from varjax.functionalize import unflatten_variables
 from varjax.objects.nodes import is_node
 from varjax.objects.run import arg_names, graph_of, run, write_back
-from varjax.objects.state import flatten_state, nest
+from varjax.objects.state import flatten_state
 
 _SELF = "self"
 
@@ -42,13 +43,13 @@ def capture(target: Any, *collections: str, init: Mapping[str, Any] | None = Non
             args = (target, *args)
         graph = graph_of(args, kwargs, names)
         out, result = run(fn, args, kwargs, names=names, capture=wanted, given=given,
-                          capture_root=root)
+                          capture_root=root, graph=graph)
         write_back(graph, result)
         if not collections:
             return out
         captured = {k: v for k, v in given.items() if k[0] in collections}
         captured.update(result.captured)
-        return out, nest(sorted(captured.items()))
+        return out, unflatten_variables(dict(sorted(captured.items())))
     return call
 
 

@@ -16,7 +16,7 @@ import jax
 
 from varjax import errors
 from varjax.objects.nodes import Cell, NodeKind, is_node, kind_of
-from varjax.primitives import Key, Path
+from varjax.primitives import Path
 
 
 def key_name(entry: Any) -> str:
@@ -47,6 +47,8 @@ class Graph:
     places: list[int]
     treedef: Any
     leaves: list[Any]
+    paths: list[tuple[str, ...]]     # per leaf, its key path (``()`` with ``paths=False``)
+    is_object: list[bool]            # per leaf
 
     @classmethod
     def of(cls, tree: Any, paths: bool = True) -> "Graph":
@@ -60,8 +62,11 @@ class Graph:
         nodes: list[Node] = []
         places: list[int] = []
         seen: dict[int, int] = {}
-        for key_path, leaf in with_paths:
+        names = [tuple(key_name(k) for k in key_path) for key_path, _ in with_paths]
+        is_object = []
+        for path, (_, leaf) in zip(names, with_paths):
             kind = kind_of(leaf)
+            is_object.append(kind is not None)
             if kind is None:
                 continue
             if id(leaf) in seen:
@@ -69,15 +74,12 @@ class Graph:
                 continue
             seen[id(leaf)] = len(nodes)
             places.append(len(nodes))
-            nodes.append(Node(leaf, kind, tuple(key_name(k) for k in key_path), kind.cells(leaf)))
-        return cls(nodes, places, treedef, [leaf for _, leaf in with_paths])
+            nodes.append(Node(leaf, kind, path, kind.cells(leaf)))
+        return cls(nodes, places, treedef, [leaf for _, leaf in with_paths], names, is_object)
 
     @property
     def cells(self) -> list[tuple[Node, Cell]]:
         return [(n, c) for n in self.nodes for c in n.cells]
-
-    def full_path(self, node: Node, cell: Cell) -> Key:
-        return (cell.collection, node.prefix + cell.path)
 
     def shared_cells(self) -> list[tuple[Cell, Node, Node]]:
         """Variables reached through two different nodes (one module root seen through

@@ -16,7 +16,7 @@ discharge pass says which variables it wrote.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Hashable, Mapping, Protocol
+from typing import Any, Callable, Hashable, Protocol
 
 import jax
 
@@ -218,12 +218,6 @@ register_kind(RngsKind())
 def rng_state_cells(rngs: Rngs) -> list[Cell]:
     """The cells of an ``Rngs`` held by another node (a module bound with ``rngs=Rngs``)."""
     return RngsKind().cells(rngs)
-
-
-def nested_get(tree: Mapping[str, Any], path: Path) -> Any:
-    for name in path:
-        tree = tree[name]
-    return tree
 
 
 def nested_set(tree: dict, path: Path, value: Any) -> None:

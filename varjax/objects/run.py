@@ -26,7 +26,6 @@ from varjax.caches import LRU
 from varjax.context import active, current
 from varjax.functionalize import Functionalized
 from varjax.objects.graph import Graph
-from varjax.objects.nodes import is_node
 from varjax.primitives import Key, Path
 
 
@@ -106,13 +105,15 @@ def _static(node: Any) -> Any:
 
 def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence[str] = (),
         capture: Any = False, given: Mapping[Key, Any] | None = None,
-        capture_root: Path = ()) -> tuple[Any, Result]:
+        capture_root: Path = (), graph: Graph | None = None) -> tuple[Any, Result]:
     """``fn(*args, **kwargs)`` through the IR (see the module docstring).
 
     ``capture``: a collection filter whose variables start empty and whose writes are
     collected, not written back (paths relative to ``capture_root``); ``given``: starting
-    values for captured variables (``vj.capture(..., init=)``), relative to ``capture_root``."""
-    graph = graph_of(args, kwargs, names)
+    values for captured variables (``vj.capture(..., init=)``), relative to ``capture_root``;
+    ``graph``: ``graph_of(args, kwargs, names)`` when the caller already has it (to write
+    back into the same objects)."""
+    graph = graph if graph is not None else graph_of(args, kwargs, names)
     what = f"vj.{getattr(fn, '__name__', 'fn')}"
     graph.check_unshared(what)
     cells = graph.cells
@@ -144,8 +145,8 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
 
     functionalized, holder = _functionalized(fn, capture)
     slots = {id(n.obj): _Slot(i, _static(n)) for i, n in enumerate(graph.nodes)}
-    stripped = jax.tree.unflatten(graph.treedef, [slots[id(x)] if is_node(x) else x
-                                                  for x in graph.leaves])
+    stripped = jax.tree.unflatten(graph.treedef, [slots[id(x)] if obj else x
+                                                  for x, obj in zip(graph.leaves, graph.is_object)])
     holder.update(graph=graph, fn=fn)
     out, written, _ = functionalized.call(flat, (stripped,), {}, rngs, mutable, False)
 

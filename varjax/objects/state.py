@@ -17,8 +17,8 @@ from typing import Any
 import jax
 
 from varjax import errors, filters
-from varjax.objects.graph import Graph, key_name
-from varjax.objects.nodes import is_node
+from varjax.functionalize import unflatten_variables
+from varjax.objects.graph import Graph
 from varjax.primitives import Key
 
 
@@ -40,15 +40,13 @@ class GraphDef:
 
 def _split_node(node: Any) -> tuple[GraphDef, list[tuple[Key, Any]]]:
     graph = Graph.of(node)
-    with_paths = jax.tree_util.tree_flatten_with_path(node, is_leaf=is_node)[0]
     entries: list[tuple[Key, Any]] = []
     parts: list[tuple[str, Any]] = []
     place = iter(graph.places)
-    for key_path, leaf in with_paths:
-        if is_node(leaf):
+    for names, leaf, is_object in zip(graph.paths, graph.leaves, graph.is_object):
+        if is_object:
             parts.append(("object", next(place)))
             continue
-        names = tuple(key_name(k) for k in key_path)
         if not names:
             raise errors.TransformError(
                 "vj.split: the node is a bare array; a state needs a collection.",
@@ -83,20 +81,6 @@ def _matches(f: Any, key: Key, value: Any) -> bool:
     return filters.matches(f, key[0])
 
 
-def nest(entries: Any) -> dict[str, Any]:
-    """``[((collection, path), value)]`` (or a dict of them) as a state."""
-    out: dict[str, Any] = {}
-    for (col, path), value in (entries.items() if isinstance(entries, dict) else entries):
-        if not path:
-            out[col] = value
-            continue
-        node = out.setdefault(col, {})
-        for name in path[:-1]:
-            node = node.setdefault(name, {})
-        node[path[-1]] = value
-    return out
-
-
 def split(node: Any, *filters_: Any) -> tuple:
     """``(graphdef, state)``, or ``(graphdef, s1, ..., sn)``: one state per filter, each
     variable in the first filter it matches (``TransformError`` if none)."""
@@ -113,7 +97,7 @@ def split(node: Any, *filters_: Any) -> tuple:
                 f"vj.split: variable {errors.format_path(key[1])} of collection '{key[0]}' "
                 "matches none of the filters.", collection=key[0], path=key[1],
                 **errors.where(), fix="add a filter that matches it, or end with ... (the rest)")
-    return (graphdef, *(nest(g) for g in groups))
+    return (graphdef, *(unflatten_variables(dict(g)) for g in groups))
 
 
 def state(node: Any, *filters_: Any) -> Any:

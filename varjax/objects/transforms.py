@@ -74,9 +74,7 @@ class _Pure:
 
 
 def _wrapper(fn: Callable, call: Callable[..., Any]) -> Callable:
-    wrapped = functools.wraps(fn)(call)
-    wrapped.varjax_object_mode = True
-    return wrapped
+    return functools.wraps(fn)(call)
 
 
 # --- jit, remat ---------------------------------------------------------------------------
@@ -248,13 +246,15 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
 
         def primal(*a: Any) -> tuple[Any, Result]:
             a, _ = _dealias(a, {}, places)
-            out, result = run(self.fn, a, {}, names=self.names)
-            return out, self._checked(graph_of(a, {}, self.names), result)
+            inside = graph_of(a, {}, self.names)
+            out, result = run(self.fn, a, {}, names=self.names, graph=inside)
+            return out, self._checked(inside, result)
 
         def forward(*a: Any) -> tuple[tuple[Any, Result], Any]:
             a, _ = _dealias(a, {}, places)
-            (out, residuals), result = run(self.fwd, a, {}, names=self.names)
-            return (out, self._checked(graph_of(a, {}, self.names), result)), residuals
+            inside = graph_of(a, {}, self.names)
+            (out, residuals), result = run(self.fwd, a, {}, names=self.names, graph=inside)
+            return (out, self._checked(inside, result)), residuals
 
         def backward(*rest: Any) -> tuple:
             residuals, (g, _) = rest[-2], rest[-1]
@@ -282,8 +282,9 @@ def _cotangent(ct: Any, aval: Any) -> Any:
 def _run_out(fn: Callable, args: tuple, written: set[int]) -> Any:
     """``fn(*args)``'s output, its updates kept on the (copied) argument objects; the
     indices of the cells it wrote are added to ``written``."""
-    graph = Graph.of((args, {}))
-    out, result = run(fn, args, {}, names=arg_names(fn))
+    names = arg_names(fn)
+    graph = graph_of(args, {}, names)
+    out, result = run(fn, args, {}, names=names, graph=graph)
     _no_creation(fn, result)
     written.update(i for i, v in enumerate(result.updates) if v is not None)
     write_back(graph, result)

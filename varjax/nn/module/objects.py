@@ -22,7 +22,7 @@ import jax
 from varjax import filters, scope, streams
 from varjax.context import TraceContext
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
-from varjax.objects.nodes import Cell, nested_get, nested_set, register_kind, rng_state_cells
+from varjax.objects.nodes import Cell, nested_set, register_kind, rng_state_cells
 from varjax.primitives import Key, Path
 from varjax.rngs import Rngs, RngStream
 
@@ -184,7 +184,7 @@ def _bound_cell(root: BoundRoot, collection: str, path: Path, base: Path) -> Cel
         nested_set(root.variables[collection], path, value)
         root.version = root.new_version()     # setup attributes read the new values
     return Cell((id(root), collection, path), collection, path[len(base):],
-                lambda: nested_get(root.variables[collection], path), set_)
+                lambda: root.read(collection, path), set_)
 
 
 def _traced_cell(ctx: TraceContext, collection: str, path: Path, base: Path) -> Cell:
@@ -193,7 +193,7 @@ def _traced_cell(ctx: TraceContext, collection: str, path: Path, base: Path) -> 
                 lambda value: scope.write_at(ctx, collection, path, value))
 
 
-MODULE_KIND = register_kind(ModuleKind())
+register_kind(ModuleKind())
 
 
 # --- pytree ------------------------------------------------------------------------------
