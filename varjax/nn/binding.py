@@ -34,10 +34,11 @@ class _Root:
     ``protocols.Labelled`` (``Scope.context`` names it in errors)."""
 
     def __init__(self) -> None:
-        # A module's setup is current while its version is the root's.  A lifted body runs
-        # under a new version, so setup runs again inside it; the modules it set up there
-        # are recorded in ``lifted_bodies[-1]`` ({id: (module, snapshot)}) and put back when
-        # the body ends (``Module._varjax_bodies``).
+        # A module's setup is current while its version is the root's.  A lifted body, and
+        # the trace of a bound module's call, run under a new version, so setup runs again
+        # inside; the modules set up there are recorded in ``lifted_bodies[-1]``
+        # ({id: (module, snapshot)}) and put back when the body ends
+        # (``Module._varjax_bodies``, ``Module._run_bound``).
         self.version = 0
         self._versions = 0
         self.lifted_bodies: list[dict[int, tuple[Labelled, Any]]] = []
@@ -114,7 +115,7 @@ class BoundRoot(_Root):
         writes the mutable collections it returns back into them.
 
         The module package calls it for a bound module used from outside any trace
-        (``Lifecycle._run_bound``), with a ``body`` that re-runs setup and calls the method:
+        (``Lifecycle._run_bound``), with a ``body`` that runs setup again and calls the method:
         setup is the module's business, so the root runs the body without looking into
         the module.  The ``functionalize`` of ``body`` is kept under
         ``key`` (None: a one-off call, not kept), named ``name`` in its jaxpr.  While

@@ -36,14 +36,14 @@ class Module(VariableAPI, LiftHooks, EntryPoints):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # A field with init=False is set in setup: it does not exist on a template, so it
+        # cannot take part in equality, hashing or repr (as in Linen).
+        for attr in cls.__dict__.get("__annotations__", {}):
+            spec = cls.__dict__.get(attr)
+            if isinstance(spec, dataclasses.Field) and not spec.init:
+                spec.compare, spec.hash, spec.repr = False, False, False
         dataclasses.dataclass(cls, repr=False, eq=True, unsafe_hash="__hash__" not in cls.__dict__)
         register_pytree(cls)
-        compacts = [n for n in dir(cls) if getattr(getattr(cls, n, None), "varjax_compact", False)]
-        if len(compacts) > 1:
-            raise errors.ModuleError(
-                f"{cls.__name__} has more than one @compact method ({', '.join(compacts)}).",
-                module=f"{cls.__name__} (unbound)", source=errors.source_text(),
-                fix="keep one @compact method; define submodules for the others in setup")
         for attr, fn in list(cls.__dict__.items()):
             if _wrappable(attr, fn):
                 setattr(cls, attr, _wrap_method(fn))

@@ -8,6 +8,7 @@ modules, so building a new but equal model per step neither retraces nor recompi
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping, Self
 
 from varjax import errors, filters
@@ -16,6 +17,7 @@ from varjax.context import current, site
 from varjax.functionalize import Functionalized
 from varjax.nn.binding import BoundRoot, TraceRoot
 from varjax.nn.module.lifecycle import Lifecycle
+from varjax.nn.module.outputs import StaticOutputs
 from varjax.statics import typed
 
 # Linen's default for init: sown intermediates are not part of the variables.
@@ -54,18 +56,20 @@ class EntryPoints(Lifecycle):
 
     def _new_functionalized(self, fn: Callable, capture: Any) -> Functionalized:
         capture_fn = _capture_filter(capture)
+        outputs = StaticOutputs()
 
         def bound_call(*args: Any, **kwargs: Any) -> Any:
             root = TraceRoot(current(), capture_fn)
-            return fn(self.clone(parent=root, name=None), *args, **kwargs)
+            return outputs.hide(fn(self.clone(parent=root, name=None), *args, **kwargs))
         bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
+        bound_call.static_outputs = outputs
         return Functionalized(bound_call)
 
     def init_with_output(self, rngs: Any, *args: Any, method: Any = None,
                          mutable: Any = DEFAULT_INIT_MUTABLE, capture_intermediates: Any = False,
                          **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        return self.functionalize(method, capture_intermediates).init_with_output(
-            rngs, *args, mutable=mutable, **kwargs)
+        fz = self.functionalize(method, capture_intermediates)
+        return fz.fn.static_outputs.reveal(fz.init_with_output(rngs, *args, mutable=mutable, **kwargs))
 
     def init(self, rngs: Any, *args: Any, method: Any = None, mutable: Any = DEFAULT_INIT_MUTABLE,
              capture_intermediates: Any = False, **kwargs: Any) -> dict[str, Any]:
@@ -78,8 +82,9 @@ class EntryPoints(Lifecycle):
               mutable: Any = False, capture_intermediates: Any = False, **kwargs: Any) -> Any:
         """Runs ``method`` (default ``__call__``) of a bound clone; returns ``out`` or
         ``(out, updated_collections)`` when anything is mutable."""
-        return self.functionalize(method, capture_intermediates).apply(
-            variables, *args, rngs=rngs, mutable=mutable, **kwargs)
+        fz = self.functionalize(method, capture_intermediates)
+        return fz.fn.static_outputs.reveal(
+            fz.apply(variables, *args, rngs=rngs, mutable=mutable, **kwargs))
 
 
 # Equal modules (same class and fields) share their Functionalized, so building a new but
@@ -114,12 +119,24 @@ def _resolve_method(module: EntryPoints, method: Any) -> Callable:
                 f"{type(module).__name__} has no method '{method}'.", **site(about=module),
                 fix="pass method= the name of a method of the module")
         return fn
-    if not callable(method):
+    if inspect.ismethod(method) and isinstance(method.__self__, EntryPoints):
+        method = method.__func__           # a method of some instance: call it on the clone
+    if not callable(method) or not _takes_module(method):
         raise errors.ModuleError(
             f"method= must be a method name or a callable taking the module first, got "
-            f"{type(method).__name__}.", **site(about=module),
+            f"{method!r}.", **site(about=module),
             fix="pass e.g. method=Model.encode or method='encode'")
     return method
+
+
+def _takes_module(fn: Callable) -> bool:
+    """Whether ``fn`` can take the bound module as its first argument."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):     # a builtin without a signature: let the call decide
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+               for p in params)
 
 
 def _capture_filter(capture: Any) -> Callable[[EntryPoints, str], bool] | None:

@@ -17,6 +17,7 @@ import jax
 from varjax import errors
 from varjax.context import active, site
 from varjax.nn.module.naming import Naming, adopt_submodules
+from varjax.nn.module.outputs import StaticOutputs, reveal
 from varjax.nn.module.state import SetupSnapshot
 
 
@@ -83,7 +84,7 @@ class Lifecycle(Naming):
         root = self.scope.root
         if state.setup_done and state.setup_version == root.version:
             return
-        if root.lifted_bodies:        # inside a lifted body: put things back when it ends
+        if root.lifted_bodies:        # in a lifted body or a bound call: put back at its end
             kept = root.lifted_bodies[-1]
             if id(self) not in kept:
                 kept[id(self)] = (self, self._snapshot_setup())
@@ -93,7 +94,7 @@ class Lifecycle(Naming):
         stack.append(self)
         try:
             for field in dataclasses.fields(self):
-                if field.name not in ("parent", "name"):
+                if field.init and field.name not in ("parent", "name"):
                     value = getattr(self, field.name)
                     adopted = adopt_submodules(value, self._adopt, field.name)
                     if adopted is not value:
@@ -190,17 +191,27 @@ class Lifecycle(Naming):
 
         ``method``: ``fn`` is a wrapped method, whose ``functionalize`` the root keeps per
         (module path, method); otherwise a one-off variable operation (``VariableAPI._eager``).
-        Setup is forgotten before the call, so it runs again under the trace, and after it,
-        so no traced value stays on the module."""
+        The call runs under a root version no module has been set up in, so setup runs
+        again under the trace (no concrete attribute is baked into it); afterwards every
+        module gets back the setup attributes it had, so no traced value stays behind and
+        setup does not run again on the next attribute access (as in Linen, once per bound
+        instance, until the root's variables change)."""
+        root = self.scope.root
+        outputs = StaticOutputs()
+
         def body(*a: Any, **k: Any) -> Any:
-            self._reset_setup()
+            version = root.version
+            root.version = root.new_version()
+            root.lifted_bodies.append({})
             try:
-                return self._call_wrapped(fn, a, k) if method else fn(self, *a, **k)
+                return outputs.hide(self._call_wrapped(fn, a, k) if method else fn(self, *a, **k))
             finally:
-                self._reset_setup()
+                for module, snap in reversed(list(root.lifted_bodies.pop().values())):
+                    module._restore_setup(snap)
+                root.version = version
         key = (self.scope.path, fn) if method else None
         name = f"{type(self).__name__}.{getattr(fn, '__name__', 'fn')}"
-        return self.scope.root.run(key, name, body, args, kwargs)
+        return reveal(root.run(key, name, body, args, kwargs))
 
     # -- copies and printing ---------------------------------------------------------------
     def clone(self, *, parent: Any = None, **updates: Any) -> Self:
