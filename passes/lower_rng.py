@@ -52,6 +52,7 @@ class _Static:
     key: tuple[str, Path]
     aval: Any
     counter: int = 0
+    linen: bool = False   # draws carry their module path and count (Linen's convention)
 
 
 @dataclasses.dataclass
@@ -116,6 +117,8 @@ class _Lowerer(Rewriter):
         if eqn.primitive is not rng_draw_p:
             return super().piece(eqn, in_avals, region)
         st = region.state[eqn.params["stream"]]
+        if eqn.params["path"] is not None:
+            return self._linen_piece(eqn, st)
         static = isinstance(st, _Static)
         key = (static, st.key, None if static else st.count, st.aval)
         found = self._pieces.get(key)
@@ -131,14 +134,34 @@ class _Lowerer(Rewriter):
         st.counter += 1
         return found, [_jax.Literal(np.uint32(st.counter - 1), COUNT_AVAL)]
 
+    def _linen_piece(self, eqn: _jax.JaxprEqn, st: _Static) -> tuple:
+        """A Linen draw: the stream's key itself (count 0), or ``fold_in(key, c)`` with the
+        constant ``c`` of its path and count bound as a literal (``streams.linen_data``)."""
+        count = eqn.params["count"]
+        key = (count != 0, st.key, None, st.aval)
+        found = self._pieces.get(key)
+        if found is None:
+            if count == 0:
+                found = self.trace(lambda: [_get(st.key, st.aval)], [])
+            else:
+                found = self.trace(lambda n: [streams.derive(_get(st.key, st.aval), n)],
+                                   [COUNT_AVAL])
+            self._pieces[key] = found
+        if count == 0:
+            return found, []
+        data = streams.linen_data((*eqn.params["path"], count))
+        return found, [_jax.Literal(np.uint32(data), COUNT_AVAL)]
+
     def needs_rewrite(self, jaxpr: _jax.Jaxpr) -> bool:
         return bool(streams_of(jaxpr.effects))
 
     def rewrites(self, eqn: _jax.JaxprEqn) -> bool:
         return eqn.primitive is rng_draw_p
 
-    def draw(self, st) -> Any:
+    def draw(self, st, params: dict | None = None) -> Any:
         key = _get(st.key, st.aval)
+        if params is not None and params["path"] is not None:
+            return streams.derive_at(key, params["path"], params["count"])
         if isinstance(st, _Static):
             st.counter += 1
             return streams.derive(key, st.counter - 1)
@@ -150,7 +173,7 @@ class _Lowerer(Rewriter):
         state: dict = region.state
         if eqn.primitive is rng_draw_p:
             with _jax.source_info_of(eqn):
-                return [self.draw(state[eqn.params["stream"]])]
+                return [self.draw(state[eqn.params["stream"]], eqn.params)]
         used = streams_of(eqn.effects)
         if not used:
             return region.bind(eqn, invals)
@@ -183,6 +206,8 @@ class _Lowerer(Rewriter):
         with _jax.source_info_of(eqn):
             for s in sorted(used):
                 st = state[s]
+                if isinstance(st, _Static) and st.linen:
+                    continue   # Linen draws are static: the same keys in every iteration
                 base: Path = (s, f"loop{loop}")
                 dyn = _Dynamic((streams.KEYS, base + ("key",)), (streams.KEYS, base + ("count",)),
                                st.aval)
@@ -203,6 +228,16 @@ class LowerRng(Pass):
         if not used:
             return jaxpr
         state = {s: stream_state(jaxpr, s, ctx) for s in sorted(used)}
+        for eqn, _ in nested.walk_eqns(jaxpr):
+            if eqn.primitive is rng_draw_p and eqn.params["path"] is not None:
+                st = state[eqn.params["stream"]]
+                if not isinstance(st, _Static):
+                    raise errors.PassError(
+                        f"a draw of RNG stream '{eqn.params['stream']}' follows Linen's "
+                        "convention, but the stream is kept as state.",
+                        collection=eqn.params["stream"], **errors.where(eqn.source_info),
+                        fix="give the stream as a key (rngs={...}) for Linen's keys")
+                st.linen = True
         lowerer = _Lowerer()
         ctx.count(self.name, "streams", len(used))
         return lowerer.run(jaxpr, Region(lowerer, state=state))

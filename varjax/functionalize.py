@@ -466,7 +466,10 @@ def _fresh_context(key: _Key) -> TraceContext:
     variables = dict(key.variables)
     rngs = {s: vt.avals[0] for s, vt in streams.implicit_streams(variables).items()}
     rngs.update(key.rngs)
-    return TraceContext(variables, key.mutable, rngs, key.initializing)
+    ctx = TraceContext(variables, key.mutable, rngs, key.initializing)
+    # Keys given explicitly follow Linen's calling convention, so Linen's derivation.
+    streams.start_linen(ctx, dict(key.rngs))
+    return ctx
 
 
 def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),

@@ -88,7 +88,8 @@ class DirectFallback(Exception):
 class DictStore:
     """The store of a lifted body that runs directly in its transform's trace: reads and
     writes are dictionary operations on the values handed in, and draws fold a static,
-    order-based counter into the handed key, exactly as ``lower-rng`` would."""
+    order-based counter into the handed key (Linen's convention: the module path and
+    count), exactly as ``lower-rng`` would."""
 
     # A direct body falls back as soon as a variable is used inside an inner trace, so no
     # inner trace made under it depends on variables: one shared jit key.
@@ -122,3 +123,8 @@ class DictStore:
         n = self.counters.get(stream, 0)
         self.counters[stream] = n + 1
         return streams.derive(self.keys[stream], n)
+
+    def draw_linen(self, ctx: TraceContext, stream: str, path: Path, count: int) -> Any:
+        """A draw under Linen's convention: path and count come from the trace's counts."""
+        self.observe(ctx)
+        return streams.derive_at(self.keys[stream], path, count)

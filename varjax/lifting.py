@@ -101,16 +101,48 @@ class LiftedRegion:
         # ``to_tree``/``from_tree`` make group keys relative to it, as Linen's dicts are.
         self.path = path
         self.body = body
-        self._fn = Functionalized(body, context=self._context, inline=True)
+        self._fns: dict[tuple, tuple[Functionalized, dict]] = {}
         self.__name__ = getattr(body, "__name__", "body")
         self.writes: set[Key] = set()
         self._probed = False
+
+    @property
+    def linen(self) -> streams.LinenCounts | None:
+        """The enclosing trace's Linen draw counts (None when no stream follows Linen's
+        convention): a transform that traces its body as Linen does not (``scan``'s
+        extra trace) keeps them equal to Linen's."""
+        return streams.linen_counts(self._lifted.outer.origin)
+
+    def group_of(self, key: Key) -> int | None:
+        """The index of the variable group that variable ``key`` belongs to."""
+        return self._lifted.group_of(key[0])
 
     @property
     def mutable(self) -> Any:
         """The enclosing trace's mutable filter: with ``False`` the body can neither write
         nor create a variable, so a transform need not ask ``traffic`` about it."""
         return self._lifted.outer.mutable
+
+    def _traced(self, trace: Callable[[Functionalized], Any], jaxpr_of: Callable[[Any], Any]) -> Any:
+        """Run ``trace`` on the body's ``Functionalized`` for the current Linen counts.
+
+        Under Linen's convention a trace bakes the counts it starts from into its draws,
+        so traces are cached per starting counts; a cached trace advances the counts as
+        tracing it did, so every call of a region counts as one trace (as in Linen)."""
+        linen = streams.linen_counts(self._lifted.outer.origin)
+        start = () if linen is None else tuple(sorted(linen.counts.items()))
+        if start not in self._fns:
+            self._fns[start] = (Functionalized(self.body, context=self._context, inline=True), {})
+        fn, ends = self._fns[start]
+        before = fn.trace_count
+        result = trace(fn)
+        if linen is not None:
+            jaxpr = jaxpr_of(result)
+            if fn.trace_count != before or id(jaxpr) not in ends:
+                ends[id(jaxpr)] = (jaxpr, linen.snapshot())
+            else:
+                linen.restore(ends[id(jaxpr)][1])
+        return result
 
     def _context(self, key: Any) -> TraceContext:
         return self._region_context(dict(key.variables), dict(key.rngs))
@@ -138,7 +170,8 @@ class LiftedRegion:
         self._probed = True   # the call that follows reuses this trace (the IR path)
         flat, keys = self._flat(groups, rngs)
         outer = self._lifted.outer
-        closed = self._fn.effectful(flat, args, kwargs, keys, outer.mutable, outer.initializing)
+        closed = self._traced(lambda fn: fn.effectful(flat, args, kwargs, keys, outer.mutable,
+                                                      outer.initializing), lambda c: c)
         t = _traffic(closed)
         streams = frozenset(e.stream for e in closed.effects if isinstance(e, RngEffect))
         return BodyTraffic(t.needs, t.may_write, t.may_write - set(flat), streams)
@@ -151,8 +184,9 @@ class LiftedRegion:
         else:
             flat, keys = self._flat(groups, rngs)
             outer = self._lifted.outer
-            out, written, _ = self._fn.call(flat, args, kwargs, keys, outer.mutable,
-                                            outer.initializing)
+            out, written, _ = self._traced(
+                lambda fn: fn.call(flat, args, kwargs, keys, outer.mutable, outer.initializing),
+                lambda r: r[2].effectful)
         self.writes.update(written)
         groups_out = tuple(dict(g) for g in groups)
         for key, value in written.items():
@@ -291,7 +325,7 @@ class _LiftedCall:
             pos += n
         for _, stream, _ in streams:
             if used[pos]:
-                inputs.append(scope.draw_at(self.outer, stream, self.outer.path_prefix))
+                inputs.append(scope.hand_key_at(self.outer, stream, self.outer.path_prefix))
             pos += 1
         inputs += [leaves[j] for j, u in zip(traced_at, used[pos:]) if u]
         if self.outer.policy is None:   # outermost: one jit equation named after the transform
@@ -337,8 +371,12 @@ class Lift:
             path = module.path
         extra: frozenset[Key] = frozenset()
         direct = not isinstance(outer.store, DictStore) or _jax.current_trace() is outer.top_trace
+        linen = streams.linen_counts(outer.origin)
+        start = linen.snapshot() if linen is not None else {}
         with errors.call_site(_jax.python_user_frame_text()):
             while True:
+                if linen is not None:
+                    linen.restore(start)   # an attempt that retries has counted nothing
                 call = _LiftedCall(self, outer, path, extra, direct)
                 try:
                     return call.run(bodies, path, args, kwargs)

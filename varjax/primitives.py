@@ -7,7 +7,11 @@ the treedef and leaf avals as parameters:
 
 * ``var_get[collection, path, tree, avals]() -> leaves`` reads the current value;
 * ``var_set[collection, path, tree](*leaves) -> ()`` replaces it;
-* ``rng_draw[stream, aval]() -> key`` draws a fresh key from an RNG stream.
+* ``rng_draw[stream, aval, path, count]() -> key`` draws a fresh key from an RNG
+  stream.  ``path`` is ``None`` for a draw under NNX's convention (order-based, counted
+  by ``lower-rng``); under Linen's it is the drawing module's path and ``count`` the
+  draw's number for that stream and path (from 1; 0: the stream's key itself, handed
+  to a lifted body), both static (see ``varjax.streams``).
 
 Each carries its effect (see ``effects.py``), so JAX keeps them in order and
 never dead-code-eliminates a write.  They have no implementation: outside a
@@ -73,7 +77,7 @@ def _set_abstract_eval(*leaves, collection, path, tree):
     return [], {VariableEffect(collection)}
 
 
-def _draw_abstract_eval(*, stream, aval):
+def _draw_abstract_eval(*, stream, aval, path, count):
     return aval, {RngEffect(stream)}
 
 
@@ -187,7 +191,9 @@ _jax.dce_rules[var_get_p] = lambda used_outs, eqn: ([], eqn if any(used_outs) el
 def _pp_name(eqn) -> str:
     p = eqn.params
     if eqn.primitive is rng_draw_p:
-        return f"rng_draw[{p['stream']}]"
+        if p["path"] is None:
+            return f"rng_draw[{p['stream']}]"
+        return f"rng_draw[{p['stream']}:{'/'.join(p['path'])}#{p['count']}]"
     return f"{eqn.primitive.name}[{p['collection']}:{errors.format_path(p['path'])}]"
 
 
@@ -204,8 +210,11 @@ def bind_set(collection: str, path: Path, leaves: Sequence[Any], tree: Any) -> N
     var_set_p.bind(*leaves, collection=collection, path=tuple(path), tree=tree)
 
 
-def bind_draw(stream: str, aval: Any) -> Any:
-    return rng_draw_p.bind(stream=stream, aval=aval)
+def bind_draw(stream: str, aval: Any, path: Path | None = None, count: int = 0) -> Any:
+    """A draw from ``stream``: NNX's convention when ``path`` is None, else Linen's draw
+    ``count`` of the module at ``path`` (see ``varjax.streams``)."""
+    return rng_draw_p.bind(stream=stream, aval=aval,
+                           path=None if path is None else tuple(path), count=int(count))
 
 
 def leaf_aval(x: Any) -> Any:

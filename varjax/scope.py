@@ -24,7 +24,7 @@ import jax
 from varjax import _jax, errors, streams
 from varjax.caches import LRU
 from varjax.context import TraceContext, active, current, run_init, site
-from varjax.primitives import Key, Path, VarType, is_internal
+from varjax.primitives import Key, Path, VarType, bind_draw, is_internal
 from varjax.protocols import Labelled
 from varjax.statics import typed
 
@@ -156,10 +156,36 @@ def resolve_stream(ctx: TraceContext, name: str, where_: Path,
 
 
 def draw_at(ctx: TraceContext, name: str, where_: Path,
-            fallbacks: tuple[str, ...] = (streams.DEFAULT,)) -> jax.Array:
-    """A fresh key from stream ``name`` or a fallback; ``where_`` (the module path) is for
-    errors only."""
-    return ctx.store.draw(ctx, resolve_stream(ctx, name, where_, fallbacks))
+            fallbacks: tuple[str, ...] = (streams.DEFAULT,),
+            module: Path | None = None) -> jax.Array:
+    """A fresh key from stream ``name`` or a fallback.  ``where_`` is for errors;
+    ``module`` (default ``where_``) is the drawing module's path, which a stream under
+    Linen's convention counts and folds in (``varjax.streams``)."""
+    stream = resolve_stream(ctx, name, where_, fallbacks)
+    linen = streams.linen_counts(ctx.origin)
+    if linen is None or stream not in linen.streams:
+        return ctx.store.draw(ctx, stream)
+    module = tuple(where_ if module is None else module)
+    return _linen_draw(ctx, stream, module, linen.next(stream, module))
+
+
+def hand_key_at(ctx: TraceContext, stream: str, where_: Path) -> jax.Array:
+    """The key a lifted transform hands its body for ``stream``: under Linen's
+    convention the stream's key itself (the body folds in its own paths and counts, which
+    continue the enclosing trace's), else one draw."""
+    linen = streams.linen_counts(ctx.origin)
+    if linen is None or stream not in linen.streams or stream not in ctx.rng_streams:
+        return draw_at(ctx, stream, where_)
+    if ctx.policy is not None:
+        ctx.policy.check_stream(ctx, stream, where_)
+    return _linen_draw(ctx, stream, (), 0)
+
+
+def _linen_draw(ctx: TraceContext, stream: str, module: Path, count: int) -> jax.Array:
+    draw = getattr(ctx.store, "draw_linen", None)   # a store that resolves draws itself
+    if draw is not None:
+        return draw(ctx, stream, module, count)
+    return bind_draw(stream, ctx.rng_streams[stream], module, count)
 
 
 _expected = LRU()   # _memo_key -> VarType
@@ -286,7 +312,7 @@ def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_ar
             f"creating parameter {errors.format_path(path)} needs the '{streams.PARAMS}' RNG "
             "stream, which was not provided.", collection="params", path=path, **site(ctx),
             fix="call init with a key or a vj.Rngs: fn.init(jax.random.key(0), ...)")
-    value = run_init(init_fn, draw_at(ctx, streams.PARAMS, path), *init_args)
+    value = run_init(init_fn, draw_at(ctx, streams.PARAMS, path, module=path[:-1]), *init_args)
     _write(ctx, "params", path, value)
     return value
 

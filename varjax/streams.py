@@ -12,9 +12,17 @@ made per call, per stream, by what the caller passes -- is the stream's
   ``fold_in(key, count)`` and writes ``count + 1``, so a caller that keeps the
   returned state draws fresh keys on every call.
 
-Both derive the i-th key of a call as ``fold_in(key, count0 + i)``, with
-``count0 = 0`` for an explicit key: a fresh ``vj.Rngs(0)`` and the key
-``jax.random.key(0)`` initialise bitwise the same parameters.
+The two modes follow two conventions, so that each matches the library whose
+calling convention it is:
+
+* **Linen's** (explicit keys): the ``c``-th draw (``c`` from 1) of stream ``s``
+  by the module at path ``P`` is ``fold_in(key_s, linen_data(P + (c,)))``,
+  counted per stream and per module path.  ``linen_data`` is a 32-bit constant
+  computed in Python while lowering, so the IR holds one ``fold_in`` with a
+  literal, as hand-written JAX would; ``init`` then returns Linen's parameters
+  bit for bit for the same key.
+* **NNX's** (implicit state, a ``vj.Rngs``): the i-th draw of a call is
+  ``fold_in(key, count0 + i)``, order-based across the whole call.
 
 A draw from a stream that was not given falls back to the ``default``
 stream (the positional seed of ``vj.Rngs``), as in Flax NNX; ``Module.make_rng``
@@ -24,9 +32,12 @@ falling back to ``default`` share its counter instead of repeating its keys.
 """
 from __future__ import annotations
 
+import hashlib
+import weakref
 from typing import Any, Mapping
 
 import jax
+import numpy as np
 
 from varjax.primitives import Key
 
@@ -68,6 +79,70 @@ def derive(key: Any, n: Any) -> Any:
     return jax.random.fold_in(key, n)
 
 
+def linen_data(data: tuple[str | int, ...]) -> int:
+    """The 32-bit constant Linen folds into a key for static data (a module path and a
+    draw count): the first 4 bytes, big-endian, of the SHA-1 of the items concatenated
+    (strings as UTF-8, ints as their minimal big-endian bytes).  Computed once, in Python,
+    when a draw is lowered: the IR only sees the literal."""
+    digest = hashlib.sha1()
+    for item in data:
+        if isinstance(item, str):
+            digest.update(item.encode("utf-8"))
+        else:
+            digest.update(int(item).to_bytes((int(item).bit_length() + 7) // 8, "big"))
+    return int.from_bytes(digest.digest()[:4], "big")
+
+
+def derive_at(key: Any, path: tuple[str, ...], count: int) -> Any:
+    """Linen's key for draw ``count`` (from 1) of the module at ``path``; ``count == 0``
+    is the stream's key itself (what a lifted transform hands its body)."""
+    if count == 0:
+        return key
+    return jax.random.fold_in(key, np.uint32(linen_data((*path, count))))
+
+
 def candidates(name: str, fallbacks: tuple[str, ...] = (DEFAULT,)) -> tuple[str, ...]:
     """The streams a draw from ``name`` may come from, in order."""
     return (name,) + tuple(f for f in fallbacks if f != name)
+
+
+class LinenCounts:
+    """The draw counts of one top-level trace under Linen's convention: which streams
+    follow it (those given as keys) and, per ``(stream, module path)``, how many draws
+    were made so far.  Every context of the trace shares it -- lifted bodies included, as
+    Linen's scopes share their counters with the transformed scopes -- so a count is a
+    static number known while tracing, and each trace of a lifted body (Linen traces
+    some twice) advances the counts as it does in Linen."""
+
+    def __init__(self, names: Any):
+        self.streams = frozenset(names)
+        self.counts: dict[tuple[str, tuple[str, ...]], int] = {}
+
+    def next(self, stream: str, path: tuple[str, ...]) -> int:
+        """The number of the next draw of ``stream`` at ``path`` (from 1)."""
+        n = self.counts.get((stream, path), 0) + 1
+        self.counts[(stream, path)] = n
+        return n
+
+    def snapshot(self) -> dict:
+        return dict(self.counts)
+
+    def restore(self, snapshot: Mapping) -> None:
+        """Set the counts back (a lift that retries its trace, a body traced again)."""
+        self.counts.clear()
+        self.counts.update(snapshot)
+
+
+_linen: "weakref.WeakKeyDictionary[Any, LinenCounts]" = weakref.WeakKeyDictionary()
+
+
+def start_linen(origin: Any, names: Any) -> None:
+    """Streams ``names`` of the trace whose origin context is ``origin`` follow Linen's
+    convention (a top-level trace calls this with the streams given as keys)."""
+    _linen[origin] = LinenCounts(names)
+
+
+def linen_counts(origin: Any) -> LinenCounts | None:
+    """The Linen counts of the trace ``origin`` started, if any stream follows Linen."""
+    found = _linen.get(origin)
+    return found if found is not None and found.streams else None

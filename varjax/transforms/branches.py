@@ -70,14 +70,21 @@ def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl
         leaves, rebuild = partition(tuple(ops))
         created: list[set] = []
 
+        # The branches trace in Linen's order -- lax.cond's (true_fun first), lax.switch's
+        # (branch 0 first) -- so Linen's draw counts, which run on across branches, match.
+        order = [1, 0] if name == "cond" else list(range(len(regions)))
+
         def branch(region: Callable) -> Callable:
             def run(gs, ks, *arrays):
                 out, gs_out = region(gs, ks, *rebuild(arrays))
                 created.append({k for g, g_out in zip(gs, gs_out) for k in g_out if k not in g})
-                if len(created) == len(regions):   # lax.switch traces the branches in order
-                    _check_creations(name, labels, created)
+                if len(created) == len(regions):
+                    _check_creations(name, [labels[i] for i in order], created)
                 return out, gs_out
             return run
+        if name == "cond":
+            return jax.lax.cond(index != 0, branch(regions[1]), branch(regions[0]), groups,
+                                rng_groups, *leaves)
         return jax.lax.switch(index, [branch(r) for r in regions], groups, rng_groups, *leaves)
 
     lifted = lift(transform, *fns, variables=(variables,), rngs=(rngs,), name=name)

@@ -56,11 +56,15 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
          split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
          length: int | None = None, reverse: bool = False, unroll: int = 1,
          data_transform: Any = None, metadata_params: Mapping[str, Any] | None = None,
-         methods: Any = None) -> Any:
+         methods: Any = None, check_constancy_invariants: bool = True) -> Any:
     """Lifted ``jax.lax.scan`` (Linen's ``nn.scan``): the body is
     ``fn(carry, *xs) -> (carry, ys)`` (after the module, if any).
 
     ``in_axes`` gives each ``xs`` argument's scanned axis, or ``vj.broadcast``.
+    Under Linen's RNG convention the body is traced once before the loop, as Linen does
+    to check that broadcast variables are loop invariants: that trace creates the
+    broadcast variables and advances the draw counts, so keys equal Linen's
+    (``check_constancy_invariants=False`` skips it, as in Linen).
     ``metadata_params`` is accepted for Linen compatibility (varjax has no boxed
     partitioning metadata); ``data_transform`` is not supported."""
     reject(data_transform is not None, "scan", "data_transform is not supported.",
@@ -87,12 +91,14 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
         keys = tuple({s: jax.random.split(k, n) for s, k in g.items()} if do else None
                      for g, do in zip(rngs, split))
 
-        def step(carry, carried, bcast, sliced, peeled=False):
+        def step(carry, carried, bcast, sliced, peeled=False, probe=False):
             var_slices, key_slices, x_slices = sliced
             gs = (*var_slices, bcast, carried)
             ks = tuple(k if k is not None else g for k, g in zip(key_slices, rngs))
             xs_now = [x if ax is not broadcast else whole
                       for x, whole, ax in zip(x_slices, xs, xs_axes)]
+            if probe:
+                return region.traffic(gs, ks, carry, *xs_now)
             out, gs_out = region(gs, ks, carry, *xs_now)
             reject(not (isinstance(out, (tuple, list)) and len(out) == 2), "scan",
                    "the body must return (carry, ys).", "return a pair from the body")
@@ -102,6 +108,9 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
 
         sliced = (scanned_vars, keys, scanned_xs)
         carried, bcast = groups[n_ax + 1], groups[n_ax]
+        if check_constancy_invariants and region.linen is not None:
+            bcast = _linen_pretrace(region, step, (carry, carried, bcast), sliced, n, reverse,
+                                    n_ax)
         try:
             carry_out, carried_out, stacked = _scan(step, carry, carried, bcast, sliced, n,
                                                     reverse, unroll)
@@ -145,6 +154,22 @@ def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, len
     (carry, carried), stacked = jax.lax.scan(body, (carry, carried), sliced, length=length,
                                              reverse=reverse, unroll=unroll)
     return carry, carried, stacked
+
+
+def _linen_pretrace(region: Any, step: Callable, state: tuple, sliced: Any, n: int,
+                    reverse: bool, n_ax: int) -> Group:
+    """Linen's extra trace of a scan body before the loop, on the first step's inputs:
+    the draw counts advance as it did, and broadcast variables the body creates come from
+    it (so from the keys Linen gives them).  Returns the broadcast group for the loop."""
+    carry, carried, bcast = state
+    at_first = jax.tree.map(lambda x: x[n - 1 if reverse else 0], sliced)
+    start = region.linen.snapshot()
+    made = step(carry, carried, bcast, at_first, probe=True).creates
+    creates_bcast = any(region.group_of(k) == n_ax for k in made)
+    if not creates_bcast or any(region.group_of(k) == n_ax + 1 for k in made):
+        return bcast   # a created carry variable: the first step is peeled (below)
+    region.linen.restore(start)
+    return step(carry, carried, bcast, at_first, peeled=True)[2]
 
 
 class _Peel(Exception):
@@ -209,8 +234,13 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any = NO_IN
                   init: Any) -> Any:
         carried, bcast = groups
 
+        # Linen's per-iteration keys: fold_in(key, i) for body_fn, fold_in(key, -i) for
+        # cond_fn; else a distinct number per iteration and function.
+        linen = body_region.linen is not None
+
         def keys_at(i: Any, which: int) -> tuple:
-            return tuple(DerivedKeys(g, lambda k: jax.random.fold_in(k, 2 * i + which))
+            data = (i if which else -i) if linen else 2 * i + which
+            return tuple(DerivedKeys(g, lambda k: jax.random.fold_in(k, data))
                          if do else g for g, do in zip(rngs, split))
         zero = jnp.zeros((), jnp.int32)
 
