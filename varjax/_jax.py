@@ -274,15 +274,17 @@ def open_consts(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, list[Any]]:
     return ClosedJaxpr(pe.convert_constvars_jaxpr(closed.jaxpr), ()), list(closed.consts)
 
 
-def prune(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, list[Any], list[bool]]:
-    """``closed`` without the inputs and constants its outputs do not need.
+def prune(closed: ClosedJaxpr, keep: list[bool] | None = None
+          ) -> tuple[ClosedJaxpr, list[Any], list[bool]]:
+    """``closed`` without the inputs and constants its outputs (those marked in ``keep``,
+    default all) do not need.
 
     Returns the pruned jaxpr (constants that may be tracers of an enclosing trace become
     leading inputs), the constants it still needs, and which original inputs it still
     takes; call it as ``f(*consts, *[x for x, used in zip(inputs, mask) if used])``."""
     n_consts = len(closed.consts)
     opened = pe.convert_constvars_jaxpr(closed.jaxpr)
-    pruned, used = pe.dce_jaxpr(opened, [True] * len(opened.outvars))
+    pruned, used = pe.dce_jaxpr(opened, [True] * len(opened.outvars) if keep is None else keep)
     consts = [c for c, u in zip(closed.consts, used[:n_consts]) if u]
     return ClosedJaxpr(pruned, ()), consts, list(used[n_consts:])
 

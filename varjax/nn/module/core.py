@@ -16,7 +16,7 @@ from varjax import errors
 from varjax.context import site
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
 from varjax.nn.module.entry import EntryPoints
-from varjax.nn.module.lifecycle import module_stack
+from varjax.nn.module.lifecycle import compact, module_stack
 from varjax.nn.module.lifted import LiftHooks
 from varjax.nn.module.objects import register_pytree
 from varjax.nn.module.state import UNSPECIFIED, ModuleState
@@ -44,6 +44,8 @@ class Module(VariableAPI, LiftHooks, EntryPoints):
                 spec.compare, spec.hash, spec.repr = False, False, False
         dataclasses.dataclass(cls, repr=False, eq=True, unsafe_hash="__hash__" not in cls.__dict__)
         register_pytree(cls)
+        cls._varjax_name_scope_methods = tuple(
+            n for n in dir(cls) if hasattr(getattr(cls, n, None), "varjax_name_scope"))
         for attr, fn in list(cls.__dict__.items()):
             if _wrappable(attr, fn):
                 setattr(cls, attr, _wrap_method(fn))
@@ -72,9 +74,21 @@ class Module(VariableAPI, LiftHooks, EntryPoints):
                     "setup() and outside an @compact method.", **site(about=parent),
                     fix="construct submodules in setup(), or decorate the method with @nn.compact")
 
+    def _run_setup(self) -> None:
+        super()._run_setup()
+        names = type(self)._varjax_name_scope_methods
+        if names:
+            # One child per compact_name_scope method, named after it (a setup attribute,
+            # so it is made again with setup).
+            self._varjax_name_scopes = {
+                n: CompactNameScope(getattr(type(self), n).varjax_name_scope, _returns(self), name=n)
+                for n in names}
+
 
 dataclasses.dataclass(Module, repr=False, eq=True, unsafe_hash=True)
 register_pytree(Module)
+Module._varjax_name_scope_methods = ()
+
 
 # Methods of Module itself, from every class it is assembled from, are never wrapped.
 _API_NAMES: frozenset[str] = frozenset(
@@ -95,3 +109,20 @@ def _wrap_method(fn: Callable) -> Callable:
         return self._call_wrapped(fn, args, kwargs)
     wrapped.varjax_wrapped = True
     return wrapped
+
+
+class CompactNameScope(Module):
+    """The scope of a ``compact_name_scope`` method ``fn``: calling it runs ``fn`` on the
+    module ``module_fn()`` returns, with this compact child as the parent of the
+    submodules ``fn`` makes inline."""
+
+    fn: Callable[..., Any]
+    module_fn: Callable[[], Module]
+
+    @compact
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(self.module_fn(), *args, **kwargs)
+
+
+def _returns(module: Module) -> Callable[[], Module]:
+    return lambda: module

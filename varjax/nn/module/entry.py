@@ -11,11 +11,14 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Mapping, Self
 
-from varjax import errors, filters
+import jax
+
+from varjax import _jax, errors, filters
 from varjax.caches import LRU
 from varjax.context import current, site
-from varjax.functionalize import Functionalized
+from varjax.functionalize import Functionalized, flatten_variables
 from varjax.nn.binding import BoundRoot, TraceRoot
+from varjax.nn.module.interception import cache_key
 from varjax.nn.module.lifecycle import Lifecycle
 from varjax.nn.module.outputs import StaticOutputs
 from varjax.statics import typed
@@ -48,7 +51,7 @@ class EntryPoints(Lifecycle):
         capture = capture_intermediates
         fn = _resolve_method(self, method)
         cache = self.__dict__.setdefault("_varjax_functionalized", {})
-        key = (fn, capture)
+        key = (fn, capture, cache_key())   # interceptors and named calls change the trace
         found = cache.get(key)
         if found is None:
             found = cache[key] = _shared_functionalized(self, key)
@@ -78,6 +81,27 @@ class EntryPoints(Lifecycle):
         return self.init_with_output(rngs, *args, method=method, mutable=mutable,
                                      capture_intermediates=capture_intermediates, **kwargs)[1]
 
+    def lazy_init(self, rngs: Any, *args: Any, method: Any = None,
+                  mutable: Any = DEFAULT_INIT_MUTABLE, **kwargs: Any) -> dict[str, Any]:
+        """``init`` with ``jax.ShapeDtypeStruct`` in place of inputs whose values the variables
+        do not need: the forward pass is traced, and only what the variables depend on runs
+        (Linen's ``lazy_init``).  A variable whose initial value depends on such an input
+        raises ``VariableCreationError``."""
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        abstract = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
+
+        def init_from(*given: Any) -> dict[str, Any]:
+            it = iter(given)
+            a, kw = jax.tree.unflatten(tree, [next(it) if ab else x for x, ab in zip(leaves, abstract)])
+            return self.init(rngs, *a, method=method, mutable=mutable, **kw)
+        inputs = [x for x, ab in zip(leaves, abstract) if ab]
+        closed, shapes = jax.make_jaxpr(init_from, return_shape=True)(*inputs)
+        pruned, consts, used = _jax.prune(closed)
+        if any(used):
+            _raise_lazy(self, closed, shapes)
+        values = jax.jit(lambda *c: _jax.eval_jaxpr(pruned.jaxpr, (), *c))(*consts)
+        return jax.tree.unflatten(jax.tree.structure(shapes), values)
+
     def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None, method: Any = None,
               mutable: Any = False, capture_intermediates: Any = False, **kwargs: Any) -> Any:
         """Runs ``method`` (default ``__call__``) of a bound clone; returns ``out`` or
@@ -103,10 +127,24 @@ def _shared_functionalized(module: EntryPoints, key: tuple) -> Functionalized:
         shared_key = typed((module, *key))
         found = _SHARED.get(shared_key)
     except TypeError:                 # a field is unhashable: this instance only
-        return module._new_functionalized(*key)
+        return module._new_functionalized(*key[:2])
     if found is None:
-        found = _SHARED[shared_key] = module._new_functionalized(*key)
+        found = _SHARED[shared_key] = module._new_functionalized(*key[:2])
     return found
+
+
+def _raise_lazy(module: EntryPoints, closed: Any, shapes: dict[str, Any]) -> None:
+    """The variables of a ``lazy_init`` that need an abstract input's value: an error naming
+    the first of them."""
+    keys = list(flatten_variables(shapes))
+    n = len(closed.jaxpr.outvars)
+    for i, (collection, path) in enumerate(keys):
+        if any(_jax.prune(closed, [j == i for j in range(n)])[2]):
+            raise errors.VariableCreationError(
+                f"lazy_init cannot create variable {errors.format_path(path)}: its initial "
+                "value depends on an input given as a jax.ShapeDtypeStruct.",
+                collection=collection, path=path, **site(about=module),
+                fix="pass that input as an array (or use init)")
 
 
 def _resolve_method(module: EntryPoints, method: Any) -> Callable:

@@ -9,16 +9,16 @@ module's named scope, count compact-method names, capture intermediates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Any, Callable, Self
 
-import jax
-
 from varjax import errors
 from varjax.context import active, site
+from varjax.nn.module.interception import cache_key, run_intercepted, scope
 from varjax.nn.module.naming import Naming, adopt_submodules
 from varjax.nn.module.outputs import StaticOutputs, reveal
-from varjax.nn.module.state import SetupSnapshot
+from varjax.nn.module.state import UNSPECIFIED, SetupSnapshot
 
 
 def compact(fn: Callable) -> Callable:
@@ -31,6 +31,30 @@ def nowrap(fn: Callable) -> Callable:
     """Marks a helper method that must not be wrapped (no setup, no scope, no name)."""
     fn.varjax_nowrap = True
     return fn
+
+
+def compact_name_scope(fn: Callable) -> Callable:
+    """Marks a method whose inline submodules live under a scope named after it (Linen's
+    ``nn.compact_name_scope``, for porting Haiku code): ``Dense_0`` made in ``up`` is
+    ``up/Dense_0``.  The method runs on the module as ``self``; its submodules' parent is
+    a ``CompactNameScope`` child that setup makes for each such method."""
+    @functools.wraps(fn)
+    def call(self: Lifecycle, *args: Any, **kwargs: Any) -> Any:
+        if self.scope is None:
+            raise errors.UnboundModuleError(
+                f"the compact_name_scope method {fn.__name__} was called on {self._label()}.",
+                **site(about=self), fix="call it through module.init / module.apply (or bind)")
+        self._try_setup()
+        scopes = self.__dict__.get("_varjax_name_scopes")
+        if scopes is None:
+            raise errors.ModuleError(
+                f"the compact_name_scope method {fn.__name__} of {self._label()} was called "
+                "from setup(), before its scope exists.", **site(about=self),
+                fix="call it from another method, or make it a plain method")
+        return scopes[fn.__name__](*args, **kwargs)
+    call.varjax_nowrap = True
+    call.varjax_name_scope = fn
+    return call
 
 
 _local = threading.local()
@@ -106,8 +130,8 @@ class Lifecycle(Naming):
             if ctx is not None:
                 ctx.module = self
             try:
-                with jax.named_scope(self._scope_name()):
-                    self.setup()
+                with scope(self._scope_name()):
+                    self._run_setup()
             finally:
                 if ctx is not None:
                     ctx.module = previous_module
@@ -116,6 +140,14 @@ class Lifecycle(Naming):
             state.in_setup = False
             state.setup_done = True
             state.setup_version = self.scope.root.version
+
+    def _run_setup(self) -> None:
+        """The user's ``setup``, through the active interceptors (as Linen's wrapped setup;
+        a class that defines no setup has none to intercept)."""
+        setup = type(self).setup
+        if setup is Lifecycle.setup:
+            return
+        run_intercepted(setup, self, (), {})
 
     def _reset_setup(self) -> None:
         """Forget what setup made, so it runs again (a new trace, or new bound variables)."""
@@ -158,7 +190,7 @@ class Lifecycle(Naming):
                     f"the @compact method {fn.__name__} was called on {self._label()}.",
                     **site(about=self),
                     fix="call it through module.init / module.apply (or module.bind)")
-            return fn(self, *args, **kwargs)
+            return run_intercepted(fn, self, args, kwargs)
         if sc.eager():
             return self._run_bound(fn, args, kwargs, method=True)
         ctx = sc.context(self, f"{type(self).__name__}.{fn.__name__}")
@@ -174,8 +206,8 @@ class Lifecycle(Naming):
         state.compact_depth += is_compact
         label = self._scope_name() if fn.__name__ == "__call__" else f"{self._scope_name()}.{fn.__name__}"
         try:
-            with jax.named_scope(label):
-                out = fn(self, *args, **kwargs)
+            with scope(label):
+                out = run_intercepted(fn, self, args, kwargs)
         finally:
             stack.pop()
             state.compact_depth -= is_compact
@@ -209,7 +241,7 @@ class Lifecycle(Naming):
                 for module, snap in reversed(list(root.lifted_bodies.pop().values())):
                     module._restore_setup(snap)
                 root.version = version
-        key = (self.scope.path, fn) if method else None
+        key = (self.scope.path, fn, cache_key()) if method else None
         name = f"{type(self).__name__}.{getattr(fn, '__name__', 'fn')}"
         return reveal(root.run(key, name, body, args, kwargs))
 
@@ -217,6 +249,27 @@ class Lifecycle(Naming):
     def clone(self, *, parent: Any = None, **updates: Any) -> Self:
         """A new module with the same fields (plus ``updates``) and the given parent."""
         return dataclasses.replace(self, parent=parent, **updates)
+
+    def copy(self, *, parent: Any = UNSPECIFIED, name: str | None = None, **updates: Any) -> Self:
+        """A copy with the given fields replaced (Linen's ``copy``): by default its parent is
+        the running module, so in a compact method it is a new auto-named child.  Submodules
+        held by fields are copied too, detached, and one module held twice is copied once."""
+        copies: dict[int, Lifecycle] = {}
+
+        def detached(module: Lifecycle, _name: str) -> Lifecycle:
+            if id(module) not in copies:
+                copies[id(module)] = module._copy_fields({}, parent=None, name=module.name,
+                                                         detach=detached)
+            return copies[id(module)]
+        return self._copy_fields(updates, parent=parent, name=name, detach=detached)
+
+    def _copy_fields(self, updates: dict[str, Any], *, parent: Any, name: str | None,
+                     detach: Callable[[Lifecycle, str], Lifecycle]) -> Self:
+        attrs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.init and f.name not in ("parent", "name")}
+        attrs.update(updates)
+        attrs = {k: adopt_submodules(v, detach, k) for k, v in attrs.items()}
+        return type(self)(**attrs, parent=parent, name=name)
 
     def __repr__(self) -> str:
         fields = [f for f in dataclasses.fields(self) if f.repr and f.name != "name"]

@@ -147,3 +147,28 @@ def adopt_submodules(value: Any, adopt: Callable[[Naming, str], Naming], name: s
     if isinstance(value, dict):
         return {k: adopt_submodules(x, adopt, f"{name}_{k}") for k, x in value.items()}
     return value
+
+
+def share_scope(module: Naming, other: Naming, /) -> None:
+    """Makes two bound modules keep their variables in one place (Linen's
+    ``nn.share_scope``): when ``other`` is ``module`` or below it, ``other`` moves to
+    ``module``'s path; otherwise ``module`` moves to ``other``'s.  A wrapper calling it in
+    ``setup`` (a LoRA around a ``Dense``) adds its variables next to the wrapped ones.
+    The submodules the moved module already has move with it."""
+    for m in (module, other):
+        if m.scope is None:
+            raise errors.UnboundModuleError(
+                f"share_scope needs two bound modules; {m._label()} is not bound.",
+                **site(about=m), fix="call share_scope in setup() or in a method run by init/apply")
+    mine, theirs = module.scope.path, other.scope.path
+    moved, target = (other, module.scope) if theirs[:len(mine)] == mine else (module, other.scope)
+    old = moved.scope
+    object.__setattr__(moved, "scope", target)
+
+    def follow(child: Naming, name: str) -> Naming:
+        if child.parent is moved and child.scope is not None and child.scope.path[:-1] == old.path:
+            object.__setattr__(child, "scope", Scope(target.root, target.path + child.scope.path[-1:]))
+        return child
+    for attr, value in list(vars(moved).items()):
+        if attr not in ("parent", "scope"):
+            adopt_submodules(value, follow, attr)
