@@ -1,7 +1,14 @@
-"""``varjax.nn``: Flax Linen's API on varjax.  Port a Linen model with ``import varjax.nn as nn``."""
+"""``varjax.nn``: Flax Linen's API on varjax.  Port a Linen model with ``import varjax.nn as nn``.
+
+Every public name of ``flax.linen`` is here, or is listed with the reason it is not in
+``tests/nn/test_linen_names.py`` (see ``notes/linen-parity.md``).  The submodules carry
+Linen's module paths too (``nn.linear.PrecisionLike``, ``nn.transforms.scan``).
+"""
 from varjax.filters import DenyList as DenyList
+from varjax.nn import fp8_ops as fp8_ops
 from varjax.nn import initializers as initializers
-from varjax.nn.activation import *  # noqa: F403  (the jax.nn activations, by Linen's names)
+from varjax.nn import transforms as transforms
+from varjax.nn.activation import *  # noqa: F403  (the jax.nn activations by Linen's names, and PReLU)
 from varjax.nn.attention import MultiHeadAttention as MultiHeadAttention
 from varjax.nn.attention import MultiHeadDotProductAttention as MultiHeadDotProductAttention
 from varjax.nn.attention import SelfAttention as SelfAttention
@@ -10,13 +17,26 @@ from varjax.nn.attention import dot_product_attention as dot_product_attention
 from varjax.nn.attention import dot_product_attention_weights as dot_product_attention_weights
 from varjax.nn.attention import make_attention_mask as make_attention_mask
 from varjax.nn.attention import make_causal_mask as make_causal_mask
+from varjax.nn.batch_apply import BatchApply as BatchApply
 from varjax.nn.combinators import Sequential as Sequential
 from varjax.nn.dtypes import merge_param as merge_param
 from varjax.nn.dtypes import promote_dtype as promote_dtype
+from varjax.nn.fp8_ops import Fp8DirectDotGeneralOp as Fp8DirectDotGeneralOp
+from varjax.nn.fp8_ops import Fp8DotGeneral as Fp8DotGeneral
+from varjax.nn.fp8_ops import Fp8DotGeneralOp as Fp8DotGeneralOp
+from varjax.nn.fp8_ops import Fp8Einsum as Fp8Einsum
+from varjax.nn.fp8_ops import NANOOFp8DotGeneralOp as NANOOFp8DotGeneralOp
+from varjax.nn.frozen_dict import FrozenDict as FrozenDict
+from varjax.nn.initializers import ones as ones
+from varjax.nn.initializers import ones_init as ones_init
+from varjax.nn.initializers import zeros as zeros
+from varjax.nn.initializers import zeros_init as zeros_init
 from varjax.nn.linear import Conv as Conv
+from varjax.nn.linear import ConvLocal as ConvLocal
 from varjax.nn.linear import ConvTranspose as ConvTranspose
 from varjax.nn.linear import Dense as Dense
 from varjax.nn.linear import DenseGeneral as DenseGeneral
+from varjax.nn.linear import Einsum as Einsum
 from varjax.nn.linear import Embed as Embed
 from varjax.nn.module import Module as Module
 from varjax.nn.module import Scope as Scope
@@ -27,15 +47,22 @@ from varjax.nn.module import init_with_output as init_with_output
 from varjax.nn.module import nowrap as nowrap
 from varjax.nn.normalization import BatchNorm as BatchNorm
 from varjax.nn.normalization import GroupNorm as GroupNorm
+from varjax.nn.normalization import InstanceNorm as InstanceNorm
 from varjax.nn.normalization import LayerNorm as LayerNorm
 from varjax.nn.normalization import RMSNorm as RMSNorm
+from varjax.nn.normalization import SpectralNorm as SpectralNorm
+from varjax.nn.normalization import WeightNorm as WeightNorm
 from varjax.nn.pooling import avg_pool as avg_pool
 from varjax.nn.pooling import max_pool as max_pool
 from varjax.nn.pooling import min_pool as min_pool
 from varjax.nn.pooling import pool as pool
 from varjax.nn.recurrent import RNN as RNN
+from varjax.nn.recurrent import Bidirectional as Bidirectional
+from varjax.nn.recurrent import ConvLSTMCell as ConvLSTMCell
 from varjax.nn.recurrent import GRUCell as GRUCell
 from varjax.nn.recurrent import LSTMCell as LSTMCell
+from varjax.nn.recurrent import MGUCell as MGUCell
+from varjax.nn.recurrent import OptimizedLSTMCell as OptimizedLSTMCell
 from varjax.nn.recurrent import RNNCellBase as RNNCellBase
 from varjax.nn.recurrent import SimpleCell as SimpleCell
 from varjax.nn.stochastic import Dropout as Dropout

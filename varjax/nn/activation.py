@@ -1,8 +1,14 @@
-"""Activations: ``jax.nn`` functions, re-exported under the names Linen uses.
+"""Activations: ``jax.nn`` functions, re-exported under the names Linen uses, and ``PReLU``.
 
-Nothing is re-implemented; ``tanh`` comes from ``jax.numpy`` as in Linen.
-(Linen's ``PReLU`` layer, which owns a parameter, is not provided.)
+Nothing is re-implemented; ``tanh`` comes from ``jax.numpy`` as in Linen, and
+``normalize`` is Linen's old name for ``standardize``.  ``mish`` is exported too
+(``jax.nn`` has it; Linen does not re-export it).  ``PReLU`` is a layer, not a
+function: its negative slope is a learned parameter.
 """
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
 from jax.nn import celu as celu
 from jax.nn import elu as elu
 from jax.nn import gelu as gelu
@@ -27,4 +33,28 @@ from jax.nn import softmax as softmax
 from jax.nn import softplus as softplus
 from jax.nn import standardize as standardize
 from jax.nn import swish as swish
-from jax.nn import tanh as tanh
+from jax.numpy import tanh as tanh
+
+from varjax.nn.module import Module, compact
+from varjax.nn.typing import Dtype
+
+__all__ = ["PReLU", "celu", "elu", "gelu", "glu", "hard_sigmoid", "hard_silu", "hard_swish", "hard_tanh",
+           "leaky_relu", "log_sigmoid", "log_softmax", "logsumexp", "mish", "normalize", "one_hot", "relu",
+           "relu6", "selu", "sigmoid", "silu", "soft_sign", "softmax", "softplus", "standardize", "swish",
+           "tanh"]
+
+normalize = standardize
+
+
+class PReLU(Module):
+    """``x`` where ``x >= 0``, else ``negative_slope * x``, with ``negative_slope`` a scalar
+    parameter (created as ``negative_slope_init`` in ``param_dtype``, applied in ``x``'s dtype)."""
+
+    param_dtype: Dtype = jnp.float32
+    negative_slope_init: float = 0.01
+
+    @compact
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        slope = self.param("negative_slope",
+                           lambda _key: jnp.asarray(self.negative_slope_init, self.param_dtype))
+        return jnp.where(inputs >= 0, inputs, jnp.asarray(slope, inputs.dtype) * inputs)

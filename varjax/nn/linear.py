@@ -1,4 +1,6 @@
-"""Linear layers: ``Dense``, ``DenseGeneral``, ``Conv``, ``ConvTranspose``, ``Embed``.
+"""Linear layers: ``Dense``, ``DenseGeneral``, ``Conv``, ``ConvLocal``, ``ConvTranspose``, ``Embed``.
+
+``Einsum`` lives in ``varjax.nn.einsum`` and is re-exported here, where Linen keeps it.
 
 Each layer matches its ``flax.linen`` namesake field for field: the same
 parameter names (``kernel``, ``bias``, ``embedding``), shapes and
@@ -29,11 +31,24 @@ import numpy as np
 from jax import lax
 
 from varjax.nn import dtypes, initializers
+from varjax.nn.dtypes import promote_dtype as promote_dtype
+from varjax.nn.einsum import Einsum as Einsum
 from varjax.nn.module import Module, compact, nowrap
+from varjax.nn.typing import Array as Array
+from varjax.nn.typing import ConvGeneralDilatedT as ConvGeneralDilatedT
+from varjax.nn.typing import DotGeneralT as DotGeneralT
+from varjax.nn.typing import Dtype as Dtype
+from varjax.nn.typing import Initializer as Initializer
+from varjax.nn.typing import LaxPadding as LaxPadding
+from varjax.nn.typing import PaddingLike as PaddingLike
+from varjax.nn.typing import PRNGKey as PRNGKey
+from varjax.nn.typing import PrecisionLike as PrecisionLike
+from varjax.nn.typing import Shape as Shape
+from varjax.nn.unsupported import not_provided
 
-__all__ = ["Dense", "DenseGeneral", "Conv", "ConvTranspose", "Embed", "canonicalize_padding"]
+__all__ = ["Dense", "DenseGeneral", "Conv", "ConvLocal", "ConvTranspose", "Einsum", "Embed",
+           "canonicalize_padding", "default_kernel_init", "default_embed_init"]
 
-PaddingLike = str | int | Sequence[int | tuple[int, int]]
 PromoteDtypeFn = Callable[..., list[Any]]
 
 default_kernel_init = initializers.lecun_normal()
@@ -70,7 +85,7 @@ class Dense(Module):
     use_bias: bool = True
     dtype: Any = None
     param_dtype: Any = jnp.float32
-    precision: lax.PrecisionLike = None
+    precision: PrecisionLike = None
     kernel_init: initializers.Initializer = default_kernel_init
     bias_init: initializers.Initializer = initializers.zeros_init()
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
@@ -106,7 +121,7 @@ class DenseGeneral(Module):
     param_dtype: Any = jnp.float32
     kernel_init: initializers.Initializer = default_kernel_init
     bias_init: initializers.Initializer = initializers.zeros_init()
-    precision: lax.PrecisionLike = None
+    precision: PrecisionLike = None
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
     dot_general: Callable | None = None
     dot_general_cls: Any = None
@@ -208,8 +223,8 @@ def _masked_kernel(mdl: Module, kernel_shape: tuple[int, ...]) -> jax.Array:
     return kernel if mask is None else kernel * mask
 
 
-class Conv(Module):
-    """An N-d convolution (``lax.conv_general_dilated``) over channels-last inputs.
+class _Conv(Module):
+    """An N-d convolution over channels-last inputs; ``shared_weights`` picks the kind.
 
     ``padding`` is ``'SAME'``, ``'VALID'``, ``'CIRCULAR'`` (periodic: the input
     is wrap-padded, then convolved ``'VALID'``), ``'REFLECT'``, ``'CAUSAL'``
@@ -228,7 +243,7 @@ class Conv(Module):
     mask: jax.Array | None = None
     dtype: Any = None
     param_dtype: Any = jnp.float32
-    precision: lax.PrecisionLike = None
+    precision: PrecisionLike = None
     kernel_init: initializers.Initializer = default_kernel_init
     bias_init: initializers.Initializer = initializers.zeros_init()
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
@@ -258,17 +273,73 @@ class Conv(Module):
             padding = "VALID"
 
         in_features = np.shape(inputs)[-1]
+        conv = _pick(self.conv_general_dilated_cls, self.conv_general_dilated, lax.conv_general_dilated)
+        numbers = _conv_dimension_numbers(inputs.ndim)
+        if not self.shared_weights:
+            return _restore_batch(self._local(inputs, conv, kernel_size, strides, padding, input_dilation,
+                                              kernel_dilation), batch_shape)
         if in_features % self.feature_group_count:
             raise ValueError(f"feature_group_count={self.feature_group_count} does not divide the "
                              f"{in_features} input features.")
         kernel = _masked_kernel(self, kernel_size + (in_features // self.feature_group_count, self.features))
         bias = _feature_bias(self)
         inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-        conv = _pick(self.conv_general_dilated_cls, self.conv_general_dilated, lax.conv_general_dilated)
         y = conv(inputs, kernel, strides, padding, lhs_dilation=input_dilation, rhs_dilation=kernel_dilation,
-                 dimension_numbers=_conv_dimension_numbers(inputs.ndim),
-                 feature_group_count=self.feature_group_count, precision=self.precision)
+                 dimension_numbers=numbers, feature_group_count=self.feature_group_count,
+                 precision=self.precision)
         return _restore_batch(_add_bias(y, bias), batch_shape)
+
+    @property
+    def shared_weights(self) -> bool:
+        """True: one kernel slides over the input (``Conv``); False: a kernel per output position."""
+        raise NotImplementedError
+
+    @nowrap
+    def _local(self, inputs: jax.Array, conv: Callable, kernel_size: tuple[int, ...], strides: tuple[int, ...],
+               padding: Any, input_dilation: tuple[int, ...], kernel_dilation: tuple[int, ...]) -> jax.Array:
+        """The unshared convolution: each output position has its own ``(window, features)`` kernel.
+
+        The output's spatial shape is the one the shared convolution would
+        give; kernel and bias carry it as leading axes.
+        """
+        if self.feature_group_count != 1:
+            not_provided("ConvLocal with feature_group_count != 1",
+                         "lax.conv_general_dilated_local has no feature groups (nor has Linen's ConvLocal).",
+                         f"use feature_group_count=1 (got {self.feature_group_count}).")
+        in_features = np.shape(inputs)[-1]
+        numbers = _conv_dimension_numbers(inputs.ndim)
+        out_shape = jax.eval_shape(
+            lambda lhs, rhs: conv(lhs, rhs, strides, padding, lhs_dilation=input_dilation,
+                                  rhs_dilation=kernel_dilation, dimension_numbers=numbers),
+            inputs, jax.ShapeDtypeStruct(kernel_size + (in_features, self.features), inputs.dtype)).shape
+        kernel = _masked_kernel(self, out_shape[1:-1] + (math.prod(kernel_size) * in_features, self.features))
+        bias = (self.param("bias", self.bias_init, out_shape[1:], self.param_dtype) if self.use_bias
+                else None)
+        inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        y = lax.conv_general_dilated_local(inputs, kernel, strides, padding, kernel_size,
+                                           lhs_dilation=input_dilation, rhs_dilation=kernel_dilation,
+                                           dimension_numbers=numbers, precision=self.precision)
+        return _add_bias(y, bias)
+
+
+class Conv(_Conv):
+    """An N-d convolution (``lax.conv_general_dilated``): one kernel shared by every position."""
+
+    @property
+    def shared_weights(self) -> bool:
+        return True
+
+
+class ConvLocal(_Conv):
+    """A locally connected layer (``lax.conv_general_dilated_local``): a kernel per output position.
+
+    Linen's parameter layout: ``kernel`` is ``out_spatial + (prod(kernel_size) *
+    in_features, features)`` and ``bias`` is ``out_spatial + (features,)``.
+    """
+
+    @property
+    def shared_weights(self) -> bool:
+        return False
 
 
 class ConvTranspose(Module):
@@ -289,7 +360,7 @@ class ConvTranspose(Module):
     mask: jax.Array | None = None
     dtype: Any = None
     param_dtype: Any = jnp.float32
-    precision: lax.PrecisionLike = None
+    precision: PrecisionLike = None
     kernel_init: initializers.Initializer = default_kernel_init
     bias_init: initializers.Initializer = initializers.zeros_init()
     transpose_kernel: bool = False

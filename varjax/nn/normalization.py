@@ -1,6 +1,6 @@
-"""Normalization layers: ``LayerNorm``, ``RMSNorm``, ``BatchNorm``, ``GroupNorm``.
+"""Normalization layers: ``LayerNorm``, ``RMSNorm``, ``BatchNorm``, ``GroupNorm``, ``InstanceNorm``.
 
-All four compute a mean and variance over some axes, then
+All five compute a mean and variance over some axes, then
 ``(x - mean) * rsqrt(var + epsilon) * scale + bias`` with ``scale``/``bias``
 learned per feature (parameters ``scale`` and ``bias``, as in Linen).  They
 differ only in which axes are reduced:
@@ -10,7 +10,13 @@ differ only in which axes are reduced:
 * ``BatchNorm``: every axis except the feature ``axis``, i.e. across the
   batch, so it keeps running averages in the ``batch_stats`` collection
   (``mean``, ``var``) for evaluation;
-* ``GroupNorm``: the features split into groups, per example.
+* ``GroupNorm``: the features split into groups, per example;
+* ``InstanceNorm``: every axis but the first (batch) and the features, per
+  example and feature.
+
+``WeightNorm`` and ``SpectralNorm``, which normalize another layer's weights
+rather than activations, live in ``varjax.nn.weight_normalization`` and are
+re-exported here, where Linen keeps them.
 
 With ``axis_name`` the statistics are averaged over that mapped axis
 (``jax.lax.pmean``), so replicas under ``vmap``/``shard_map`` normalize with
@@ -37,11 +43,19 @@ from jax import lax
 
 from varjax.nn import initializers
 from varjax.nn.dtypes import canonicalize_dtype, cast, merge_param, promote_dtype
+from varjax import errors
+from varjax.context import site
 from varjax.nn.module import Module, compact, nowrap
+from varjax.nn.typing import Array as Array
+from varjax.nn.typing import Axes as Axes
+from varjax.nn.typing import Dtype as Dtype
+from varjax.nn.typing import Initializer as Initializer
+from varjax.nn.typing import PRNGKey as PRNGKey
+from varjax.nn.typing import Shape as Shape
+from varjax.nn.weight_normalization import SpectralNorm as SpectralNorm
+from varjax.nn.weight_normalization import WeightNorm as WeightNorm
 
-__all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm"]
-
-Axes = int | Iterable[int]
+__all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "SpectralNorm", "WeightNorm"]
 
 
 def _canonical_axes(ndim: int, axes: Axes) -> tuple[int, ...]:
@@ -312,3 +326,39 @@ class GroupNorm(Module):
             raise ValueError(f"num_groups ({self.num_groups}) does not divide the number of channels "
                              f"({channels}).")
         return self.num_groups
+
+
+class InstanceNorm(Module):
+    """Normalizes each example and feature over the remaining axes (the spatial ones).
+
+    Axis 0 is the batch; ``feature_axes`` (default: the last) get the learned
+    ``scale``/``bias`` and are not reduced.
+    """
+
+    epsilon: float = 1e-6
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    use_bias: bool = True
+    use_scale: bool = True
+    bias_init: initializers.Initializer = initializers.zeros
+    scale_init: initializers.Initializer = initializers.ones
+    feature_axes: Axes = -1
+    axis_name: str | None = None
+    axis_index_groups: Any = None
+    use_fast_variance: bool = True
+    force_float32_reductions: bool = True
+
+    @compact
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
+        feature_axes = _canonical_axes(x.ndim, self.feature_axes)
+        if 0 in feature_axes:
+            raise errors.ConfigError(
+                f"InstanceNorm's feature_axes {self.feature_axes!r} include axis 0, which is the batch axis.",
+                **site(), fix="give feature axes among 1..ndim-1 (the default is the last axis).")
+        reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
+        mean, var = _compute_stats(x, reduction_axes, self.dtype, self.axis_name, self.axis_index_groups,
+                                   use_fast_variance=self.use_fast_variance, mask=mask,
+                                   force_float32_reductions=self.force_float32_reductions)
+        return _normalize(self, x, mean, var, reduction_axes, feature_axes, self.dtype, self.param_dtype,
+                          self.epsilon, self.use_bias, self.use_scale, self.bias_init, self.scale_init,
+                          self.force_float32_reductions)

@@ -1,0 +1,37 @@
+"""What ``varjax.nn`` deliberately does not build, and the error that says so.
+
+A Linen name that varjax does not implement still exists in ``varjax.nn`` so that
+ported code imports; using it raises ``NotProvidedError`` with the reason and what
+to use instead.  It is a ``NotImplementedError`` too, so code that probes for a
+feature with ``except NotImplementedError`` keeps working.
+"""
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from varjax import errors
+from varjax.context import site
+
+__all__ = ["NotProvidedError", "not_provided", "unprovided_class"]
+
+
+class NotProvidedError(errors.VarjaxError, NotImplementedError):
+    """A Linen feature that varjax does not provide; the message says why and what instead."""
+
+
+def not_provided(name: str, why: str, fix: str) -> NoReturn:
+    """Raises ``NotProvidedError`` for ``name``, at the user's line."""
+    raise NotProvidedError(f"{name} is not provided by varjax.nn: {why}", **site(), fix=fix)
+
+
+def unprovided_class(name: str, why: str, fix: str, module: str = __name__) -> type:
+    """A class named ``name`` that raises ``NotProvidedError`` when instantiated.
+
+    So ``nn.<name>`` resolves (imports, ``isinstance``, default field values) and
+    only building one fails, at the line that builds it.
+    """
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        not_provided(name, why, fix)
+
+    return type(name, (), {"__init__": __init__, "__doc__": f"Not provided: {why}",
+                           "__module__": module})

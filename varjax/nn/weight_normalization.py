@@ -1,0 +1,158 @@
+"""``WeightNorm`` and ``SpectralNorm``: wrappers that normalize another layer's weights.
+
+Both run the wrapped ``layer_instance`` under ``nn.map_variables``, whose
+``trans_in_fn`` replaces each of its parameters by a normalized copy before the
+layer sees it, as Linen does.  The wrapper's own variables are named after the
+wrapped variable's path (``Dense_0/kernel/scale``), so a Linen checkpoint loads
+unchanged:
+
+* ``WeightNorm``: ``w / ||w||`` over the non-feature axes, times a learned
+  ``scale`` per feature (parameters of the wrapper, in ``params``);
+* ``SpectralNorm``: ``w / sigma``, where ``sigma``, the largest singular value of
+  ``w`` (as a matrix: leading axes flattened), is estimated by ``n_steps`` of power
+  iteration from the vector ``u`` kept in ``collection_name`` (``batch_stats``).
+  With ``update_stats=True`` the new ``u`` and ``sigma`` are stored: apply with
+  ``mutable=['batch_stats']``.
+
+Sharp edges:
+  * ``SpectralNorm`` draws its first ``u`` from the ``params`` stream at init.
+  * Variables of rank 0 or 1 pass through ``SpectralNorm`` unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from varjax import errors
+from varjax.context import site
+from varjax.nn import initializers
+from varjax.nn.dtypes import canonicalize_dtype, promote_dtype
+from varjax.nn.module import Module, compact, nowrap
+from varjax.nn.typing import Axes, Dtype, Initializer
+from varjax.transforms.calls import map_variables
+
+__all__ = ["WeightNorm", "SpectralNorm"]
+
+
+def _l2_normalize(x: jax.Array, axis: Any = None, eps: float = 1e-12) -> jax.Array:
+    """``x / ||x||`` over ``axis`` (all axes if None), with ``eps`` inside the root."""
+    return x * lax.rsqrt(jnp.sum(x * x, axis=axis, keepdims=True) + eps)
+
+
+def _wrapped_name(layer: Module, path: tuple) -> str:
+    """``<layer name>/<variable path inside it>``: the key path minus its collection."""
+    return layer.name + "/" + "/".join(str(getattr(k, "key", k)) for k in path[1:])
+
+
+def _normal_or_zeros(key: jax.Array | None, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """``u``'s initializer.  Without a key (the variable exists, so this runs only to check
+    the stored value's shape and dtype) it gives zeros of that shape."""
+    return jnp.zeros(shape, dtype) if key is None else jax.random.normal(key, shape, dtype)
+
+
+class WeightNorm(Module):
+    """Each filtered variable ``w`` of ``layer_instance`` is used as ``scale * w / ||w||``.
+
+    The norm is taken over every axis except ``feature_axes`` (``None``: over all
+    axes, one scalar scale).  ``variable_filter`` keeps the variables whose
+    ``<layer>/<path>`` contains one of its strings (default ``{'kernel'}``); an empty
+    filter normalizes them all.
+    """
+
+    layer_instance: Module
+    epsilon: float = 1e-12
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    use_scale: bool = True
+    scale_init: Initializer = initializers.ones
+    feature_axes: Axes | None = -1
+    variable_filter: Iterable | None = dataclasses.field(default_factory=lambda: {"kernel"})
+
+    @compact
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return map_variables(
+            lambda layer: layer(*args, **kwargs),
+            trans_in_fn=lambda vs: jax.tree_util.tree_map_with_path(self._normalized, vs),
+            init=self.is_initializing())(self.layer_instance)
+
+    @nowrap
+    def _normalized(self, path: tuple, value: jax.Array) -> jax.Array:
+        value = jnp.asarray(value)
+        name = _wrapped_name(self.layer_instance, path)
+        if self.variable_filter and not any(f in name for f in self.variable_filter):
+            return value
+        if self.feature_axes is None:
+            feature_axes: tuple[int, ...] = ()
+        else:
+            axes = self.feature_axes if isinstance(self.feature_axes, Iterable) else (self.feature_axes,)
+            feature_axes = tuple(sorted({a % value.ndim for a in axes}))
+        reduction_axes = tuple(a for a in range(value.ndim) if a not in feature_axes)
+        normalized = _l2_normalize(value, axis=reduction_axes, eps=self.epsilon)
+        dtype_args = [value]
+        if self.use_scale:
+            scale = self.param(name + "/scale", self.scale_init, tuple(value.shape[a] for a in feature_axes),
+                               self.param_dtype)
+            scale = jnp.reshape(scale, tuple(value.shape[a] if a in feature_axes else 1
+                                             for a in range(value.ndim)))
+            normalized = jnp.multiply(*promote_dtype(normalized, scale, inexact=False))
+            dtype_args.append(scale)
+        return jnp.asarray(normalized, canonicalize_dtype(*dtype_args, dtype=self.dtype))
+
+
+class SpectralNorm(Module):
+    """Each variable ``w`` of rank >= 2 of ``layer_instance`` is used as ``w / sigma(w)``.
+
+    ``__call__(*args, update_stats, **kwargs)`` calls the layer; ``update_stats``
+    (keyword, required) stores the power iteration's new ``u`` and ``sigma``.
+    ``error_on_non_matrix`` rejects variables of rank > 2 instead of flattening
+    their leading axes.
+    """
+
+    layer_instance: Module
+    n_steps: int = 1
+    epsilon: float = 1e-12
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    error_on_non_matrix: bool = False
+    collection_name: str = "batch_stats"
+
+    @compact
+    def __call__(self, *args: Any, update_stats: bool, **kwargs: Any) -> Any:
+        return map_variables(
+            lambda layer: layer(*args, **kwargs),
+            trans_in_fn=lambda vs: jax.tree_util.tree_map_with_path(
+                lambda path, v: self._normalized(path, v, update_stats), vs),
+            init=self.is_initializing(), mutable=True)(self.layer_instance)
+
+    @nowrap
+    def _normalized(self, path: tuple, value: jax.Array, update_stats: bool) -> jax.Array:
+        value = jnp.asarray(value)
+        shape = value.shape
+        if value.ndim <= 1 or self.n_steps < 1:
+            return value
+        name = _wrapped_name(self.layer_instance, path)
+        if value.ndim > 2:
+            if self.error_on_non_matrix:
+                raise errors.ConfigError(
+                    f"SpectralNorm got the {value.ndim}-D variable {name!r} but error_on_non_matrix=True.",
+                    **site(), fix="set error_on_non_matrix=False to flatten its leading axes.")
+            value = jnp.reshape(value, (-1, shape[-1]))
+        rng = None if self.has_variable(self.collection_name, name + "/u") else self.make_rng("params")
+        u_var = self.variable(self.collection_name, name + "/u", _normal_or_zeros, rng, (1, shape[-1]),
+                              self.param_dtype)
+        sigma_var = self.variable(self.collection_name, name + "/sigma", jnp.ones, (), self.param_dtype)
+        u, value = promote_dtype(u_var.value, value, inexact=False)
+        for _ in range(self.n_steps):
+            v = _l2_normalize(u @ value.T, eps=self.epsilon)
+            u = _l2_normalize(v @ value, eps=self.epsilon)
+        u, v = lax.stop_gradient(u), lax.stop_gradient(v)
+        sigma = (v @ value @ u.T)[0, 0]
+        value = value / jnp.where(sigma != 0, sigma, jnp.ones((), sigma.dtype))
+        if update_stats:
+            u_var.value = u
+            sigma_var.value = sigma
+        return jnp.asarray(jnp.reshape(value, shape), canonicalize_dtype(value, u, v, sigma, dtype=self.dtype))
