@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 from varjax import errors
 from varjax.functionalize import unflatten_variables
 from varjax.objects.nodes import is_node
-from varjax.objects.run import arg_names, graph_of, run, write_back
+from varjax.objects.run import arg_names, graph_of, run
 from varjax.objects.state import flatten_state
 
 _SELF = "self"
@@ -44,7 +44,7 @@ def capture(target: Any, *collections: str, init: Mapping[str, Any] | None = Non
         graph = graph_of(args, kwargs, names)
         out, result = run(fn, args, kwargs, names=names, capture=wanted, given=given,
                           capture_root=root, graph=graph)
-        write_back(graph, result)
+        graph.write_back(result.updates, result.created)
         if not collections:
             return out
         captured = {k: v for k, v in given.items() if k[0] in collections}

@@ -10,11 +10,13 @@ round trip through JAX, which copies each place separately.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from varjax import errors
+from varjax.context import active
 from varjax.objects.nodes import Cell, NodeKind, is_node, kind_of
 from varjax.primitives import Path
 
@@ -49,6 +51,32 @@ class Graph:
     leaves: list[Any]
     paths: list[tuple[str, ...]]     # per leaf, its key path (``()`` with ``paths=False``)
     is_object: list[bool]            # per leaf
+    cells: list[tuple[Node, Cell]] = dataclasses.field(init=False)
+    # Set when the graph is kept by ``ArgumentGraphs``: the positions of the node arguments
+    # (every other argument is a plain value), and what callers derive from the graph once.
+    node_args: tuple[int, ...] | None = dataclasses.field(default=None, init=False)
+    memo: dict[str, Any] = dataclasses.field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.cells = [(n, c) for n in self.nodes for c in n.cells]
+        self._writers: list[tuple[Callable[[list[Any]], None], int, int]] | None = None
+
+    def write_back(self, updates: list[Any], created: list[dict]) -> None:
+        """Apply a call's changes to the nodes: ``updates[i]`` is cell i's new value (None:
+        unchanged), ``created[j]`` the variables created under node j (``{(collection,
+        path): value}``).  Each kind's writer is made once per graph: a kept graph's
+        nodes keep their cells."""
+        if self._writers is None:
+            self._writers, start = [], 0
+            for node in self.nodes:
+                self._writers.append((node.kind.writer(node.obj), start, start + len(node.cells)))
+                start += len(node.cells)
+        for write, start, stop in self._writers:
+            write(updates[start:stop])
+        if any(created):
+            for node, made in zip(self.nodes, created):
+                for (col, path), value in made.items():
+                    node.kind.add(node.obj, col, path, value)
 
     @classmethod
     def of(cls, tree: Any, paths: bool = True) -> "Graph":
@@ -77,10 +105,6 @@ class Graph:
             nodes.append(Node(leaf, kind, path, kind.cells(leaf)))
         return cls(nodes, places, treedef, [leaf for _, leaf in with_paths], names, is_object)
 
-    @property
-    def cells(self) -> list[tuple[Node, Cell]]:
-        return [(n, c) for n in self.nodes for c in n.cells]
-
     def shared_cells(self) -> list[tuple[Cell, Node, Node]]:
         """Variables reached through two different nodes (one module root seen through
         two of its modules): ``(cell, first node, second node)``."""
@@ -103,3 +127,76 @@ class Graph:
                 collection=cell.collection, path=b.prefix + cell.path, **errors.where(),
                 fix="pass the object that holds the variable once (the root module made by "
                     "bind, not it and one of its submodules)")
+
+
+# Types whose instances are never object nodes and hold none: a call whose positional
+# arguments are all such values or nodes themselves may keep its graph.
+_PLAIN_BASES = (jax.Array, np.ndarray, np.generic, int, float, complex, str, type(None))
+_PLAIN: dict[type, bool] = {}
+
+
+def _plain(x: Any) -> bool:
+    t = type(x)
+    found = _PLAIN.get(t)
+    if found is None:
+        found = _PLAIN[t] = issubclass(t, _PLAIN_BASES) and not is_node(x)
+    return found
+
+
+class _Kept:
+    """A graph kept for calls on the same node objects: it holds them (so their ``id``s
+    are not reused while it lives) and what their watches said."""
+
+    __slots__ = ("graph", "count", "nodes", "plain", "watches")
+
+    def __init__(self, graph: Graph, args: tuple):
+        self.graph, self.count = graph, len(args)
+        self.nodes = [(i, a) for i, a in enumerate(args) if not _plain(a)]
+        self.plain = [i for i, a in enumerate(args) if _plain(a)]
+        watches = [kind_of(a).watch(a) for _, a in self.nodes]
+        self.watches = [(w, w()) for w in watches if w is not None]
+        graph.node_args = tuple(i for i, _ in self.nodes)
+
+    def matches(self, args: tuple) -> bool:
+        if len(args) != self.count:
+            return False
+        for i, obj in self.nodes:
+            if args[i] is not obj:
+                return False
+        for i in self.plain:
+            if not _PLAIN.get(type(args[i])):
+                return False
+        for watch, seen in self.watches:
+            if watch() != seen:
+                return False
+        return True
+
+
+class ArgumentGraphs:
+    """The argument graphs of a transformed function's last few calls.
+
+    A train step is called again and again on the same model and optimizer state, and
+    finding their nodes and cells anew each time would cost more than JAX's dispatch.  A
+    call whose positional arguments are nodes and plain values (arrays, numbers), with no
+    keyword arguments, reuses the graph of an earlier call made outside any trace on the
+    same objects, while their watches (``NodeKind.watch``: which variables a node has)
+    say the same.  ``SIZE`` bounds the objects kept alive."""
+
+    SIZE = 4
+
+    def __init__(self) -> None:
+        self._kept: list[_Kept] = []
+
+    def of(self, args: tuple, kwargs: dict, make: Callable[[], Graph]) -> Graph:
+        if not kwargs:
+            for n, kept in enumerate(self._kept):
+                if kept.matches(args):
+                    if n:
+                        self._kept.insert(0, self._kept.pop(n))
+                    return kept.graph
+        graph = make()
+        if not kwargs and active() is None and all(_plain(a) or kind_of(a) is not None
+                                                   for a in args):
+            self._kept.insert(0, _Kept(graph, args))
+            del self._kept[self.SIZE:]
+        return graph

@@ -56,6 +56,18 @@ class NodeKind(Protocol):
         """The collections a transformed function may write in this node (a filter)."""
         ...
 
+    def watch(self, node: Any) -> Callable[[], Hashable] | None:
+        """A function whose value changes whenever ``cells(node)`` would give other cells
+        (variables added, a stream replaced), or None if they never do: while it keeps its
+        value, a graph of the node may be reused (``graph.ArgumentGraphs``)."""
+        ...
+
+    def reader(self, node: Any) -> Callable[[], tuple]:
+        """A function giving the children the node's pytree flatten gives, valid while
+        ``token`` is (so is the static part): what a kept graph passes to JAX in place of
+        the node, read without finding the node's cells again."""
+        ...
+
     def trace_key(self, node: Any, cell: Cell, prefix: Path) -> Key:
         """Where ``cell`` lives in the trace of a transformed function, the node being
         at ``prefix`` in its arguments."""
@@ -73,8 +85,10 @@ class NodeKind(Protocol):
         """Record a variable the transformed function created under this node."""
         ...
 
-    def finish(self, node: Any) -> None:
-        """After a call: advance what the node counts per call."""
+    def writer(self, node: Any) -> Callable[[list[Any]], None]:
+        """A function writing a call's new values into the node, one per cell in
+        ``cells`` order (None: unchanged), and advancing what the node counts per call;
+        valid while ``token`` is."""
         ...
 
 
@@ -127,6 +141,12 @@ class VariableKind:
     def mutable(self, node: scope.Variable) -> Any:
         return node.collection
 
+    def watch(self, node: scope.Variable) -> Callable[[], Hashable] | None:
+        return None
+
+    def reader(self, node: scope.Variable) -> Callable[[], tuple]:
+        return lambda: (node.value,)
+
     def trace_key(self, node: scope.Variable, cell: Cell, prefix: Path) -> Key:
         return (node.collection, prefix)
 
@@ -139,8 +159,11 @@ class VariableKind:
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("a Variable has no variables below it")
 
-    def finish(self, node: Any) -> None:
-        pass
+    def writer(self, node: scope.Variable) -> Callable[[list[Any]], None]:
+        def write(updates: list[Any]) -> None:
+            if updates[0] is not None:
+                node.value = updates[0]
+        return write
 
 
 # --- vj.Rngs ----------------------------------------------------------------------------
@@ -190,6 +213,12 @@ class RngsKind:
     def mutable(self, node: Rngs) -> Any:
         return streams.STATE
 
+    def watch(self, node: Rngs) -> Callable[[], Hashable] | None:
+        return None      # its streams are fixed when it is made (vj.reseed makes a new one)
+
+    def reader(self, node: Rngs) -> Callable[[], tuple]:
+        return lambda: node.tree_flatten()[0]
+
     def trace_key(self, node: Rngs, cell: Cell, prefix: Path) -> Key:
         return (cell.collection, prefix + cell.path)
 
@@ -207,8 +236,8 @@ class RngsKind:
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("an Rngs gains no variables")
 
-    def finish(self, node: Any) -> None:
-        pass
+    def writer(self, node: Rngs) -> Callable[[list[Any]], None]:
+        return cell_writer(self.cells(node))
 
 
 register_kind(VariableKind())
@@ -218,6 +247,15 @@ register_kind(RngsKind())
 def rng_state_cells(rngs: Rngs) -> list[Cell]:
     """The cells of an ``Rngs`` held by another node (a module bound with ``rngs=Rngs``)."""
     return RngsKind().cells(rngs)
+
+
+def cell_writer(cells: list[Cell]) -> Callable[[list[Any]], None]:
+    """A writer (``NodeKind.writer``) setting each updated cell."""
+    def write(updates: list[Any]) -> None:
+        for cell, value in zip(cells, updates):
+            if value is not None:
+                cell.set(value)
+    return write
 
 
 def nested_set(tree: dict, path: Path, value: Any) -> None:

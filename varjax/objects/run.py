@@ -9,9 +9,9 @@ any ``apply``, and the discharge signature says which variables were written.
 Nothing is compared in Python: an unchanged variable is one the IR never writes.
 
 The result says, per cell, the new value or ``None`` (unchanged), and per node the
-variables created under it; ``write_back`` applies both to the nodes.  The
+variables created under it; ``Graph.write_back`` applies both to the nodes.  The
 object-mode transforms call ``run`` inside the JAX transform, on the copies JAX
-makes of the argument objects, and ``write_back`` outside, on the originals.
+makes of the argument objects, and ``Graph.write_back`` outside, on the originals.
 """
 from __future__ import annotations
 
@@ -173,15 +173,3 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
                     "the value instead")
         created[owner][(col, path[len(graph.nodes[owner].prefix):])] = value
     return out, Result(updates, created, captured)
-
-
-def write_back(graph: Graph, result: Result) -> None:
-    """Apply a call's changes to the nodes it was given (originals, outside the JAX
-    transform; copies are never written back)."""
-    for (node, cell), value in zip(graph.cells, result.updates):
-        if value is not None:
-            cell.set(value)
-    for node, created in zip(graph.nodes, result.created):
-        for (col, path), value in created.items():
-            node.kind.add(node.obj, col, path, value)
-        node.kind.finish(node.obj)

@@ -7,7 +7,7 @@ Each one is the design note's "simple transform" on varjax's IR:
         pure: run(fn, copies)                          a functionalized trace: reads are
                                                        var_get, updates var_set, and the
                                                        discharge pass says what was written
-    write_back(graph, result)                         only the variables written
+    graph.write_back(result.updates, result.created)   only the variables written
 
 JAX does the structural work: objects are pytrees, so ``in_axes`` prefixes, ``argnums``
 and cotangent types follow JAX's rules (``grad`` of a bound module is a bound module of
@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from varjax import errors
-from varjax.objects.graph import Graph
+from varjax.objects.graph import ArgumentGraphs, Graph
 from varjax.objects.nodes import is_node
-from varjax.objects.run import Result, arg_names, graph_of, run, write_back
+from varjax.objects.run import Result, arg_names, graph_of, run
 
 
 def _dealias(args: tuple, kwargs: dict, places: tuple[int, ...]) -> tuple[tuple, dict]:
@@ -59,6 +59,11 @@ class _Pure:
     def __init__(self, fn: Callable, names: Sequence[str]):
         self.fn, self.names = fn, tuple(names)
         self._made: dict[Any, Callable] = {}
+        self.graphs = ArgumentGraphs()
+
+    def originals(self, args: tuple, kwargs: dict) -> Graph:
+        """The argument objects of one call (``_originals``), kept across calls."""
+        return self.graphs.of(args, kwargs, lambda: _originals(args, kwargs, self.fn))
 
     def get(self, key: Any, make: Callable[[Callable], Callable]) -> Callable:
         found = self._made.get(key)
@@ -73,6 +78,45 @@ class _Pure:
         return found
 
 
+    def flat(self, graph: Graph, make: Callable[[Callable], Callable]) -> Callable:
+        """A call ``args -> out`` for a graph kept by ``ArgumentGraphs``, writing back:
+        ``make`` of ``pure`` taking each node argument as its pytree children.  The
+        objects' static parts key that function once per graph, instead of JAX hashing
+        them on every call, and it returns the ``Result``'s fields as a tuple (JAX
+        unflattens a tuple faster than a dataclass)."""
+        positions = graph.node_args
+        nodes = [graph.nodes[place] for place in graph.places]
+        defs = tuple(_one_level(n.obj) for n in nodes)
+        places = tuple(graph.places)
+        key = ("flat", places, positions, defs)
+        jitted = self._made.get(key)
+        if jitted is None:
+            def pure(*flat_args: Any) -> tuple:
+                args = list(flat_args)
+                for i, treedef in zip(positions, defs):
+                    args[i] = treedef.unflatten(flat_args[i])
+                args, _ = _dealias(tuple(args), {}, places)
+                out, result = run(self.fn, args, {}, names=self.names)
+                return out, result.updates, result.created, result.captured
+            functools.update_wrapper(pure, self.fn)
+            jitted = self._made[key] = make(pure)
+        readers = [(i, n.kind.reader(n.obj)) for i, n in zip(positions, nodes)]
+
+        def call(args: tuple) -> Any:
+            flat_args = list(args)
+            for i, read in readers:
+                flat_args[i] = read()
+            out, updates, created, _ = jitted(*flat_args)
+            graph.write_back(updates, created)
+            return out
+        return call
+
+
+def _one_level(node: Any) -> Any:
+    """The treedef of ``node`` with its children as leaves."""
+    return jax.tree.structure(node, is_leaf=lambda x: x is not node)
+
+
 def _wrapper(fn: Callable, call: Callable[..., Any]) -> Callable:
     return functools.wraps(fn)(call)
 
@@ -84,12 +128,18 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
     """``jax.jit`` over objects: their variables are traced inputs; updates come back."""
     pure = _Pure(fn, arg_names(fn))
 
+    def make(p: Callable) -> Callable:
+        return jax.jit(p, static_argnums=static_argnums, donate_argnums=donate_argnums)
+
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = _originals(args, kwargs, fn)
-        jitted = pure.get((tuple(graph.places),), lambda p: jax.jit(
-            p, static_argnums=static_argnums, donate_argnums=donate_argnums))
-        out, result = jitted(*args, **kwargs)
-        write_back(graph, result)
+        graph = pure.graphs.of(args, kwargs, lambda: _originals(args, kwargs, fn))
+        if graph.node_args is not None:
+            flat = graph.memo.get("jit")
+            if flat is None:
+                flat = graph.memo["jit"] = pure.flat(graph, make)
+            return flat(args)
+        out, result = pure.get((tuple(graph.places),), make)(*args, **kwargs)
+        graph.write_back(result.updates, result.created)
         return out
     return _wrapper(fn, call)
 
@@ -100,11 +150,11 @@ def remat(fn: Callable, *, prevent_cse: bool = True, static_argnums: int | Seque
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = _originals(args, kwargs, fn)
+        graph = pure.originals(args, kwargs)
         checkpointed = pure.get((tuple(graph.places),), lambda p: jax.checkpoint(
             p, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy))
         out, result = checkpointed(*args, **kwargs)
-        write_back(graph, result)
+        graph.write_back(result.updates, result.created)
         return out
     return _wrapper(fn, call)
 
@@ -148,7 +198,7 @@ def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = _originals(args, kwargs, fn)
+        graph = pure.originals(args, kwargs)
         axes = _node_axes(in_axes, args, kwargs, graph, "vj.vmap")
         cell_axes = [axes[graph.nodes.index(node)] for node, _ in graph.cells]
         result_axes = Result(cell_axes, axes, 0)
@@ -166,7 +216,7 @@ def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
                 **errors.where(),
                 fix="pass the object with an axis (in_axes=0) to keep one copy per member, or "
                     "write a value that does not depend on the mapped inputs") from e
-        write_back(graph, result)
+        graph.write_back(result.updates, result.created)
         return out
     return _wrapper(fn, call)
 
@@ -181,7 +231,7 @@ def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
     pure = _Pure(fn, arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = _originals(args, kwargs, fn)
+        graph = pure.originals(args, kwargs)
 
         def make(p: Callable) -> Callable:
             def loss(*a: Any, **k: Any) -> Any:
@@ -190,7 +240,7 @@ def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
                 return value, (aux, result)
             return jax.value_and_grad(loss, argnums=argnums, has_aux=True, allow_int=True)
         (value, (aux, result)), grads = pure.get((tuple(graph.places),), make)(*args, **kwargs)
-        write_back(graph, result)
+        graph.write_back(result.updates, result.created)
         return ((value, aux) if has_aux else value), grads
     return _wrapper(fn, call)
 
@@ -219,6 +269,7 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
         self.names = arg_names(fn)
         self.fwd: Callable | None = None
         self.bwd: Callable | None = None
+        self._graphs = ArgumentGraphs()
 
     def defvjp(self, fwd: Callable, bwd: Callable) -> None:
         self.fwd, self.bwd = fwd, bwd
@@ -241,7 +292,7 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
             raise errors.TransformError(
                 f"vj.custom_vjp: {getattr(self.fn, '__name__', 'the function')} was called "
                 "before defvjp(fwd, bwd).", **errors.where(), fix="call f.defvjp(fwd, bwd) first")
-        graph = _originals(args, {}, self.fn)
+        graph = self._graphs.of(args, {}, lambda: _originals(args, {}, self.fn))
         places = tuple(graph.places)
 
         def primal(*a: Any) -> tuple[Any, Result]:
@@ -266,7 +317,7 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
         f = jax.custom_vjp(primal, nondiff_argnums=self.nondiff_argnums)
         f.defvjp(forward, backward)
         out, result = f(*args)
-        write_back(graph, result)
+        graph.write_back(result.updates, result.created)
         return out
 
 
@@ -287,7 +338,7 @@ def _run_out(fn: Callable, args: tuple, written: set[int]) -> Any:
     out, result = run(fn, args, {}, names=names, graph=graph)
     _no_creation(fn, result)
     written.update(i for i, v in enumerate(result.updates) if v is not None)
-    write_back(graph, result)
+    graph.write_back(result.updates, result.created)
     return out
 
 

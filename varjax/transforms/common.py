@@ -39,12 +39,14 @@ def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],
     in_objects: list[Callable] = []
 
     def dual(*args: Any, **kwargs: Any) -> Any:
-        if object_call(transform, args, kwargs):
+        # ``active() is None`` first: outside any trace (a train step's loop) the call is
+        # object mode, decided without another call
+        if active() is None or object_call(transform, args, kwargs):
             if not in_objects:
                 in_objects.append(objects(target))
             return in_objects[0](*args, **kwargs)
         return lifted(*args, **kwargs)
-    return lifted_function(dual, target)
+    return marked_lifted(dual, target)
 
 
 class _NoInit:
@@ -99,11 +101,16 @@ def object_options(transform: str, make: Callable[[Callable], Callable],
 
 def lifted_function(lift: Callable, target: Callable) -> Callable:
     """A plain function calling ``lift`` (a ``Lift``, or lifted transforms composed), so a
-    class body can use it as a method; marked so a Module runs its setup inside the lifted
-    body, not before it."""
-    @functools.wraps(target)
+    class body can use it as a method (see ``marked_lifted``)."""
     def fn(*args: Any, **kwargs: Any) -> Any:
         return lift(*args, **kwargs)
+    return marked_lifted(fn, target)
+
+
+def marked_lifted(fn: Callable, target: Callable) -> Callable:
+    """``fn`` named as ``target`` and marked, so a Module runs its setup inside the lifted
+    body, not before it."""
+    functools.update_wrapper(fn, target)
     fn.varjax_lifted = True
     return fn
 

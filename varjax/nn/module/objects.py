@@ -15,14 +15,14 @@ is a leaf: raw JAX transforms still reject it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Hashable
 
 import jax
 
 from varjax import filters, scope, streams
 from varjax.context import TraceContext
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
-from varjax.objects.nodes import Cell, nested_set, register_kind, rng_state_cells
+from varjax.objects.nodes import Cell, cell_writer, nested_set, register_kind, rng_state_cells
 from varjax.primitives import Key, Path
 from varjax.rngs import Rngs, RngStream
 
@@ -95,6 +95,23 @@ class ModuleKind:
         rng = isinstance(root, ObjectRoot) and root.rng_streams
         return (filters.freeze(root.mutable), streams.STATE) if held or rng else filters.freeze(root.mutable)
 
+    def watch(self, module: Any) -> Callable[[], Hashable] | None:
+        root = _object_root(module)
+        if isinstance(root, ObjectRoot):
+            return lambda: root      # inside a trace, where graphs are not kept
+        return lambda: root.layout     # a held Rngs keeps its streams
+
+    def reader(self, module: Any) -> Callable[[], tuple]:
+        root = _object_root(module)
+        if isinstance(root, ObjectRoot):
+            return lambda: _children(module, root, variable_cells(module))
+        slots = [(c.parent, c.leaf) for c in variable_cells(module)]
+        if root.held is not None:
+            return lambda: (tuple([p[k] for p, k in slots]), root.held)
+        if root.rngs:
+            return lambda: (tuple([p[k] for p, k in slots]), (dict(root.rngs), root.calls))
+        return lambda: (tuple([p[k] for p, k in slots]), {})
+
     def trace_key(self, module: Any, cell: Cell, prefix: Path) -> Key:
         if _is_rng_state(cell.collection, cell.path):
             return (cell.collection, cell.path)     # where the trace's draws look for it
@@ -110,10 +127,25 @@ class ModuleKind:
         return {s: jax.lax.cond(n == 0, lambda k=k: k, lambda k=k: streams.derive(k, n))
                 for s, k in root.rngs.items()}
 
-    def finish(self, module: Any) -> None:
+    def writer(self, module: Any) -> Callable[[list[Any]], None]:
         root = _object_root(module)
-        if isinstance(root, BoundRoot) and root.held is None and root.rngs:
-            root.calls = root.calls + 1
+        if isinstance(root, ObjectRoot):
+            return cell_writer(self.cells(module))
+        slots = [(c.parent, c.leaf) for c in variable_cells(module)]
+        rngs_write = cell_writer(rng_cells(module))
+        counts_calls = root.held is None and bool(root.rngs)
+
+        def write(updates: list[Any]) -> None:
+            changed = False
+            for (parent, leaf), value in zip(slots, updates):
+                if value is not None:
+                    parent[leaf], changed = value, True
+            if changed:
+                root.version = root.new_version()     # setup attributes read the new values
+            rngs_write(updates[len(slots):])
+            if counts_calls:
+                root.calls += 1
+        return write
 
     def bind(self, module: Any, prefix: Path, ctx: TraceContext) -> Any:
         root = _object_root(module)
@@ -179,12 +211,27 @@ def rng_cells(module: Any) -> list[Cell]:
     return rng_state_cells(root.held) if root.held is not None else []
 
 
+@dataclasses.dataclass(eq=False)
+class _BoundCell(Cell):
+    """A variable of a bind root, at ``parent[leaf]`` in the dicts the root keeps: the root
+    replaces those dicts only when its layout moves on, which makes new cells.  The reader
+    and writer of a module use the slot directly."""
+
+    parent: dict = dataclasses.field(default_factory=dict)
+    leaf: str = ""
+
+
 def _bound_cell(root: BoundRoot, collection: str, path: Path, base: Path) -> Cell:
+    parent = root.variables[collection]
+    for name in path[:-1]:
+        parent = parent[name]
+    leaf = path[-1]
+
     def set_(value: Any) -> None:
-        nested_set(root.variables[collection], path, value)
+        parent[leaf] = value
         root.version = root.new_version()     # setup attributes read the new values
-    return Cell((id(root), collection, path), collection, path[len(base):],
-                lambda: root.read(collection, path), set_)
+    return _BoundCell((id(root), collection, path), collection, path[len(base):],
+                      lambda: parent[leaf], set_, parent, leaf)
 
 
 def _traced_cell(ctx: TraceContext, collection: str, path: Path, base: Path) -> Cell:
@@ -257,12 +304,8 @@ def _bound_def(module: Any, root: Any, cells: list[Cell]) -> _BoundDef:
     return made
 
 
-def flatten_module(module: Any) -> tuple[tuple, Any]:
-    root = _object_root(module)
-    if root is None:
-        return (_Opaque(module),), None
-    cells = variable_cells(module)
-    values = tuple(c.get() for c in cells)
+def _children(module: Any, root: Any, cells: list[Cell]) -> tuple:
+    values = tuple([c.get() for c in cells])
     if isinstance(root, ObjectRoot):
         state = {c.path: c.get() for c in rng_cells(module)}
         rng_part: Any = Rngs(**{s: RngStream(state[(s, "key")], state[(s, "count")], tag=s)
@@ -270,7 +313,15 @@ def flatten_module(module: Any) -> tuple[tuple, Any]:
     else:
         rng_part = root.held if root.held is not None else (
             (dict(root.rngs), root.calls) if root.rngs else {})
-    return (values, rng_part), _bound_def(module, root, cells)
+    return values, rng_part
+
+
+def flatten_module(module: Any) -> tuple[tuple, Any]:
+    root = _object_root(module)
+    if root is None:
+        return (_Opaque(module),), None
+    cells = variable_cells(module)
+    return _children(module, root, cells), _bound_def(module, root, cells)
 
 
 def unflatten_module(aux: Any, children: tuple) -> Any:
