@@ -1,6 +1,8 @@
 """Linen's Module methods and module-level functions in varjax.nn.module (issue 18, item 2),
 checked against flax.linen: copy, lazy_init, module_paths, share_scope, intercept_methods,
 compact_name_scope, the named-call switches and merge_param."""
+import re
+
 import flax.linen as fnn
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,11 @@ KEY = jax.random.key(0)
 LIBS = [(fnn, fnn), (vnn, vm)]
 
 
+def test_every_public_linen_module_attribute_exists():
+    linen = {n for n in dir(fnn.Module) if not n.startswith("_")}
+    assert sorted(linen - set(dir(vnn.Module))) == []
+
+
 def test_merge_param_is_the_dtypes_one():
     assert vm.merge_param is dtypes.merge_param
     assert vm.merge_param("x", None, 3) == 3
@@ -28,7 +35,7 @@ def test_module_all_lists_what_it_exports():
                                         and n not in {"binding", "core", "entry", "interception",
                                                       "lifecycle", "lifted", "naming", "objects",
                                                       "outputs", "state", "variables",
-                                                      "inspection"})
+                                                      "summary", "tabulation"})
     for name in vm.__all__:
         assert getattr(vm, name) is not None
 
@@ -244,3 +251,63 @@ def test_lazy_init_of_a_variable_that_needs_the_input_raises():
         Cache().lazy_init(KEY, jax.ShapeDtypeStruct(X.shape, X.dtype))
     assert info.value.collection == "cache" and info.value.path == ("x",)
     np.testing.assert_array_equal(Cache().lazy_init(KEY, X)["cache"]["x"], X)
+
+
+def tabulated(nn):
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, scale=1.0):
+            return nn.Dense(4)(x) * scale, {"h": x}
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = True):
+            y, _ = Block()(x, scale=2.0)
+            y, _ = Block(name="again")(y)
+            return nn.Dense(2)(y)
+    return Model()
+
+
+def linen_text(table: str) -> list[str]:
+    """Linen's table without rich's colour codes and trailing spaces."""
+    return [line.rstrip() for line in re.sub(r"\x1b\[[0-9;]*m", "", table).split("\n")]
+
+
+@pytest.mark.parametrize("depth", [None, 1])
+def test_tabulate_draws_linens_table(depth):
+    wide = {"console_kwargs": {"width": 400}}     # so rich cuts no cell
+    expected = linen_text(fnn.tabulate(tabulated(fnn), KEY, depth=depth, **wide)(X, train=False))
+    got = vm.tabulate(tabulated(vnn), KEY, depth=depth)(X, train=False)
+    assert got.split("\n") == expected
+    assert tabulated(vnn).tabulate(KEY, X, depth=depth, train=False) == got
+    assert "Total Parameters: 54 (216 B)" in got
+
+
+def test_tabulate_columns_per_collection_and_repeated_calls():
+    class Norm(vnn.Module):
+        @vnn.compact
+        def __call__(self, x):
+            norm = vnn.BatchNorm(use_running_average=False)
+            return norm(norm(x))
+    lines = Norm().tabulate(KEY, X, show_repeated=True).split("\n")
+    assert lines[3].split("┃")[1:-1] == [" path        ", " module    ", " inputs       ",
+                                         " outputs      ", " params            ",
+                                         " batch_stats      "]
+    assert sum("BatchNorm_0" in line for line in lines) == 2        # shown twice
+    assert Norm().tabulate(KEY, X).count("BatchNorm_0") == 1
+
+
+def test_tabulate_options_varjax_does_not_take_raise():
+    with pytest.raises(errors.ModuleError, match="compute_flops"):
+        tabulated(vnn).tabulate(KEY, X, compute_flops=True)
+
+
+def test_module_paths():
+    flax_paths = tabulated(fnn).module_paths(KEY, X)
+    vj_paths = tabulated(vnn).module_paths(KEY, X)
+    assert list(vj_paths) == list(flax_paths) == ["", "Block_0", "Block_0/Dense_0", "again",
+                                                  "again/Dense_0", "Dense_0"]
+    for path, module in vj_paths.items():
+        assert type(module).__name__ == type(flax_paths[path]).__name__
+        assert module.scope is None and module.name is None
+    assert vj_paths["again/Dense_0"].features == 4

@@ -33,8 +33,9 @@ from varjax.nn.module.interception import (Interceptor, InterceptorContext, disa
                                            override_named_call)
 from varjax.nn.module.lifecycle import compact, compact_name_scope, nowrap
 from varjax.nn.module.naming import share_scope
+from varjax.nn.module.tabulation import tabulate
 
 __all__ = ["DEFAULT_INIT_MUTABLE", "CompactNameScope", "Interceptor", "InterceptorContext",
            "Module", "Scope", "apply", "compact", "compact_name_scope", "disable_named_call",
            "enable_named_call", "init", "init_with_output", "intercept_methods", "merge_param",
-           "nowrap", "override_named_call", "share_scope"]
+           "nowrap", "override_named_call", "share_scope", "tabulate"]

@@ -15,15 +15,15 @@ from typing import Any, Callable
 from varjax import errors
 from varjax.context import site
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
-from varjax.nn.module.entry import EntryPoints
 from varjax.nn.module.lifecycle import compact, module_stack
 from varjax.nn.module.lifted import LiftHooks
 from varjax.nn.module.objects import register_pytree
 from varjax.nn.module.state import UNSPECIFIED, ModuleState
+from varjax.nn.module.tabulation import Tabulation
 from varjax.nn.module.variables import VariableAPI
 
 
-class Module(VariableAPI, LiftHooks, EntryPoints):
+class Module(VariableAPI, LiftHooks, Tabulation):
     """Base class of all varjax.nn modules: Flax Linen's ``nn.Module``.
 
     Implements ``varjax.protocols.Labelled``, ``LiftableModule`` and ``LiftableModuleClass``."""
