@@ -13,12 +13,17 @@ Each stream is lowered in the mode the call chose for it (``varjax.streams``):
   conditional, the count is where the branch that ran left it).  The collection
   must be mutable (``ImmutableCollectionError`` names the stream and the line).
 
+Draws that carry a module path and count follow Linen's convention
+(``varjax.streams``): ``fold_in(key, c)`` with ``c`` a constant computed here
+from the path and count, which tracing assigned.
+
 A loop (``scan``/``while``) that draws cannot use a static counter: every
-iteration must differ.  Before the loop the pass draws one key for it and
-stores it with a zero counter in scratch variables ``__rng__:s/loopN/key`` and
-``.../count``; inside, draws are dynamic (``fold_in(loop key, count)``, count
-carried by the loop).  Discharge then threads the counter through the loop
-like any other carried variable.
+iteration must differ.  Before the loop the pass draws one key for it (under
+Linen's convention: takes the stream's key) and stores it with a zero counter
+in scratch variables ``__rng__:s/loopN/key`` and ``.../count``; inside, draws
+are dynamic (``fold_in(loop key, count)``; a Linen draw folds the count into
+its own key), count carried by the loop.  Discharge then threads the counter
+through the loop like any other carried variable.
 
 Sharp edges:
   * Draws in a ``while_loop`` cond_fun are rejected: cond_fun cannot write
@@ -134,10 +139,13 @@ class _Lowerer(Rewriter):
         st.counter += 1
         return found, [_jax.Literal(np.uint32(st.counter - 1), COUNT_AVAL)]
 
-    def _linen_piece(self, eqn: _jax.JaxprEqn, st: _Static) -> tuple:
+    def _linen_piece(self, eqn: _jax.JaxprEqn, st: "_Static | _Dynamic") -> tuple:
         """A Linen draw: the stream's key itself (count 0), or ``fold_in(key, c)`` with the
         constant ``c`` of its path and count bound as a literal (``streams.linen_data``)."""
         count = eqn.params["count"]
+        if isinstance(st, _Dynamic):   # in a loop: one piece per draw
+            params = dict(eqn.params)
+            return self.trace(lambda: [self.draw(st, params)], []), []
         key = (count != 0, st.key, None, st.aval)
         found = self._pieces.get(key)
         if found is None:
@@ -161,7 +169,12 @@ class _Lowerer(Rewriter):
     def draw(self, st, params: dict | None = None) -> Any:
         key = _get(st.key, st.aval)
         if params is not None and params["path"] is not None:
-            return streams.derive_at(key, params["path"], params["count"])
+            key = streams.derive_at(key, params["path"], params["count"])
+            if isinstance(st, _Static):
+                return key
+            n = _get(st.count, COUNT_AVAL)   # in a loop: fold in the iteration's count too
+            _set(st.count, n + jnp.uint32(1))
+            return streams.derive(key, n)
         if isinstance(st, _Static):
             st.counter += 1
             return streams.derive(key, st.counter - 1)
@@ -206,12 +219,11 @@ class _Lowerer(Rewriter):
         with _jax.source_info_of(eqn):
             for s in sorted(used):
                 st = state[s]
-                if isinstance(st, _Static) and st.linen:
-                    continue   # Linen draws are static: the same keys in every iteration
                 base: Path = (s, f"loop{loop}")
                 dyn = _Dynamic((streams.KEYS, base + ("key",)), (streams.KEYS, base + ("count",)),
                                st.aval)
-                _set(dyn.key, self.draw(st))
+                linen = isinstance(st, _Static) and st.linen
+                _set(dyn.key, _get(st.key, st.aval) if linen else self.draw(st))
                 _set(dyn.count, jnp.zeros((), jnp.uint32))
                 inner[s] = dyn
         return nested.with_bodies(eqn, lambda body: self.run(body, Region(self, state=dict(inner))))

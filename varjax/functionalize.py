@@ -26,7 +26,9 @@ hit nothing is traced and no pass runs.  Tracing and compiling are cached
 separately, so ``.jaxpr()`` never runs a pass.
 
 ``init(rngs, *args)`` is ``apply({}, *args, rngs=rngs, mutable=True)[1]``
-(with ``is_initializing()`` true) and produces bitwise the same variables.
+(with ``is_initializing()`` true) and produces bitwise the same variables in every
+collection but ``rngs``: RNG state comes back as it was given (fresh), not advanced
+by init's forward pass.
 
 Sharp edges:
   * A static argument must be hashable; an unhashable non-array argument
@@ -402,7 +404,10 @@ class Functionalized:
             return out, None
         updated = {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flat_vars.items()
                    if filters.matches(mutable, k[0])}
-        updated.update((k, v) for k, v in written.items() if filters.matches(mutable, k[0]))
+        # init returns the RNG state it was given, not what its forward pass drew: the
+        # first apply then draws what it would after vj.reseed.
+        updated.update((k, v) for k, v in written.items() if filters.matches(mutable, k[0])
+                       and not (initializing and k[0] == streams.STATE))
         if held and initializing:   # init keeps the streams that model code draws from later
             updated = {k: v for k, v in updated.items()
                        if k[0] != streams.STATE or k[1][0] != streams.PARAMS}

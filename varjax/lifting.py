@@ -147,12 +147,16 @@ class LiftedRegion:
     def _context(self, key: Any) -> TraceContext:
         return self._region_context(dict(key.variables), dict(key.rngs))
 
-    def _region_context(self, handed: dict[Key, VarType], streams: dict[str, Any],
+    def _region_context(self, handed: dict[Key, VarType], keys: dict[str, Any],
                         store: Store = IR_STORE) -> TraceContext:
         withheld = frozenset(k for types in self._lifted.var_types for k in types
                              if k not in handed)
         view = dataclasses.replace(self._lifted.view, withheld=withheld)
-        return self._lifted.outer.region(handed, streams, view, store)
+        outer = self._lifted.outer
+        ctx = outer.region(handed, keys, view, store)
+        streams.set_linen_base(ctx, self.path if self._lifted.forked else
+                               streams.linen_base(outer))
+        return ctx
 
     def _flat(self, groups: Sequence[Group], rngs: Sequence[dict]) -> tuple[dict, dict]:
         self._lifted.check_groups(groups, rngs)
@@ -217,10 +221,12 @@ class _LiftedCall:
     found the body touching (closures over other modules)."""
 
     def __init__(self, lifted: "Lift", outer: TraceContext, scope_: tuple[str, ...],
-                 extra: frozenset[Key], direct: bool):
+                 extra: frozenset[Key], direct: bool, forked: dict[str, Any]):
         self.lifted = lifted
         self.outer = outer
         self.direct = direct
+        # Under Linen's convention, the keys a forking lift drew for its body (see Lift).
+        self.forked = forked
         self.var_types: list[dict[Key, VarType]] = [{} for _ in lifted.variables]
         outside = set(outer.policy.outside) if outer.policy is not None else set()
         for key, vt in outer.variables.items():
@@ -325,7 +331,8 @@ class _LiftedCall:
             pos += n
         for _, stream, _ in streams:
             if used[pos]:
-                inputs.append(scope.hand_key_at(self.outer, stream, self.outer.path_prefix))
+                inputs.append(self.forked[stream] if stream in self.forked else
+                              scope.hand_key_at(self.outer, stream, self.outer.path_prefix))
             pos += 1
         inputs += [leaves[j] for j, u in zip(traced_at, used[pos:]) if u]
         if self.outer.policy is None:   # outermost: one jit equation named after the transform
@@ -361,6 +368,16 @@ class Lift:
     rngs: tuple
     name: str
     fix: str
+    # Under Linen's convention: draw one key per stream at the module's path before the
+    # body runs, and hand it in (Linen's nn.jit / nn.fold_rngs fork the module's rngs).
+    fork: bool = False
+
+    def _fork(self, outer: TraceContext, path: tuple[str, ...]) -> dict[str, Any]:
+        linen = streams.linen_counts(outer.origin)
+        if not self.fork or linen is None:
+            return {}
+        return {s: scope.draw_at(outer, s, path, ()) for s in sorted(outer.rng_streams)
+                if s in linen.streams}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         outer = current(f"vj.{self.name}")
@@ -377,7 +394,7 @@ class Lift:
             while True:
                 if linen is not None:
                     linen.restore(start)   # an attempt that retries has counted nothing
-                call = _LiftedCall(self, outer, path, extra, direct)
+                call = _LiftedCall(self, outer, path, extra, direct, self._fork(outer, path))
                 try:
                     return call.run(bodies, path, args, kwargs)
                 except LiftRetry as retry:
@@ -475,15 +492,17 @@ def partition(args: tuple) -> tuple[list[Any], Callable[[Sequence[Any]], tuple]]
 
 def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
          variables: Sequence[filters.Filter] = (True,), rngs: Sequence[filters.Filter] = (True,),
-         name: str = "lift", fix: str | None = None) -> Lift:
+         name: str = "lift", fix: str | None = None, fork_rngs: bool = False) -> Lift:
     """Lift ``transform`` over ``bodies``: see the module docstring.
 
     ``variables`` and ``rngs`` are sequences of collection / stream filters, one per
     group; ``name`` appears in errors and in the IR (the ``jit`` equation's name);
     ``fix`` is the advice given when a body touches a collection no filter matches
-    (``{collection}`` is replaced by its name)."""
+    (``{collection}`` is replaced by its name).  ``fork_rngs``: under Linen's RNG
+    convention the body gets keys drawn at the module's path before it runs, and folds in
+    paths relative to it (Linen's ``nn.jit`` and ``nn.fold_rngs``)."""
     if not bodies:
         raise TypeError("vj.lift needs at least one body")
     fix = fix or (f"add '{{collection}}' to one of the variable filters of vj.{name}")
     return Lift(transform, tuple(bodies), tuple(filters.freeze(f) for f in variables),
-                tuple(filters.freeze(f) for f in rngs), name, fix)
+                tuple(filters.freeze(f) for f in rngs), name, fix, fork_rngs)

@@ -166,7 +166,10 @@ def draw_at(ctx: TraceContext, name: str, where_: Path,
     if linen is None or stream not in linen.streams:
         return ctx.store.draw(ctx, stream)
     module = tuple(where_ if module is None else module)
-    return _linen_draw(ctx, stream, module, linen.next(stream, module))
+    count = linen.next(stream, module)
+    base = streams.linen_base(ctx)
+    return _linen_draw(ctx, stream, module[len(base):] if module[:len(base)] == base else module,
+                       count)
 
 
 def hand_key_at(ctx: TraceContext, stream: str, where_: Path) -> jax.Array:

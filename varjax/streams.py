@@ -146,3 +146,18 @@ def linen_counts(origin: Any) -> LinenCounts | None:
     """The Linen counts of the trace ``origin`` started, if any stream follows Linen."""
     found = _linen.get(origin)
     return found if found is not None and found.streams else None
+
+
+_bases: "weakref.WeakKeyDictionary[Any, tuple[str, ...]]" = weakref.WeakKeyDictionary()
+
+
+def set_linen_base(ctx: Any, base: tuple[str, ...]) -> None:
+    """Draws under ``ctx`` fold in their module path relative to ``base``: inside Linen's
+    ``nn.jit`` / ``nn.fold_rngs`` the keys are fresh draws at the transformed module's
+    path, and paths below it count from there."""
+    if base:
+        _bases[ctx] = tuple(base)
+
+
+def linen_base(ctx: Any) -> tuple[str, ...]:
+    return _bases.get(ctx, ())

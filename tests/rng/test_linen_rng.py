@@ -291,3 +291,54 @@ def test_shared_module_inside_and_outside_a_lift_equal_linen():
     x = _x(2, 4)
     variables = _same_init(build, x, rngs=RNGS)
     _same_apply(build, variables, x)
+
+
+# --- NNX's convention: RNG state -----------------------------------------------------------
+
+def test_init_returns_fresh_rng_state_so_reseed_then_apply_repeats_the_first_apply():
+    class Net(vnn.Module):
+        @vnn.compact
+        def __call__(self, x, train: bool = False):
+            return vnn.Dropout(0.5, deterministic=not train)(vnn.Dense(8)(x))
+    model, x = Net(), _x(2, 4)
+    variables = model.init(vj.Rngs(params=0, dropout=1), x, train=True)   # init draws
+    assert int(variables["rngs"]["dropout"]["count"]) == 0
+    first, _ = model.apply(variables, x, train=True, mutable=["rngs"])
+    again, _ = model.apply(vj.reseed(variables, dropout=1), x, train=True, mutable=["rngs"])
+    np.testing.assert_array_equal(first, again)
+    full = model.apply({}, x, train=True, rngs=vj.Rngs(params=0, dropout=1), mutable=True)[1]
+    _equal({k: v for k, v in variables.items() if k != "rngs"},
+           {k: v for k, v in full.items() if k != "rngs"})
+
+
+def test_rngs_keep_nnx_order_based_keys():
+    """With a ``vj.Rngs`` the i-th draw of a stream is ``fold_in(key, i)`` whatever the
+    module path: NNX's convention, not Linen's."""
+    keys = _draws(vnn).apply({}, rngs=vj.Rngs(a=3, b=4))
+    k = jax.random.key(3)
+    _equal(keys[0], jax.random.fold_in(k, 0))
+    _equal(keys[1][0][0], jax.random.fold_in(k, 1))
+    _equal(keys[2], jax.random.fold_in(k, 7))
+
+
+@pytest.mark.parametrize("transform", ["jit", "fold_rngs"])
+def test_jit_and_fold_rngs_fork_the_module_rngs_as_linen(transform):
+    """Linen's ``nn.jit`` and ``nn.fold_rngs`` draw one key per stream at the module's path
+    before the body runs; inside, paths count from the module."""
+    def build(nn):
+        class Inner(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                h = nn.Dropout(0.5, deterministic=False)(nn.Dense(3)(x))
+                return h, self.make_rng("dropout")
+
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                a = self.make_rng("dropout")
+                block = getattr(nn, transform)(Inner)(name="block")
+                return a, block(x), block(2 * x), self.make_rng("dropout")
+        return Net()
+    x = _x(2, 4)
+    variables = _same_init(build, x, rngs=RNGS)
+    _same_apply(build, variables, x)

@@ -4,7 +4,8 @@ Each example of the guide is a test: a ``vj.Rngs`` drawn from (and advanced) by
 ``init``/``apply``, explicit keys, ``rngs.fork(split=n)`` through ``jax.vmap``,
 ``vj.reseed`` reproducing an earlier output, and recurrent dropout in a scanned cell
 whose mask is the same at every step.  Expected values are computed by hand from the
-documented key derivation: the i-th draw from a stream is ``fold_in(key, count + i)``.
+documented key derivation: the i-th draw from a stream kept as state is ``fold_in(key, count + i)``
+(NNX's convention); an explicit key follows Linen's (``tests/rng/test_linen_rng.py``).
 """
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import numpy as np
 
 import varjax as vj
 import varjax.nn as nn
+from varjax import streams
 
 WIDTH = 64    # wide enough that two independent rate-0.5 masks are never equal in practice
 RATE = 0.5
@@ -56,7 +58,7 @@ def test_rngs_passed_to_init_and_apply_is_advanced_so_each_apply_drops_out_diffe
     assert set(variables) == {"params", "rngs"}
     after_init = int(rngs.default.count)
     assert after_init > 0                                   # init drew from the Rngs
-    np.testing.assert_array_equal(variables["rngs"]["default"]["count"], after_init)
+    np.testing.assert_array_equal(variables["rngs"]["default"]["count"], 0)   # kept fresh
 
     x = rngs.normal((2, 8))                                 # a draw like any other
     np.testing.assert_array_equal(
@@ -83,7 +85,8 @@ def test_explicit_dropout_key_gives_the_same_output_for_the_same_key():
     c = model.apply(variables, x, rngs={"dropout": other})
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
-    _close(a, _by_hand(variables, x, jax.random.fold_in(key, 0)))   # explicit: count starts at 0
+    # explicit keys follow Linen: the first draw of module Dropout_0
+    _close(a, _by_hand(variables, x, streams.derive_at(key, ("Dropout_0",), 1)))
 
 
 # -- 2. fork(split=n) through jax.vmap ------------------------------------------------------
@@ -177,12 +180,12 @@ def test_recurrent_dropout_uses_one_mask_for_every_step_and_a_new_one_per_apply(
     model = RNN()
     variables = model.init(vj.Rngs(params=0, recurrent_dropout=1), x)
     assert int(variables["counts"]["ScanCell_0"]["n"]) == STEPS
-    assert int(variables["rngs"]["recurrent_dropout"]["count"]) == 1   # one key per scan call
+    assert int(variables["rngs"]["recurrent_dropout"]["count"]) == 0   # init returns it fresh
 
     (h, (hs, masks)), state = model.apply(variables, x, mutable=["counts", "rngs"])
     assert hs.shape == masks.shape == (4, STEPS, HIDDEN)
     assert int(state["counts"]["ScanCell_0"]["n"]) == 2 * STEPS         # +20 per apply
-    assert int(state["rngs"]["recurrent_dropout"]["count"]) == 2
+    assert int(state["rngs"]["recurrent_dropout"]["count"]) == 1        # one key per scan call
     steps = _masks_per_step(masks)
     assert len(set(steps)) == 1                                         # the same mask at all 20 steps
     mask = np.asarray(masks[:, 0])

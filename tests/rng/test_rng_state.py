@@ -6,7 +6,7 @@ import pytest
 
 import varjax as vj
 import varjax.nn as nn
-from varjax import errors
+from varjax import errors, streams
 
 X = jnp.ones((1, 4), jnp.float32)
 
@@ -16,7 +16,13 @@ def same(a, b) -> bool:
 
 
 def fold(seed, n):
+    """NNX's convention (state, vj.Rngs): draw n of a call."""
     return jax.random.fold_in(jax.random.key(seed), n)
+
+
+def linen(seed, count, path=()):
+    """Linen's convention (explicit keys): draw ``count`` of the module at ``path``."""
+    return streams.derive_at(jax.random.key(seed), path, count)
 
 
 @vj.functionalize
@@ -36,9 +42,9 @@ class Model(nn.Module):
 
 # --- modes ------------------------------------------------------------------------------
 
-def test_explicit_key_draws_fold_in_of_static_counters():
+def test_explicit_key_draws_linen_keys_from_static_counts():
     a, b = two_keys.apply({}, X, rngs={"dropout": jax.random.key(1)})
-    assert same(a, fold(1, 0)) and same(b, fold(1, 1))
+    assert same(a, linen(1, 1)) and same(b, linen(1, 2))
 
 
 def test_stored_state_draws_from_its_count_and_returns_the_advanced_count():
@@ -48,16 +54,17 @@ def test_stored_state_draws_from_its_count_and_returns_the_advanced_count():
     assert same(new["rngs"]["dropout"]["key"], jax.random.key(1))   # the key never changes
 
 
-def test_explicit_key_and_fresh_state_draw_the_same_keys():
+def test_explicit_key_and_fresh_state_follow_linen_and_nnx_conventions():
     explicit = two_keys.apply({}, X, rngs={"dropout": jax.random.key(1)})
     implicit, _ = two_keys.apply(state(), X, mutable=["rngs"])
-    assert all(same(e, i) for e, i in zip(explicit, implicit))
+    assert [same(k, linen(1, n + 1)) for n, k in enumerate(explicit)] == [True, True]
+    assert [same(k, fold(1, n)) for n, k in enumerate(implicit)] == [True, True]
 
 
 def test_a_key_given_for_a_stream_wins_over_its_stored_state():
     (a, _), new = two_keys.apply(state(count=5), X, rngs={"dropout": jax.random.key(1)},
                                  mutable=["rngs"])
-    assert same(a, fold(1, 0))
+    assert same(a, linen(1, 1))
     assert int(new["rngs"]["dropout"]["count"]) == 5
 
 
@@ -82,18 +89,19 @@ def test_a_loop_over_stored_state_draws_one_loop_key_and_advances_the_count_once
 
 # --- init / apply with vj.Rngs -------------------------------------------------------------
 
-def test_init_with_rngs_creates_the_same_params_as_init_with_the_key():
+def test_init_with_rngs_draws_params_in_call_order_and_with_a_key_as_linen():
     model = Model()
-    by_key = model.init(jax.random.key(0), X)
-    by_rngs = model.init(vj.Rngs(0), X)
-    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), by_key["params"],
-                                     by_rngs["params"]))
+    by_key = model.init(jax.random.key(0), X)["params"]["Dense_0"]["kernel"]
+    by_rngs = model.init(vj.Rngs(0), X)["params"]["Dense_0"]["kernel"]
+    init = nn.initializers.lecun_normal()
+    assert bool((by_rngs == init(fold(0, 0), (4, 32))).all())
+    assert bool((by_key == init(linen(0, 1, ("Dense_0",)), (4, 32))).all())
 
 
-def test_init_with_rngs_keeps_the_non_params_streams_with_the_counts_init_left():
+def test_init_with_rngs_keeps_the_non_params_streams_as_given():
     variables = Model().init(vj.Rngs(0, params=1, dropout=2), X, train=True)
     assert sorted(variables["rngs"]) == ["default", "dropout"]
-    assert int(variables["rngs"]["dropout"]["count"]) == 1     # init drew one mask
+    assert int(variables["rngs"]["dropout"]["count"]) == 0     # init drew a mask: not kept
     assert int(variables["rngs"]["default"]["count"]) == 0
     assert same(variables["rngs"]["dropout"]["key"], jax.random.key(2))
 
@@ -119,8 +127,8 @@ def test_an_rngs_given_to_apply_is_advanced_in_place():
     y2 = model.apply(variables, X, train=True, rngs=rngs)
     assert int(rngs.dropout.count) == 2 and int(rngs.default.count) == 0
     assert not bool((y1 == y2).all())
-    # the first call drew what an explicit key fold_in(key(3), 0)-based call draws
-    assert bool((y1 == model.apply(variables, X, train=True, rngs={"dropout": jax.random.key(3)})).all())
+    # the first call drew what a fresh Rngs with the same seeds draws
+    assert bool((y1 == model.apply(variables, X, train=True, rngs=vj.Rngs(0, dropout=3))).all())
 
 
 def test_init_advances_the_rngs_it_draws_params_from():
@@ -155,8 +163,8 @@ def test_bind_with_rngs_advances_it_on_every_call():
 
 def test_an_unknown_stream_falls_back_to_default_and_the_ir_names_default():
     keys = two_keys.apply({}, X, rngs={"default": jax.random.key(4)})
-    assert same(keys[0], fold(4, 0)) and same(keys[1], fold(4, 1))
-    assert "rng_draw[default]" in str(two_keys.jaxpr(X, rngs={"default": jax.random.key(4)}))
+    assert same(keys[0], linen(4, 1)) and same(keys[1], linen(4, 2))
+    assert "rng_draw[default:#1]" in str(two_keys.jaxpr(X, rngs={"default": jax.random.key(4)}))
 
 
 def test_two_streams_falling_back_to_default_share_its_counter():
@@ -175,8 +183,8 @@ def test_module_make_rng_falls_back_to_default_then_params():
             return self.make_rng("dropout")
 
     assert same(Draw().apply({}, X, rngs={"params": jax.random.key(2), "default": jax.random.key(3)}),
-                fold(3, 0))
-    assert same(Draw().apply({}, X, rngs={"params": jax.random.key(2)}), fold(2, 0))
+                linen(3, 1))
+    assert same(Draw().apply({}, X, rngs={"params": jax.random.key(2)}), linen(2, 1))
 
 
 def test_vj_make_rng_has_no_params_fallback():

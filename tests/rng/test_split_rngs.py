@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import varjax as vj
 import varjax.nn as nn
+from varjax import streams
 from varjax.passes import Pipeline
 
 KEY = jax.random.key(0)
@@ -107,14 +108,17 @@ def test_stream_provided_only_through_default_is_still_split_under_its_own_name(
     out = _sampler(transform, ("split",)).apply({}, rngs=rngs)["split"]
     assert len(set(np.asarray(out).tolist())) == _SIZE[transform]
     assert int(rngs.default.count) == 1                         # one key drawn for the lift
-    # default's first draw is fold_in(key(0), 0): the same key as the explicit noise=key(0)
-    np.testing.assert_array_equal(out, _explicit_samples(transform)["split"])
+    # default's first draw is fold_in(key(0), 0): the same key as a noise stream of seed 0
+    np.testing.assert_array_equal(out, _sampler(transform, ("split",)).apply(
+        {}, rngs=vj.Rngs(noise=0))["split"])
 
 
 # -- lifts draw only the streams their bodies use -------------------------------------------
 
 @pytest.mark.parametrize("transform", list(_LIFTS))
 def test_lift_does_not_draw_from_a_split_stream_its_body_never_uses(transform):
+    """NNX's convention (a lift draws one key per stream its body uses): the draw after
+    the lift is the first of ``params``.  (Under Linen's, a lift never draws.)"""
     # while_loop/fori_loop derive per-iteration keys inside the loop (lifting.DerivedKeys):
     # a stream the body never draws from must not enter the loop, or its enclosing draw
     # would stay and the make_rng('params') after the loop would get fold_in(key, 1).
@@ -123,9 +127,9 @@ def test_lift_does_not_draw_from_a_split_stream_its_body_never_uses(transform):
         _LIFTS[transform]({"noise": True, "params": True})     # the body draws noise only
         return vj.make_rng("params")
 
-    params_key = jax.random.key(1)
-    after = run.apply({}, rngs={"noise": KEY, "params": params_key})
-    np.testing.assert_array_equal(_key_data(after), _key_data(jax.random.fold_in(params_key, 0)))
+    after = run.apply({}, rngs=vj.Rngs(noise=0, params=1))
+    np.testing.assert_array_equal(_key_data(after),
+                                  _key_data(jax.random.fold_in(jax.random.key(1), 0)))
 
 
 # -- 3. implicit mode under a lift -----------------------------------------------------------
@@ -140,8 +144,8 @@ def test_implicit_stream_advances_by_one_per_lifted_call_and_gives_fresh_samples
     assert int(state["rngs"]["noise"]["count"]) == 2
     assert not np.array_equal(first["split"], second["split"])
     assert len(set(np.asarray(second["split"]).tolist())) == N
-    # count 0 draws what the explicit key draws
-    np.testing.assert_array_equal(first["split"], _explicit_samples("vmap")["split"])
+    # count 0 draws what a fresh Rngs draws
+    np.testing.assert_array_equal(first["split"], f.apply({}, rngs=vj.Rngs(noise=KEY))["split"])
 
 
 # -- 4. fold_rngs ----------------------------------------------------------------------------
@@ -160,24 +164,36 @@ def _with_inner_draws(folded):
     return run
 
 
-@pytest.mark.parametrize("mode", ["key", "Rngs"])
-def test_fold_rngs_extra_draw_inside_leaves_the_key_after_it_unchanged(mode):
+def test_fold_rngs_extra_draw_inside_leaves_the_key_after_it_unchanged():
+    """NNX's convention: the body's draws cost the enclosing stream one draw."""
     def after(n):
-        rngs = {"noise": KEY} if mode == "key" else vj.Rngs(noise=0)
+        rngs = vj.Rngs(noise=0)
         inner, key = _with_inner_draws(True).apply({}, n, rngs=rngs)
         assert len(inner) == n and len({tuple(np.asarray(k).tolist()) for k in inner}) == n
-        if mode == "Rngs":
-            assert int(rngs.noise.count) == 2                   # one for the body, one after
+        assert int(rngs.noise.count) == 2                       # one for the body, one after
         return key
     np.testing.assert_array_equal(after(1), after(2))
     np.testing.assert_array_equal(after(1), _key_data(jax.random.fold_in(KEY, 1)))
 
 
+def test_fold_rngs_under_linen_convention_counts_on_at_the_same_path_as_linen():
+    """Linen's ``nn.fold_rngs`` forks one key (draw 1 at the path) for the body, but the
+    draws inside at the same module path continue that path's count."""
+    def after(n):
+        inner, key = _with_inner_draws(True).apply({}, n, rngs={"noise": KEY})
+        fork = streams.derive_at(KEY, (), 1)
+        for i, k in enumerate(inner):
+            np.testing.assert_array_equal(k, _key_data(streams.derive_at(fork, (), i + 2)))
+        return key
+    np.testing.assert_array_equal(after(1), _key_data(streams.derive_at(KEY, (), 3)))
+    np.testing.assert_array_equal(after(2), _key_data(streams.derive_at(KEY, (), 4)))
+
+
 def test_without_fold_rngs_an_extra_draw_shifts_the_key_after_it():
     def after(n):
         return _with_inner_draws(False).apply({}, n, rngs={"noise": KEY})[1]
-    np.testing.assert_array_equal(after(1), _key_data(jax.random.fold_in(KEY, 1)))
-    np.testing.assert_array_equal(after(2), _key_data(jax.random.fold_in(KEY, 2)))
+    np.testing.assert_array_equal(after(1), _key_data(streams.derive_at(KEY, (), 2)))
+    np.testing.assert_array_equal(after(2), _key_data(streams.derive_at(KEY, (), 3)))
 
 
 # -- 5. determinism --------------------------------------------------------------------------
@@ -219,6 +235,13 @@ def _ways_to_run(apply, fn, variables, *args):
 
 
 def _assert_all_bitwise_equal(results):
+    """Equal within each RNG mode (the modes follow different conventions: Linen's for
+    keys, NNX's for an Rngs)."""
+    for mode in {m for _, m in results}:
+        _assert_bitwise_equal({k: v for k, v in results.items() if k[1] == mode})
+
+
+def _assert_bitwise_equal(results):
     (first_name, first), *rest = results.items()
     for name, got in rest:
         assert jax.tree.structure(got) == jax.tree.structure(first)
@@ -229,9 +252,6 @@ def _assert_all_bitwise_equal(results):
 def test_dropout_module_is_bitwise_deterministic_across_jit_pipelines_and_rng_modes():
     model, x = DropoutNet(), _normal((2, 4))
     variables = model.init(jax.random.key(0), x)
-    np.testing.assert_array_equal(                          # a fresh Rngs(0) inits the same
-        variables["params"]["Dense_0"]["kernel"],
-        model.init(vj.Rngs(0), x)["params"]["Dense_0"]["kernel"])
     results = _ways_to_run(model.apply, model.functionalize().fn, variables, x)
     _assert_all_bitwise_equal(results)
     y = results[("eager", "key")]

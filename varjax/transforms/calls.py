@@ -110,7 +110,7 @@ def jit(target: Any, variables: Any = True, rngs: Any = True, static_argnums: An
 
     return apply_to(target, "jit", lambda fn: _with_static("jit", lambda shift, body: lift(
         functools.partial(transform, shift), body, variables=(variables,), rngs=(rngs,),
-        name="jit"), fn, static_argnums, static_argnames), methods, object_options(
+        name="jit", fork_rngs=True), fn, static_argnums, static_argnames), methods, object_options(
             "jit", lambda fn: objects.jit(fn, static_argnums=static_argnums,
                                          donate_argnums=donate_argnums),
             variables=(variables, True), rngs=(rngs, True), static_argnames=(static_argnames, ())))
@@ -188,7 +188,8 @@ def fold_rngs(target: Any, variables: Any = True, rngs: Any = True, methods: Any
         return region(groups, rngs_, *args, **kwargs)
 
     return apply_to(target, "fold_rngs", lambda fn: lift(
-        transform, fn, variables=(variables,), rngs=(rngs,), name="fold_rngs"), methods)
+        transform, fn, variables=(variables,), rngs=(rngs,), name="fold_rngs",
+        fork_rngs=True), methods)
 
 
 def _identity(tree: Any) -> Any:
