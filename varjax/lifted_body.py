@@ -10,11 +10,14 @@ errors but signals to the lift, raised as exceptions and caught by ``Lift.__call
   another module): the lift runs again with that variable handed in;
 * ``DirectFallback`` -- a body run directly (``DictStore``) used a variable inside an
   inner JAX trace, which a dictionary cannot follow: the lift runs again through the IR.
+
+The keys a body is handed may be ``DerivedKeys``: derived from the transform's keys only
+when the body first draws from a stream.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
 
@@ -128,3 +131,37 @@ class DictStore:
         """A draw under Linen's convention: path and count come from the trace's counts."""
         self.observe(ctx)
         return streams.derive_at(self.keys[stream], path, count)
+
+
+class DerivedKeys(Mapping):
+    """An RNG group whose keys are ``derive(key)`` of ``base``'s, computed when the body
+    first draws from a stream.  A transform that derives per-step keys inside a loop body
+    (``fold_in(key, i)`` in a ``while_loop``) hands these in, so a stream the body never
+    draws from never enters the loop: JAX cannot prune an unused input of a ``while``, and
+    the lift would keep drawing the enclosing stream for it.  ``derive`` must keep the
+    key's type."""
+
+    def __init__(self, base: Mapping[str, Any], derive: Callable[[Any], Any]):
+        self.base = dict(base)
+        self.derive = derive
+        self._done: dict[str, Any] = {}
+
+    def __getitem__(self, stream: str) -> Any:
+        if stream not in self._done:
+            self._done[stream] = self.derive(self.base[stream])
+        return self._done[stream]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def aval(self, stream: str) -> Any:
+        return _jax.get_aval(self.base[stream])
+
+
+def key_avals(rngs: Sequence[Mapping]) -> dict[str, Any]:
+    """Stream -> key aval over RNG groups, without deriving any ``DerivedKeys``."""
+    return {s: g.aval(s) if isinstance(g, DerivedKeys) else _jax.get_aval(g[s])
+            for g in rngs for s in g}

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import ChainMap
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeGuard
+from typing import Any, Callable, Mapping, Sequence, TypeGuard
 
 import jax
 import numpy as np
@@ -63,7 +63,8 @@ from varjax import _jax, errors, filters, scope, streams
 from varjax.context import IR_STORE, Store, TraceContext, activate, current, site
 from varjax.effects import RngEffect
 from varjax.functionalize import Functionalized, flatten_variables
-from varjax.lifted_body import DictStore, DirectFallback, Lifted, LiftRetry
+from varjax.lifted_body import DerivedKeys as DerivedKeys  # part of vj.lift's API
+from varjax.lifted_body import DictStore, DirectFallback, Lifted, LiftRetry, key_avals
 from varjax.passes.analysis import traffic as _traffic
 from varjax.primitives import Key, VarType
 from varjax.protocols import LiftableModule
@@ -206,7 +207,7 @@ class LiftedRegion:
         values = {k: v for g in groups for k, v in g.items()}
         store = DictStore(values, ChainMap(*rngs))   # a key is looked up when drawn
         ctx = self._region_context({k: VarType.of(v) for k, v in values.items()},
-                                   _key_avals(rngs), store)
+                                   key_avals(rngs), store)
         ctx.top_trace = _jax.current_trace()
         with activate(ctx):
             out = self.body(*args, **kwargs)
@@ -439,40 +440,6 @@ def set_aside(groups: Sequence[Group], fits: Callable[[int, Any], bool]
         kept.append(ok)
         aside.append({k: v for k, v in group.items() if k not in ok})
     return tuple(kept), tuple(aside)
-
-
-class DerivedKeys(Mapping):
-    """An RNG group whose keys are ``derive(key)`` of ``base``'s, computed when the body
-    first draws from a stream.  A transform that derives per-step keys inside a loop body
-    (``fold_in(key, i)`` in a ``while_loop``) hands these in, so a stream the body never
-    draws from never enters the loop: JAX cannot prune an unused input of a ``while``, and
-    the lift would keep drawing the enclosing stream for it.  ``derive`` must keep the
-    key's type."""
-
-    def __init__(self, base: Mapping[str, Any], derive: Callable[[Any], Any]):
-        self.base = dict(base)
-        self.derive = derive
-        self._done: dict[str, Any] = {}
-
-    def __getitem__(self, stream: str) -> Any:
-        if stream not in self._done:
-            self._done[stream] = self.derive(self.base[stream])
-        return self._done[stream]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.base)
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def aval(self, stream: str) -> Any:
-        return _jax.get_aval(self.base[stream])
-
-
-def _key_avals(rngs: Sequence[Mapping]) -> dict[str, Any]:
-    """Stream -> key aval over RNG groups, without deriving any ``DerivedKeys``."""
-    return {s: g.aval(s) if isinstance(g, DerivedKeys) else _jax.get_aval(g[s])
-            for g in rngs for s in g}
 
 
 def partition(args: tuple) -> tuple[list[Any], Callable[[Sequence[Any]], tuple]]:
