@@ -19,7 +19,6 @@ from varjax.nn.attention import make_attention_mask as make_attention_mask
 from varjax.nn.attention import make_causal_mask as make_causal_mask
 from varjax.nn.batch_apply import BatchApply as BatchApply
 from varjax.nn.combinators import Sequential as Sequential
-from varjax.nn.dtypes import merge_param as merge_param
 from varjax.nn.dtypes import promote_dtype as promote_dtype
 from varjax.nn.fp8_ops import Fp8DirectDotGeneralOp as Fp8DirectDotGeneralOp
 from varjax.nn.fp8_ops import Fp8DotGeneral as Fp8DotGeneral
@@ -42,9 +41,16 @@ from varjax.nn.module import Module as Module
 from varjax.nn.module import Scope as Scope
 from varjax.nn.module import apply as apply
 from varjax.nn.module import compact as compact
+from varjax.nn.module import compact_name_scope as compact_name_scope
+from varjax.nn.module import disable_named_call as disable_named_call
+from varjax.nn.module import enable_named_call as enable_named_call
 from varjax.nn.module import init as init
 from varjax.nn.module import init_with_output as init_with_output
+from varjax.nn.module import merge_param as merge_param
+from varjax.nn.module import intercept_methods as intercept_methods
 from varjax.nn.module import nowrap as nowrap
+from varjax.nn.module import override_named_call as override_named_call
+from varjax.nn.module import share_scope as share_scope
 from varjax.nn.normalization import BatchNorm as BatchNorm
 from varjax.nn.normalization import GroupNorm as GroupNorm
 from varjax.nn.normalization import InstanceNorm as InstanceNorm

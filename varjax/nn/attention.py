@@ -28,6 +28,12 @@ from varjax.nn.dtypes import merge_param, promote_dtype
 from varjax.nn.linear import DenseGeneral, default_kernel_init
 from varjax.nn.module import Module, compact, nowrap
 from varjax.nn.normalization import LayerNorm
+from varjax.nn.typing import DotGeneralT as DotGeneralT
+from varjax.nn.typing import Dtype as Dtype
+from varjax.nn.typing import Initializer as Initializer
+from varjax.nn.typing import PRNGKey as PRNGKey
+from varjax.nn.typing import PrecisionLike as PrecisionLike
+from varjax.nn.typing import Shape as Shape
 
 __all__ = [
     "dot_product_attention_weights", "dot_product_attention", "make_attention_mask",

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from varjax import errors
 from varjax.context import site
+from varjax.nn.typing import Dtype as Dtype
 
 __all__ = ["canonicalize_dtype", "promote_dtype", "merge_param", "cast"]
 
