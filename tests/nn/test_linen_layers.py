@@ -222,3 +222,22 @@ def test_fp8_ops_exist_and_say_why_they_are_not_provided(name):
 def test_fp8_op_as_dot_general_cls_fails_where_the_layer_runs():
     with pytest.raises(NotProvidedError, match="Fp8DotGeneralOp"):
         nn.Dense(3, dot_general_cls=nn.Fp8DotGeneralOp).init(jax.random.key(0), jnp.ones((1, 2)))
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda lib: lib.ConvLocal(4, (3,), dtype=jnp.bfloat16), (2, 8, 3)),
+    (lambda lib: lib.Einsum((5, 6), "abc,cd->abd", dtype=jnp.bfloat16), (3, 4, 5)),
+    (lambda lib: lib.InstanceNorm(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16), (2, 5, 3)),
+    (lambda lib: lib.PReLU(param_dtype=jnp.bfloat16), (2, 5)),
+    (lambda lib: lib.WeightNorm(lib.Dense(3), param_dtype=jnp.bfloat16), (2, 5)),
+    (lambda lib: lib.SpectralNorm(lib.Dense(3, param_dtype=jnp.bfloat16)), (2, 5)),
+])
+def test_low_precision_layers_run_under_strict_promotion_and_match_linen(make, shape):
+    kw = {"update_stats": False} if "SpectralNorm" in type(make(nn)).__name__ else {}
+    x = _x(shape)
+    variables = make(nn).init(jax.random.key(0), x, **kw)
+    out = make(nn).apply(variables, x, **kw)                           # strict promotion (conftest)
+    with jax.numpy_dtype_promotion("standard"):                        # Linen mixes dtypes implicitly
+        expected = make(flax_nn).apply(variables, x, **kw)
+    assert out.dtype == expected.dtype
+    assert_close(out, expected, 2e-2)

@@ -97,3 +97,51 @@ def test_flip_sequences_keeps_padding_at_the_end():
     x = jnp.array([[1, 0, 0], [2, 3, 0], [4, 5, 6]])
     out = nn.recurrent.flip_sequences(x, jnp.array([1, 2, 3]), num_batch_dims=1, time_major=False)
     assert out.tolist() == [[1, 0, 0], [3, 2, 0], [6, 5, 4]]
+
+
+def _sst2_encoder(lib):
+    """The SST-2 example's encoder shape: a compact cell method under ``nn.transforms.scan``."""
+    import functools
+
+    class SimpleLSTM(lib.Module):
+        @functools.partial(lib.transforms.scan, variable_broadcast="params", in_axes=1, out_axes=1,
+                           split_rngs={"params": False})
+        @lib.compact
+        def __call__(self, carry, x):
+            return lib.OptimizedLSTMCell(features=carry[0].shape[-1])(carry, x)
+
+    class Encoder(lib.Module):
+        @lib.compact
+        def __call__(self, x):
+            carry = lib.OptimizedLSTMCell(H, parent=None).initialize_carry(jax.random.key(0), (B, F))
+            carry, ys = SimpleLSTM()(carry, x)
+            return carry[1], ys
+    return Encoder()
+
+
+def test_sst2_style_scanned_optimized_lstm_matches_linen():
+    x = _x((B, T, F))
+    variables, _, _ = check_parity(_sst2_encoder(nn), _sst2_encoder(flax_nn), x)
+    assert set(variables["params"]["SimpleLSTM_0"]["OptimizedLSTMCell_0"]) == {
+        "hf", "hg", "hi", "ho", "if", "ig", "ii", "io"}
+
+
+def test_bidirectional_with_one_rnn_twice_shares_its_parameters_as_in_linen():
+    def model(lib):
+        rnn = lib.RNN(lib.GRUCell(H))
+        return lib.Bidirectional(rnn, rnn)
+    variables, _, _ = check_parity(model(nn), model(flax_nn), _x((B, T, F)))
+    assert list(variables["params"]) == ["forward_rnn"]
+
+
+@pytest.mark.parametrize("name, args", [("OptimizedLSTMCell", (H,)), ("MGUCell", (H,)), ("ConvLSTMCell", (H, (2,)))])
+def test_bfloat16_cells_run_under_strict_promotion_and_match_linen(name, args):
+    vj_cell, flax_cell = _cells(name, *args, dtype=jnp.bfloat16)
+    shape = (B, 4, F) if name == "ConvLSTMCell" else (B, F)
+    carry = vj_cell.initialize_carry(jax.random.key(3), shape)        # float32, like the params
+    variables = vj_cell.init(jax.random.key(0), carry, _x(shape))
+    out = vj_cell.apply(variables, carry, _x(shape))                  # strict promotion (conftest)
+    with jax.numpy_dtype_promotion("standard"):                       # Linen mixes dtypes implicitly
+        expected = flax_cell.apply(variables, carry, _x(shape))
+    assert jax.tree.map(jnp.result_type, out) == jax.tree.map(jnp.result_type, expected)
+    assert_close(out, expected, 2e-2)
