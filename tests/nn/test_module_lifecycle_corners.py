@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import varjax.nn as vnn
-from varjax import errors
 from tests.nn.parity import assert_close, layout, perturb
+from varjax import errors
 
 X = jnp.linspace(-1.0, 1.0, 6, dtype=jnp.float32).reshape(2, 3)
 KEY = jax.random.key(0)

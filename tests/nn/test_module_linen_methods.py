@@ -11,9 +11,9 @@ import pytest
 
 import varjax.nn as vnn
 import varjax.nn.module as vm
+from tests.nn.parity import assert_close, layout, perturb
 from varjax import _jax, errors
 from varjax.nn import dtypes
-from tests.nn.parity import assert_close, layout, perturb
 
 X = jnp.linspace(-1.0, 1.0, 10, dtype=jnp.float32).reshape(2, 5)
 KEY = jax.random.key(0)
@@ -28,6 +28,17 @@ def test_every_public_linen_module_attribute_exists():
 def test_merge_param_is_the_dtypes_one():
     assert vm.merge_param is dtypes.merge_param
     assert vm.merge_param("x", None, 3) == 3
+
+
+def test_capture_call_intermediates_is_linens_default_filter():
+    model = logged(vnn)
+    variables = model.init(KEY, X)
+    by_filter = model.apply(variables, X, capture_intermediates=vm.capture_call_intermediates,
+                            mutable=["intermediates"])
+    assert_close(by_filter, model.apply(variables, X, capture_intermediates=True,
+                                        mutable=["intermediates"]), 0)
+    assert set(by_filter[1]["intermediates"]) == {"__call__", "sub", "out"}
+    assert fnn.module.capture_call_intermediates(None, "__call__")
 
 
 def test_module_all_lists_what_it_exports():

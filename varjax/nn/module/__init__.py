@@ -27,15 +27,27 @@ The class is assembled from one file per concern; ``README.md`` says what lives 
 from varjax.nn.binding import Scope
 from varjax.nn.dtypes import merge_param
 from varjax.nn.module.core import CompactNameScope, Module
-from varjax.nn.module.entry import DEFAULT_INIT_MUTABLE, apply, init, init_with_output
-from varjax.nn.module.interception import (Interceptor, InterceptorContext, disable_named_call,
-                                           enable_named_call, intercept_methods,
-                                           override_named_call)
+from varjax.nn.module.entry import (
+                                    DEFAULT_INIT_MUTABLE,
+                                    apply,
+                                    capture_call_intermediates,
+                                    init,
+                                    init_with_output,
+)
+from varjax.nn.module.interception import (
+                                    Interceptor,
+                                    InterceptorContext,
+                                    disable_named_call,
+                                    enable_named_call,
+                                    intercept_methods,
+                                    override_named_call,
+)
 from varjax.nn.module.lifecycle import compact, compact_name_scope, nowrap
 from varjax.nn.module.naming import share_scope
 from varjax.nn.module.tabulation import tabulate
 
 __all__ = ["DEFAULT_INIT_MUTABLE", "CompactNameScope", "Interceptor", "InterceptorContext",
-           "Module", "Scope", "apply", "compact", "compact_name_scope", "disable_named_call",
-           "enable_named_call", "init", "init_with_output", "intercept_methods", "merge_param",
-           "nowrap", "override_named_call", "share_scope", "tabulate"]
+           "Module", "Scope", "apply", "capture_call_intermediates", "compact",
+           "compact_name_scope", "disable_named_call", "enable_named_call", "init",
+           "init_with_output", "intercept_methods", "merge_param", "nowrap",
+           "override_named_call", "share_scope", "tabulate"]

@@ -177,11 +177,16 @@ def _takes_module(fn: Callable) -> bool:
                for p in params)
 
 
+def capture_call_intermediates(module: Any, method_name: str) -> bool:
+    """Linen's default ``capture_intermediates`` filter: sow the output of every ``__call__``."""
+    return method_name == "__call__"
+
+
 def _capture_filter(capture: Any) -> Callable[[EntryPoints, str], bool] | None:
     if capture is False or capture is None:
         return None
     if capture is True:
-        return lambda module, method_name: method_name == "__call__"
+        return capture_call_intermediates
     return capture
 
 
