@@ -5,6 +5,7 @@ under ``flax.linen`` and ``varjax.nn``; varjax must give Linen's variable layout
 outputs on Linen's variables.
 """
 import dataclasses
+import functools
 
 import flax.linen as fnn
 import jax
@@ -235,6 +236,26 @@ def test_getattr_runs_setup_under_the_functional_api():
         init = nn.init(lambda mdl, x: mdl.sub.half(x), m)(KEY, X)
         return out, jax.tree.map(jnp.shape, init)
     same_as_linen(methods, run)
+
+
+def test_getattr_reaches_setup_values_of_submodules_under_the_functional_api():
+    def run(m, nn, v):
+        return nn.apply(lambda mdl: mdl.leaf.w, m)(v), nn.apply(lambda mdl, x: mdl.other(x), m)(v, X)
+    same_as_linen(lambda nn: counting(nn, []), run)
+
+
+@pytest.mark.xfail(strict=True, reason="varjax/transforms/common.py (apply_to) takes a "
+                   "functools.partial of a Module class for a function; see the issue-18 report")
+def test_a_transform_of_a_partial_module_constructor():
+    def build(nn):
+        class Model(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                dense = functools.partial(nn.Dense, features=2)
+                mapped = nn.vmap(dense, variable_axes={"params": 0}, split_rngs={"params": True})
+                return mapped()(x)
+        return Model()
+    same_as_linen(build, lambda m, nn, v: m.apply(v, X))
 
 
 def test_apply_returns_non_array_leaves_as_linen_does():
