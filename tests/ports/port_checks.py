@@ -1,0 +1,150 @@
+"""Checks shared by the ports of Flax's examples (``tests/ports/test_port_*.py``).
+
+Each port writes its model once, as a function of the ``nn`` namespace (``build(nn)``), and
+``Port(build, ...)`` instantiates that same source over ``flax.linen`` (the oracle) and over
+``varjax.nn``, as a user porting the example would by changing one import.  The checks then
+run both on the same inputs:
+
+* ``check_init``: the same key gives the same variables, **bit for bit** (Linen's RNG
+  derivation), in the same layout (collections, paths, shapes, dtypes);
+* ``check_apply``: on the same variables, the same outputs and mutated collections (train
+  mode with the same ``rngs`` dict draws the same dropout masks, so outputs agree too);
+* ``check_train``: a training step's forward pass (outputs, mutated collections) and
+  ``jax.grad`` of a scalar loss with respect to ``params`` agree.
+
+Outputs and grads are compared to a tight tolerance rather than bitwise: both libraries run
+the same operations, but varjax's pipeline may fuse or reorder them under one ``jit``, which
+moves the last bits of a float sum.  A dropout mask drawn differently moves an output by
+whole units, far past the tolerance.
+
+``perturb`` adds NumPy noise to the initial parameters before the output and gradient checks,
+so a zero bias or unit scale at init cannot hide a layer that ignores it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import varjax.nn as vj_nn
+
+ATOL = 2e-5
+KEY = jax.random.key(0, impl="rbg")
+DROPOUT = {"dropout": jax.random.key(1, impl="rbg")}
+
+
+def plain(tree: Any) -> Any:
+    """Plain dicts all the way down (Flax may return FrozenDicts), keys as their data."""
+    if hasattr(tree, "items"):
+        return {k: plain(v) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(plain(x) for x in tree))
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(plain(x) for x in tree)
+    if isinstance(tree, jax.Array) and jax.dtypes.issubdtype(tree.dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(tree))
+    return tree
+
+
+def layout(tree: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """``{path: (shape, dtype)}`` of every leaf."""
+    flat = jax.tree_util.tree_flatten_with_path(plain(tree))[0]
+    return {jax.tree_util.keystr(p): (tuple(np.shape(x)), jnp.result_type(x)) for p, x in flat}
+
+
+def assert_equal(got: Any, want: Any) -> None:
+    """Same layout and the same values, bit for bit."""
+    assert layout(got) == layout(want), (layout(got), layout(want))
+    for a, b in zip(jax.tree.leaves(plain(got)), jax.tree.leaves(plain(want))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def assert_close(got: Any, want: Any, atol: float = ATOL) -> None:
+    """Same layout and values within ``atol`` (absolute and relative)."""
+    assert layout(got) == layout(want), (layout(got), layout(want))
+    for a, b in zip(jax.tree.leaves(plain(got)), jax.tree.leaves(plain(want))):
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                   atol=atol, rtol=atol)
+
+
+def perturb(variables: dict, seed: int = 1, scale: float = 0.2) -> dict:
+    """``variables`` with NumPy noise added to every float parameter (other collections
+    are kept).  NumPy draws: no XLA compile per parameter shape."""
+    rng = np.random.default_rng(seed)
+
+    def noisy(x):
+        if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+            return x
+        noise = scale * rng.standard_normal(np.shape(x))
+        return jnp.asarray(np.asarray(x, np.float32) + noise, jnp.result_type(x))
+
+    variables = plain(variables)
+    return {**variables, "params": jax.tree.map(noisy, variables["params"])}
+
+
+def normal(shape: tuple[int, ...], seed: int = 0) -> jax.Array:
+    """A float32 input drawn with NumPy."""
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def tokens(shape: tuple[int, ...], vocab: int, seed: int = 0, low: int = 1) -> jax.Array:
+    """int32 token ids in ``[low, vocab)``."""
+    return jnp.asarray(np.random.default_rng(seed).integers(low, vocab, shape), jnp.int32)
+
+
+class Port:
+    """One model source built over both libraries: ``port.flax`` and ``port.vj``."""
+
+    def __init__(self, build: Callable[[Any], Any], *args: Any, **kwargs: Any):
+        self.flax = build(flax_nn)(*args, **kwargs)
+        self.vj = build(vj_nn)(*args, **kwargs)
+
+    def both(self, fn: Callable[..., Any], *arrays: Any) -> tuple[Any, Any]:
+        """``(fn(varjax model, *arrays), fn(flax model, *arrays))``, in the order the asserts
+        take them.  Flax's side runs under ``jax.jit``: one XLA compile instead of one per
+        operation (the eager oracle spends seconds compiling each random op on its own).
+        varjax's side runs as the user calls it."""
+        want = jax.jit(lambda *a: fn(self.flax, *a))(*arrays)
+        return fn(self.vj, *arrays), want
+
+
+def check_init(port: Port, rngs: Any, *args: Any, **kwargs: Any) -> dict:
+    """Asserts both libraries initialize bit for bit alike; returns Flax's variables."""
+    got, want = port.both(lambda m, r, a: m.init(r, *a, **kwargs), rngs, args)
+    assert_equal(got, want)
+    return plain(want)
+
+
+def check_apply(port: Port, variables: dict, *args: Any, atol: float = ATOL,
+                **kwargs: Any) -> Any:
+    """Asserts ``apply`` gives the same result (outputs, and the mutated collections when
+    ``mutable=`` is passed); returns Flax's."""
+    rngs = kwargs.pop("rngs", None)
+    got, want = port.both(lambda m, v, r, a: m.apply(v, *a, rngs=r, **kwargs), variables, rngs,
+                          args)
+    assert_close(got, want, atol)
+    return plain(want)
+
+
+def check_train(port: Port, variables: dict, loss: Callable[[Any], jax.Array], *args: Any,
+                atol: float = ATOL, **kwargs: Any) -> tuple[Any, Any]:
+    """One training step's forward and backward pass, under ``jax.jit`` as a training step
+    runs: asserts ``apply``'s result (outputs, and the mutated collections when ``mutable=``
+    is passed) and ``jax.grad`` of ``loss(result)`` w.r.t. ``params`` agree.  Returns Flax's
+    ``(result, grads)``.  One compile per library covers both checks."""
+    rngs = kwargs.pop("rngs", None)
+
+    def step(model, v, r, a):
+        def objective(params):
+            result = model.apply({**v, "params": params}, *a, rngs=r, **kwargs)
+            return loss(result), result
+        (_, result), grads = jax.value_and_grad(objective, has_aux=True)(v["params"])
+        return result, grads
+
+    got, want = port.both(jax.jit(step, static_argnums=0), variables, rngs, args)
+    assert_close(got, want, atol)
+    return plain(want)
