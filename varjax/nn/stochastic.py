@@ -5,9 +5,10 @@ the input, which is why evaluation (``deterministic=True``) can return the
 input unchanged.  The mask is drawn from the ``'dropout'`` RNG stream
 (``rng_collection``): apply with ``rngs={'dropout': key}``.
 
+With the same ``rngs`` keys the masks are Linen's bit for bit (Linen's key
+derivation, ``notes/randomness.md``); with a ``vj.Rngs`` they follow NNX's.
+
 Sharp edges:
-  * Masks differ from Linen's for the same key: varjax derives per-call keys
-    differently (see ``vj.make_rng``).  Their distribution is the same.
   * ``broadcast_dims`` shares one mask entry along those axes (e.g. the time
     axis, for the same mask at every step).
 """
