@@ -24,12 +24,19 @@ from varjax.protocols import LiftableModuleClass
 def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],
              methods: Any = None, objects: Callable[[Callable], Callable] | None = None) -> Any:
     """``make(fn)`` wrapped for ``target``: a lifted subclass for a Module class
-    (``protocols.LiftableModuleClass``), else a function calling the lift -- or, for a call
-    in object mode (``object_call``), the object-mode transform ``objects(fn)``."""
+    (``protocols.LiftableModuleClass``) or a ``functools.partial`` of one, else a function
+    calling the lift -- or, for a call in object mode (``object_call``), the object-mode
+    transform ``objects(fn)``."""
     if isinstance(target, type) and getattr(target, "_varjax_module", False):
         module_class: LiftableModuleClass = target
         return module_class._varjax_lift_class(transform, lambda fn: lifted_function(make(fn), fn),
                                          methods)
+    if isinstance(target, functools.partial) and isinstance(target.func, type) \
+            and getattr(target.func, "_varjax_module", False):
+        # a constructor with some fields given (``partial(nn.Dense, features=2)``): Linen
+        # lifts the class and gives those fields to the lifted one
+        lifted_class = apply_to(target.func, transform, make, methods, objects)
+        return functools.partial(lifted_class, *target.args, **target.keywords)
     if not callable(target):
         raise TypeError(f"vj.{transform} needs a Module class or a function, got "
                         f"{type(target).__name__}")
