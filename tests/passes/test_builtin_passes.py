@@ -6,7 +6,7 @@ import pytest
 
 import varjax as vj
 from golden import assert_ir, run_pass
-from varjax import errors
+from varjax import errors, streams
 
 V = {"s": {"a": jnp.zeros((), jnp.float32)}}
 ONE = jnp.float32(1)
@@ -55,7 +55,10 @@ def test_dead_reads_drops_unused_reads():
     assert_ir(after, "{ lambda ; a:f32[]. let  in (a,) }")
 
 
-def test_lower_rng_static_counters_and_a_carried_counter_in_loops():
+def test_lower_rng_linen_constants_and_a_carried_counter_in_loops():
+    """Explicit keys follow Linen's convention: a draw is ``fold_in(key, h)`` with ``h`` the
+    constant of its module path and count; in a raw loop the loop's counter is folded in
+    too, so iterations differ."""
     def f(x):
         k = vj.make_rng("dropout")
         ys = jax.lax.scan(lambda c, _: (c, jax.random.key_data(vj.make_rng("dropout"))),
@@ -66,14 +69,14 @@ def test_lower_rng_static_counters_and_a_carried_counter_in_loops():
     assert_ir(after, """
         { lambda ; a:f32[]. let
             b:key<fry>[] = var_get[__rng__:dropout]
-            c:key<fry>[] = random_fold_in b 0:u32[]
+            c:key<fry>[] = random_fold_in b 3213575472:u32[]
             d:key<fry>[] = var_get[__rng__:dropout]
-            e:key<fry>[] = random_fold_in d 1:u32[]
-            var_set[__rng__:dropout/loop0/key] e
+            var_set[__rng__:dropout/loop0/key] d
             var_set[__rng__:dropout/loop0/count] 0:u32[]
-            f:u32[2,2] = scan[
-              jaxpr={ lambda ; g:i32[]. let
-                  h:key<fry>[] = var_get[__rng__:dropout/loop0/key]
+            e:u32[2,2] = scan[
+              jaxpr={ lambda ; f:i32[]. let
+                  g:key<fry>[] = var_get[__rng__:dropout/loop0/key]
+                  h:key<fry>[] = random_fold_in g 3303678395:u32[]
                   i:u32[] = var_get[__rng__:dropout/loop0/count]
                   j:u32[] = add i 1:u32[]
                   var_set[__rng__:dropout/loop0/count] j
@@ -86,7 +89,8 @@ def test_lower_rng_static_counters_and_a_carried_counter_in_loops():
               reverse=False
               unroll=1
             ] 0:i32[]
-          in (c, f) }""")
+          in (c, e) }""")
+    assert [streams.linen_data((c,)) for c in (1, 2)] == [3213575472, 3303678395]
 
 
 def test_lower_rng_lowers_a_stream_kept_as_state_implicitly_in_the_rngs_collection():
@@ -99,7 +103,7 @@ def test_lower_rng_lowers_a_stream_kept_as_state_implicitly_in_the_rngs_collecti
     assert "var_get[rngs:dropout/key]" in text and "var_set[rngs:dropout/count]" in text
 
 
-def test_lower_rng_branches_continue_from_the_largest_counter():
+def test_lower_rng_linen_counts_run_on_across_branches():
     def f(p):
         def two():
             return jax.random.key_data(vj.make_rng("r")) + jax.random.key_data(vj.make_rng("r"))
@@ -111,7 +115,9 @@ def test_lower_rng_branches_continue_from_the_largest_counter():
 
     _, after = run_pass("lower-rng", f, jnp.bool_(True), rngs={"r": jax.random.key(0)})
     top = [e for e in after.jaxpr.eqns if e.primitive.name == "random_fold_in"]
-    assert [int(e.invars[1].val) for e in top] == [2]   # branch 0 used 0, 1; branch 1 used 0
+    # Linen's convention: counts are assigned while tracing, and run on across the branches
+    # (lax.cond traces `two` first: draws 1, 2; `one`: 3), so the draw after is the 4th
+    assert [int(e.invars[1].val) for e in top] == [streams.linen_data((4,))]
 
 
 def test_discharge_turns_reads_into_inputs_and_writes_into_outputs():

@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import varjax as vj
-from varjax import errors, nn
+from varjax import errors, nn, streams
 
 HERE = "test_raw_shard_map.py:"
 X = jnp.arange(4.0)
@@ -183,7 +183,7 @@ def test_draw_in_the_body_gives_every_shard_the_same_key():
         return jax.shard_map(body, mesh=_mesh(), in_specs=P("d"), out_specs=P("d"))(x)
     key = jax.random.key(1)
     y = f.apply({}, X, rngs={"noise": key})
-    u = jax.random.uniform(jax.random.fold_in(key, 0), (2,))    # the first draw's key
+    u = jax.random.uniform(streams.derive_at(key, (), 1), (2,))    # the first draw's key
     np.testing.assert_allclose(y - X, jnp.concatenate([u, u]), rtol=1e-6)
 
 
