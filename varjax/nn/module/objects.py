@@ -15,6 +15,7 @@ is a leaf: raw JAX transforms still reject it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Hashable
 
 import jax
@@ -99,7 +100,8 @@ class ModuleKind:
         root = _object_root(module)
         if isinstance(root, ObjectRoot):
             return lambda: root      # inside a trace, where graphs are not kept
-        return lambda: root.layout     # a held Rngs keeps its streams
+        # a held Rngs keeps its streams; getattr through partial: no Python frame per call
+        return functools.partial(getattr, root, "layout")
 
     def reader(self, module: Any) -> Callable[[], tuple]:
         root = _object_root(module)
