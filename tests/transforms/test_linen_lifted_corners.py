@@ -244,3 +244,28 @@ def test_scan_carries_the_variables_of_a_list_of_submodules():
     got = ours.apply(start, X, mutable=["state"])
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, expected)
     np.testing.assert_allclose(got[1]["state"]["ScanStep_0"]["counters_0"]["n"], X.sum())
+
+
+def test_while_loop_draws_with_a_deny_list_are_linens_bit_for_bit():
+    """Keys split by ``split_rngs={DenyList('params'): True}`` in a ``while_loop`` body: the
+    same parameters and the same noise as Linen from the same keys."""
+    def make(nn):
+        class Noisy(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                dense = nn.Dense(3)
+                dense(x)
+
+                def body(mdl, carry):
+                    i, x = carry
+                    return i + 1, mdl(x) + jax.random.normal(mdl.make_rng("noise"), x.shape)
+                return nn.while_loop(lambda mdl, c: c[0] < 3, body, dense, (0, x),
+                                     split_rngs={nn.DenyList("params"): True})[1]
+        return Noisy()
+    keys = {"params": jax.random.key(0), "noise": jax.random.key(1)}
+    ref_model, model = make(flax_nn), make(vj_nn)
+    ref_vars, ours = ref_model.init(keys, X), model.init(keys, X)
+    jax.tree.map(np.testing.assert_array_equal, dict(ours), dict(ref_vars))
+    noise = {"noise": jax.random.key(2)}
+    np.testing.assert_array_equal(model.apply(ref_vars, X, rngs=noise),
+                                  ref_model.apply(ref_vars, X, rngs=noise))
