@@ -22,6 +22,7 @@ so a zero bias or unit scale at init cannot hide a layer that ignores it.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -103,18 +104,51 @@ class Port:
         self.flax = build(flax_nn)(*args, **kwargs)
         self.vj = build(vj_nn)(*args, **kwargs)
 
-    def both(self, fn: Callable[..., Any], *arrays: Any) -> tuple[Any, Any]:
-        """``(fn(varjax model, *arrays), fn(flax model, *arrays))``, in the order the asserts
-        take them.  Flax's side runs under ``jax.jit``: one XLA compile instead of one per
-        operation (the eager oracle spends seconds compiling each random op on its own).
-        varjax's side runs as the user calls it."""
-        want = jax.jit(lambda *a: fn(self.flax, *a))(*arrays)
-        return fn(self.vj, *arrays), want
+    def both(self, call: Callable[..., Any], *arrays: Any, jit_varjax: bool = False,
+             **static: Any) -> tuple[Any, Any]:
+        """``(call(varjax model, *arrays, **static), call(flax model, ...))``, in the order
+        the asserts take them.  Flax's side runs under ``jax.jit``, compiled once per
+        ``(call, model, static)``: one XLA compile instead of one per operation (the eager
+        oracle spends seconds compiling each random op on its own), and none again for a
+        decode loop's later steps.  varjax's side runs as the user calls it: eagerly, or
+        under ``jax.jit`` with ``jit_varjax`` (a training step)."""
+        key = (call, self.flax, tuple((k, _hashable(v)) for k, v in sorted(static.items())))
+        if key not in _FLAX_JITS:
+            _FLAX_JITS[key] = jax.jit(functools.partial(call, self.flax, **static))
+        vj_call = functools.partial(call, self.vj, **static)
+        got = (jax.jit(vj_call) if jit_varjax else vj_call)(*arrays)
+        return got, _FLAX_JITS[key](*arrays)
+
+
+_FLAX_JITS: dict[Any, Callable[..., Any]] = {}
+
+
+def _hashable(value: Any) -> Any:
+    """Lists (``mutable=['cache']``) as tuples, so static arguments can key a cache."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _init(model: Any, rngs: Any, args: tuple, **kwargs: Any) -> Any:
+    return model.init(rngs, *args, **kwargs)
+
+
+def _apply(model: Any, variables: dict, rngs: Any, args: tuple, **kwargs: Any) -> Any:
+    return model.apply(variables, *args, rngs=rngs, **kwargs)
+
+
+def _step(model: Any, variables: dict, rngs: Any, args: tuple, *,
+          loss: Callable[[Any], jax.Array], **kwargs: Any) -> tuple[Any, Any]:
+    """A training step's forward and backward pass: ``(apply's result, grads)``."""
+    def objective(params):
+        result = model.apply({**variables, "params": params}, *args, rngs=rngs, **kwargs)
+        return loss(result), result
+    (_, result), grads = jax.value_and_grad(objective, has_aux=True)(variables["params"])
+    return result, grads
 
 
 def check_init(port: Port, rngs: Any, *args: Any, **kwargs: Any) -> dict:
     """Asserts both libraries initialize bit for bit alike; returns Flax's variables."""
-    got, want = port.both(lambda m, r, a: m.init(r, *a, **kwargs), rngs, args)
+    got, want = port.both(_init, rngs, args, **kwargs)
     assert_equal(got, want)
     return plain(want)
 
@@ -124,8 +158,7 @@ def check_apply(port: Port, variables: dict, *args: Any, atol: float = ATOL,
     """Asserts ``apply`` gives the same result (outputs, and the mutated collections when
     ``mutable=`` is passed); returns Flax's."""
     rngs = kwargs.pop("rngs", None)
-    got, want = port.both(lambda m, v, r, a: m.apply(v, *a, rngs=r, **kwargs), variables, rngs,
-                          args)
+    got, want = port.both(_apply, variables, rngs, args, **kwargs)
     assert_close(got, want, atol)
     return plain(want)
 
@@ -137,14 +170,6 @@ def check_train(port: Port, variables: dict, loss: Callable[[Any], jax.Array], *
     is passed) and ``jax.grad`` of ``loss(result)`` w.r.t. ``params`` agree.  Returns Flax's
     ``(result, grads)``.  One compile per library covers both checks."""
     rngs = kwargs.pop("rngs", None)
-
-    def step(model, v, r, a):
-        def objective(params):
-            result = model.apply({**v, "params": params}, *a, rngs=r, **kwargs)
-            return loss(result), result
-        (_, result), grads = jax.value_and_grad(objective, has_aux=True)(v["params"])
-        return result, grads
-
-    got, want = port.both(jax.jit(step, static_argnums=0), variables, rngs, args)
+    got, want = port.both(_step, variables, rngs, args, jit_varjax=True, loss=loss, **kwargs)
     assert_close(got, want, atol)
     return plain(want)
