@@ -149,6 +149,29 @@ def test_weight_norm_matches_linen(kwargs):
     check_grads(vj, fl, variables, x, atol=1e-4)  # a 1-D bias normalizes to its sign: noise-level grads
 
 
+def test_weight_norm_over_nested_modules_names_scales_by_path_as_linen_does():
+    def model(lib):
+        class Baz(lib.Module):
+            @lib.compact
+            def __call__(self, x):
+                return lib.Dense(2)(x)
+
+        class Bar(lib.Module):
+            @lib.compact
+            def __call__(self, x):
+                return lib.Dense(3)(Baz()(lib.Dense(3)(Baz()(x))))
+
+        class Foo(lib.Module):
+            @lib.compact
+            def __call__(self, x):
+                return lib.WeightNorm(Bar(), variable_filter={"kernel", "Baz"})(lib.Dense(5)(x))
+        return Foo()
+    variables, _, _ = check_parity(model(nn), model(flax_nn), _x((1, 2)))
+    assert sorted(variables["params"]["WeightNorm_0"]) == [
+        "Bar_0/Baz_0/Dense_0/bias/scale", "Bar_0/Baz_0/Dense_0/kernel/scale", "Bar_0/Baz_1/Dense_0/bias/scale",
+        "Bar_0/Baz_1/Dense_0/kernel/scale", "Bar_0/Dense_0/kernel/scale", "Bar_0/Dense_1/kernel/scale"]
+
+
 def test_weight_norm_scale_is_named_after_the_wrapped_variable():
     variables = _wrapped(nn, "WeightNorm").init(jax.random.key(0), jnp.ones((2, 5)))
     assert jax.tree.map(jnp.shape, variables["params"]["WeightNorm_0"]) == {"Dense_1/kernel/scale": (4,)}
