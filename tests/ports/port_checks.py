@@ -111,13 +111,23 @@ class Port:
         ``(call, model, static)``: one XLA compile instead of one per operation (the eager
         oracle spends seconds compiling each random op on its own), and none again for a
         decode loop's later steps.  varjax's side runs as the user calls it: eagerly, or
-        under ``jax.jit`` with ``jit_varjax`` (a training step)."""
-        key = (call, self.flax, tuple((k, _hashable(v)) for k, v in sorted(static.items())))
+        under ``jax.jit`` with ``jit_varjax`` (a training step).  Keyword arguments that are
+        arrays are traced; the others are static."""
+        array_kwargs = {k: v for k, v in static.items() if isinstance(v, jax.Array)}
+        static = {k: v for k, v in static.items() if k not in array_kwargs}
+
+        def runner(model):
+            def run(kwargs, *args):
+                return call(model, *args, **kwargs, **static)
+            return run
+
+        key = (call, self.flax, tuple(sorted(array_kwargs)),
+               tuple((k, _hashable(v)) for k, v in sorted(static.items())))
         if key not in _FLAX_JITS:
-            _FLAX_JITS[key] = jax.jit(functools.partial(call, self.flax, **static))
-        vj_call = functools.partial(call, self.vj, **static)
-        got = (jax.jit(vj_call) if jit_varjax else vj_call)(*arrays)
-        return got, _FLAX_JITS[key](*arrays)
+            _FLAX_JITS[key] = jax.jit(runner(self.flax))
+        run_vj = runner(self.vj)
+        got = (jax.jit(run_vj) if jit_varjax else run_vj)(array_kwargs, *arrays)
+        return got, _FLAX_JITS[key](array_kwargs, *arrays)
 
 
 _FLAX_JITS: dict[Any, Callable[..., Any]] = {}
