@@ -12,11 +12,19 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import pkgutil
 import types
 
 import flax.linen as linen
+import flax.linen.experimental.layers_with_named_axes  # noqa: F401
 
 import varjax.nn as nn
+
+# A package's dir() holds the submodules imported so far, by anyone: import them all, so
+# the comparison does not depend on which other tests ran first.
+for _package in (linen, nn):
+    for _info in pkgutil.iter_modules(_package.__path__):
+        importlib.import_module(f"{_package.__name__}.{_info.name}")
 
 # Linen's Module API beyond the class itself: built in varjax/nn/module/, re-exported by
 # varjax/nn/__init__.py.
@@ -33,7 +41,8 @@ NOT_PROVIDED = {
         "LogicallyPartitioned", "PARTITION_NAME", "Partitioned", "add_metadata_axis", "get_logical_axis_rules",
         "get_partition_spec", "get_sharding", "logical_axis_rules", "logical_to_mesh", "logical_to_mesh_axes",
         "logical_to_mesh_sharding", "set_logical_axis_rules", "unbox", "with_logical_constraint",
-        "with_logical_partitioning", "with_partitioning", "meta", "spmd"]},
+        "with_logical_partitioning", "with_partitioning", "meta", "spmd", "partitioning"]},
+    "experimental": "Linen's experimental named-axes layers, built on its partitioning: with issue 19",
     "tabulate": "Linen's summary table from the IR summary: being built in varjax/nn/module/ (issue 18)",
     "summary": "the submodule of Linen's table (nn.tabulate); comes with it",
     "kw_only_dataclasses": "Flax's backport of dataclass kw_only for Python < 3.10; use dataclasses.KW_ONLY",
