@@ -113,6 +113,23 @@ class _Lowerer(Rewriter):
         super().__init__()
         self.loop_ids = itertools.count()
         self._pieces: dict = {}
+        # While lowering a custom-derivative equation's bodies: the Linen counts of its
+        # primal's draws, per (stream, path), in order (see linen_count).
+        self.rule_counts: dict | None = None
+
+    def linen_count(self, params: dict) -> int:
+        """A Linen draw's count; a rule's draw ``-k`` takes its primal's k-th count."""
+        count = params["count"]
+        if count >= 0:
+            return count
+        primal = (self.rule_counts or {}).get((params["stream"], params["path"]), [])
+        if -count > len(primal):
+            raise errors.PassError(
+                f"a custom-derivative rule draws from RNG stream '{params['stream']}' at "
+                f"{errors.format_path(params['path'])} more often than its primal function, "
+                "so its keys cannot be the primal's.", collection=params["stream"],
+                **errors.where(), fix="draw the same keys in the rule as in the function")
+        return primal[-count - 1]
 
     def piece(self, eqn: _jax.JaxprEqn, in_avals: list, region: Region) -> tuple:
         """A top-level draw: one traced piece per stream state, reused for every draw.  A
@@ -142,9 +159,9 @@ class _Lowerer(Rewriter):
     def _linen_piece(self, eqn: _jax.JaxprEqn, st: "_Static | _Dynamic") -> tuple:
         """A Linen draw: the stream's key itself (count 0), or ``fold_in(key, c)`` with the
         constant ``c`` of its path and count bound as a literal (``streams.linen_data``)."""
-        count = eqn.params["count"]
+        count = self.linen_count(eqn.params)
         if isinstance(st, _Dynamic):   # in a loop: one piece per draw
-            params = dict(eqn.params)
+            params = {**eqn.params, "count": count}
             return self.trace(lambda: [self.draw(st, params)], []), []
         key = (count != 0, st.key, None, st.aval)
         found = self._pieces.get(key)
@@ -169,7 +186,7 @@ class _Lowerer(Rewriter):
     def draw(self, st, params: dict | None = None) -> Any:
         key = _get(st.key, st.aval)
         if params is not None and params["path"] is not None:
-            key = streams.derive_at(key, params["path"], params["count"])
+            key = streams.derive_at(key, params["path"], self.linen_count(params))
             if isinstance(st, _Static):
                 return key
             n = _get(st.count, COUNT_AVAL)   # in a loop: fold in the iteration's count too
@@ -194,11 +211,16 @@ class _Lowerer(Rewriter):
             return region.bind(eqn, invals, self.loop_params(eqn, used, state))
         entry = copy.deepcopy(state)
         ends: list[dict] = []
+        primal = _linen_counts(eqn.params["call_jaxpr"]) if "call_jaxpr" in eqn.params else None
 
         def lower(body):
             state = copy.deepcopy(entry)
             ends.append(state)
-            return self.run(body, region.child(state))
+            saved, self.rule_counts = self.rule_counts, primal or self.rule_counts
+            try:
+                return self.run(body, region.child(state))
+            finally:
+                self.rule_counts = saved
 
         params = nested.with_bodies(eqn, lower)
         n_bodies = len(nested.bodies(eqn))
@@ -227,6 +249,16 @@ class _Lowerer(Rewriter):
                 _set(dyn.count, jnp.zeros((), jnp.uint32))
                 inner[s] = dyn
         return nested.with_bodies(eqn, lambda body: self.run(body, Region(self, state=dict(inner))))
+
+
+def _linen_counts(body: Any) -> dict:
+    """The counts of the Linen draws in ``body``, per (stream, path), in program order."""
+    found: dict = {}
+    for eqn, _ in nested.walk_eqns(nested.closed(body)):
+        if eqn.primitive is rng_draw_p and eqn.params["path"] is not None:
+            found.setdefault((eqn.params["stream"], eqn.params["path"]), []).append(
+                eqn.params["count"])
+    return found
 
 
 @dataclasses.dataclass(frozen=True)

@@ -155,6 +155,7 @@ class LiftedRegion:
         view = dataclasses.replace(self._lifted.view, withheld=withheld)
         outer = self._lifted.outer
         ctx = outer.region(handed, keys, view, store)
+        streams.mark_region(ctx)
         streams.set_linen_base(ctx, self.path if self._lifted.forked else
                                streams.linen_base(outer))
         return ctx

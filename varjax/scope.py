@@ -166,7 +166,7 @@ def draw_at(ctx: TraceContext, name: str, where_: Path,
     if linen is None or stream not in linen.streams:
         return ctx.store.draw(ctx, stream)
     module = tuple(where_ if module is None else module)
-    count = linen.next(stream, module)
+    count = streams.linen_count(ctx, linen, stream, module)
     base = streams.linen_base(ctx)
     return _linen_draw(ctx, stream, module[len(base):] if module[:len(base)] == base else module,
                        count)

@@ -161,3 +161,26 @@ def set_linen_base(ctx: Any, base: tuple[str, ...]) -> None:
 
 def linen_base(ctx: Any) -> tuple[str, ...]:
     return _bases.get(ctx, ())
+
+
+_regions: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_rule_counts: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def mark_region(ctx: Any) -> None:
+    """``ctx`` traces the body of a lifted transform: its draws count on the trace's counts."""
+    _regions.add(ctx)
+
+
+def linen_count(ctx: Any, counts: LinenCounts, stream: str, path: tuple[str, ...]) -> int:
+    """The count of the next Linen draw of ``stream`` at ``path`` under ``ctx``.
+
+    A context that is neither a trace's own nor a lifted body's is a snapshot under which a
+    pass traces a custom-derivative rule late, after the whole trace: its draws are numbered
+    ``-1, -2, ...`` per stream and path, and ``lower-rng`` gives the k-th the count of the
+    k-th such draw of the rule's primal, so the rule draws the keys its primal drew."""
+    if ctx is ctx.origin or ctx in _regions:
+        return counts.next(stream, path)
+    mine = _rule_counts.setdefault(ctx, {})
+    mine[(stream, path)] = mine.get((stream, path), 0) + 1
+    return -mine[(stream, path)]

@@ -342,3 +342,27 @@ def test_jit_and_fold_rngs_fork_the_module_rngs_as_linen(transform):
     x = _x(2, 4)
     variables = _same_init(build, x, rngs=RNGS)
     _same_apply(build, variables, x)
+
+
+@pytest.mark.parametrize("rule", ["custom_jvp", "custom_vjp"])
+def test_custom_derivative_rule_traced_late_draws_its_primal_keys(rule):
+    """A rule traced by a pass after the trace (Linen's counts have moved on) draws the keys
+    its primal drew, so the forward value under differentiation is the primal's."""
+    def noisy(h):
+        return h + jax.random.uniform(vj.make_rng("dropout"), h.shape)
+
+    if rule == "custom_jvp":
+        f = jax.custom_jvp(noisy)
+        f.defjvp(lambda primals, tangents: (noisy(*primals), tangents[0]))
+    else:
+        f = jax.custom_vjp(noisy)
+        f.defvjp(lambda h: (noisy(h), None), lambda _, g: (g,))
+
+    @vj.functionalize
+    def run(x):
+        return f(x).sum() + jax.random.uniform(vj.make_rng("dropout"), ())
+
+    x, rngs = _x(3), {"dropout": jax.random.key(2)}
+    value, grad = jax.value_and_grad(lambda x: run.apply({}, x, rngs=rngs))(x)
+    np.testing.assert_array_equal(value, run.apply({}, x, rngs=rngs))
+    np.testing.assert_array_equal(grad, np.ones(3, np.float32))
