@@ -150,6 +150,21 @@ def test_a_field_with_init_false_is_assigned_in_setup():
         assert model.bind(model.init(KEY, X)).width == 4
 
 
+def test_setting_a_constructor_field_in_setup_raises():
+    for nn, error, text in ((fnn, Exception, "construction attributes"),
+                            (vnn, errors.FrozenModuleError, "construction arguments")):
+        class Resized(nn.Module):
+            features: int = 2
+
+            def setup(self):
+                self.features = 3
+
+            def __call__(self, x):
+                return x
+        with pytest.raises(error, match=text):
+            Resized().init(KEY, X)
+
+
 def sharing(nn, form):
     shared = nn.Dense(2)
 
@@ -244,8 +259,6 @@ def test_getattr_reaches_setup_values_of_submodules_under_the_functional_api():
     same_as_linen(lambda nn: counting(nn, []), run)
 
 
-@pytest.mark.xfail(strict=True, reason="varjax/transforms/common.py (apply_to) takes a "
-                   "functools.partial of a Module class for a function; see the issue-18 report")
 def test_a_transform_of_a_partial_module_constructor():
     def build(nn):
         class Model(nn.Module):

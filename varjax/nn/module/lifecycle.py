@@ -81,6 +81,15 @@ class Lifecycle(Naming):
                 f"cannot set attribute '{attr}' of {self._label()}: modules are frozen "
                 "dataclasses outside setup().", **site(about=self),
                 fix="assign attributes in setup(), or make it a dataclass field")
+        spec = self.__dataclass_fields__.get(attr)
+        if spec is not None and spec.init:
+            # It would be gone when setup runs again (its attributes are reset), as Linen's
+            # SetAttributeInModuleSetupError says.
+            raise errors.FrozenModuleError(
+                f"cannot set field '{attr}' of {self._label()} in setup(): the fields are the "
+                "module's construction arguments.", **site(about=self),
+                fix=f"give '{attr}' as an argument, assign another attribute in setup(), or "
+                    "declare the field with dataclasses.field(init=False)")
         value = adopt_submodules(value, self._adopt, attr)
         object.__setattr__(self, attr, value)
         state.setup_attrs.append(attr)

@@ -16,6 +16,9 @@ Sharp edges:
   * ``compute_flops`` / ``compute_vjp_flops`` and rich's ``console_kwargs`` /
     ``table_kwargs`` / ``column_kwargs`` are not provided: they raise ``ModuleError``.
   * Collections are ordered ``params`` first, then by name (Linen's order is a set's).
+  * A module made by a lifted transform (``nn.vmap(nn.Dense)``) has the row of its lifted
+    call, ``VmapDense`` with the batched shapes; Linen shows the call inside the transform
+    (``Dense``, one example's shapes).
   * Sizes use Linen's decimal units (``1.0 KB`` is 1,001 bytes and up), unlike the IR
     summary's 1024-based ones.
 """
