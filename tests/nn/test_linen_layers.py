@@ -104,7 +104,8 @@ def test_prelu_matches_linen(kwargs):
     variables, _, _ = check_parity(nn.PReLU(**kwargs), flax_nn.PReLU(**kwargs), x)
     assert jax.tree.map(jnp.shape, variables) == {"params": {"negative_slope": ()}}
     # No randomness in PReLU's initializer: the init values agree too.
-    assert_close(nn.PReLU(**kwargs).init(jax.random.key(0), x), flax_nn.PReLU(**kwargs).init(jax.random.key(0), x), 0)
+    assert_close(nn.PReLU(**kwargs).init(jax.random.key(0), x),
+                 flax_nn.PReLU(**kwargs).init(jax.random.key(0), x), 0)
     check_grads(nn.PReLU(**kwargs), flax_nn.PReLU(**kwargs), variables, x)
 
 
@@ -112,7 +113,8 @@ def test_normalize_is_standardize():
     assert nn.normalize is jax.nn.standardize is flax_nn.normalize
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"feature_axes": (1, 2)}, {"use_bias": False, "use_fast_variance": False}])
+@pytest.mark.parametrize("kwargs", [{}, {"feature_axes": (1, 2)},
+                                    {"use_bias": False, "use_fast_variance": False}])
 def test_instance_norm_matches_linen(kwargs):
     x = 1.0 + 2.0 * _x((2, 5, 4, 3))
     variables, _, _ = check_parity(nn.InstanceNorm(**kwargs), flax_nn.InstanceNorm(**kwargs), x)
@@ -168,8 +170,9 @@ def test_weight_norm_over_nested_modules_names_scales_by_path_as_linen_does():
         return Foo()
     variables, _, _ = check_parity(model(nn), model(flax_nn), _x((1, 2)))
     assert sorted(variables["params"]["WeightNorm_0"]) == [
-        "Bar_0/Baz_0/Dense_0/bias/scale", "Bar_0/Baz_0/Dense_0/kernel/scale", "Bar_0/Baz_1/Dense_0/bias/scale",
-        "Bar_0/Baz_1/Dense_0/kernel/scale", "Bar_0/Dense_0/kernel/scale", "Bar_0/Dense_1/kernel/scale"]
+        "Bar_0/Baz_0/Dense_0/bias/scale", "Bar_0/Baz_0/Dense_0/kernel/scale",
+        "Bar_0/Baz_1/Dense_0/bias/scale", "Bar_0/Baz_1/Dense_0/kernel/scale",
+        "Bar_0/Dense_0/kernel/scale", "Bar_0/Dense_1/kernel/scale"]
 
 
 def test_weight_norm_scale_is_named_after_the_wrapped_variable():

@@ -32,20 +32,19 @@ for _package in (linen, nn):
 FROM_VARJAX_NN_MODULE = [
     "Module", "compact", "nowrap", "apply", "init", "init_with_output", "merge_param",
     "compact_name_scope", "share_scope", "intercept_methods", "enable_named_call",
-    "disable_named_call", "override_named_call",
+    "disable_named_call", "override_named_call", "tabulate",
 ]
 
 # Linen names varjax does not have (yet), with the reason.
 SCALE_OUT = "boxed partitioning metadata: the scale-out issue (19), SPEC section 5"
 NOT_PROVIDED = {
     **{name: SCALE_OUT for name in [
-        "LogicallyPartitioned", "PARTITION_NAME", "Partitioned", "add_metadata_axis", "get_logical_axis_rules",
-        "get_partition_spec", "get_sharding", "logical_axis_rules", "logical_to_mesh", "logical_to_mesh_axes",
-        "logical_to_mesh_sharding", "set_logical_axis_rules", "unbox", "with_logical_constraint",
+        "LogicallyPartitioned", "PARTITION_NAME", "Partitioned", "add_metadata_axis",
+        "get_logical_axis_rules", "get_partition_spec", "get_sharding", "logical_axis_rules",
+        "logical_to_mesh", "logical_to_mesh_axes", "logical_to_mesh_sharding", "set_logical_axis_rules",
+        "unbox", "with_logical_constraint",
         "with_logical_partitioning", "with_partitioning", "meta", "spmd", "partitioning"]},
     "experimental": "Linen's experimental named-axes layers, built on its partitioning: with issue 19",
-    "tabulate": "Linen's summary table from the IR summary: being built in varjax/nn/module/ (issue 18)",
-    "summary": "the submodule of Linen's table (nn.tabulate); comes with it",
     "kw_only_dataclasses": "Flax's backport of dataclass kw_only for Python < 3.10; use dataclasses.KW_ONLY",
 }
 
@@ -91,7 +90,7 @@ METHOD_DIFFERENT = {
     **{f"Module.{m}": "the collection argument is named collection (Linen: col); positional use ports"
        for m in ["get_variable", "has_variable", "is_mutable_collection", "put_variable", "sow"]},
     "Module.param": "no unbox (varjax has no boxed metadata yet: issue 19) and no **init_kwargs yet",
-    "Module.variable": "collection named collection (Linen: col); no unbox (issue 19) and no **init_kwargs yet",
+    "Module.variable": "collection named collection (Linen: col); no unbox (issue 19), no **init_kwargs yet",
     "Module.bind": "no extra positional arguments (Linen passes them to the scope and ignores them)",
     "Module.clone": "Linen's private _deep_clone and _reset_names are not taken",
 }
@@ -100,19 +99,20 @@ METHOD_DIFFERENT = {
 SUBMODULE_NAMES = {
     "activation": ["PReLU", "normalize", "relu", "gelu", "swish", "silu", "tanh", "sigmoid", "softmax",
                    "log_softmax", "one_hot", "standardize", "elu", "celu", "glu", "softplus"],
-    "attention": ["MultiHeadDotProductAttention", "MultiHeadAttention", "SelfAttention", "dot_product_attention",
-                  "dot_product_attention_weights", "make_attention_mask", "make_causal_mask", "combine_masks",
+    "attention": ["MultiHeadDotProductAttention", "MultiHeadAttention", "SelfAttention",
+                  "dot_product_attention", "dot_product_attention_weights", "make_attention_mask",
+                  "make_causal_mask", "combine_masks",
                   "Dtype", "PrecisionLike", "Initializer", "PRNGKey", "Shape", "DotGeneralT"],
     "batch_apply": ["BatchApply"],
     "combinators": ["Sequential"],
     "dtypes": ["promote_dtype", "canonicalize_dtype", "Dtype"],
-    "initializers": ["Initializer", "zeros", "ones", "zeros_init", "ones_init", "constant", "normal", "uniform",
-                     "lecun_normal", "xavier_uniform", "glorot_normal", "he_normal", "variance_scaling",
-                     "orthogonal", "truncated_normal", "delta_orthogonal"],
+    "initializers": ["Initializer", "zeros", "ones", "zeros_init", "ones_init", "constant", "normal",
+                     "uniform", "lecun_normal", "xavier_uniform", "glorot_normal", "he_normal",
+                     "variance_scaling", "orthogonal", "truncated_normal", "delta_orthogonal"],
     "linear": ["Dense", "DenseGeneral", "Conv", "ConvLocal", "ConvTranspose", "Embed", "Einsum",
                "canonicalize_padding", "default_kernel_init", "default_embed_init", "promote_dtype",
-               "PrecisionLike", "PaddingLike", "LaxPadding", "Array", "Dtype", "Initializer", "PRNGKey", "Shape",
-               "DotGeneralT", "ConvGeneralDilatedT"],
+               "PrecisionLike", "PaddingLike", "LaxPadding", "Array", "Dtype", "Initializer", "PRNGKey",
+               "Shape", "DotGeneralT", "ConvGeneralDilatedT"],
     "module": ["Module", "compact", "nowrap", "merge_param", "apply", "init", "init_with_output"],
     "normalization": ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm", "WeightNorm",
                       "SpectralNorm", "Array", "Axes", "Dtype", "Initializer", "PRNGKey", "Shape"],
@@ -121,6 +121,7 @@ SUBMODULE_NAMES = {
                   "ConvLSTMCell", "DenseParams", "RNN", "RNNBase", "Bidirectional", "flip_sequences",
                   "Dtype", "Initializer", "PRNGKey", "PrecisionLike"],
     "stochastic": ["Dropout"],
+    "summary": ["tabulate"],
     "transforms": ["vmap", "scan", "jit", "remat", "checkpoint", "remat_scan", "map_variables", "named_call",
                    "jvp", "vjp", "grad", "value_and_grad", "custom_vjp", "while_loop", "cond", "switch",
                    "fold_rngs"],
@@ -159,7 +160,7 @@ def test_every_linen_name_is_in_varjax_nn_or_listed():
 
 def test_every_extra_varjax_nn_name_is_listed():
     unexplained = sorted(_public(nn) - _public(linen) - set(EXTRA))
-    assert not unexplained, f"varjax.nn names flax.linen lacks: {unexplained}. List them in EXTRA with the reason."
+    assert not unexplained, f"varjax.nn names flax.linen lacks: {unexplained}. List them in EXTRA, with why."
 
 
 def test_listed_differences_are_still_true():
@@ -171,9 +172,9 @@ def test_listed_differences_are_still_true():
 
 def test_module_api_names_come_from_varjax_nn_module():
     missing = [name for name in FROM_VARJAX_NN_MODULE if not hasattr(nn.module, name)]
-    assert not missing, f"varjax.nn.module does not export {missing} (the Module API lives in varjax/nn/module/)"
+    assert not missing, f"varjax.nn.module does not export {missing} (the Module API is varjax/nn/module/)"
     stray = [name for name in FROM_VARJAX_NN_MODULE if getattr(nn, name) is not getattr(nn.module, name)]
-    assert not stray, f"varjax.nn.{stray} should be varjax.nn.module's (re-export them in varjax/nn/__init__.py)"
+    assert not stray, f"varjax.nn.{stray} should be varjax.nn.module's (re-export in varjax/nn/__init__.py)"
 
 
 def test_common_names_are_the_same_kind_with_linen_s_parameters():

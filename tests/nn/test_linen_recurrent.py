@@ -31,8 +31,8 @@ def test_vector_cell_step_matches_linen_with_grads(name, kw):
     assert_close(carry, flax_cell.initialize_carry(jax.random.key(3), (B, F)), 0)
     carry = jax.tree.map(lambda c: c + 0.5, carry)
     variables, _, _ = check_parity(vj_cell, flax_cell, carry, _x((B, F)))
-    grads = [jax.grad(lambda p, m=m: jnp.sum(m.apply({"params": p}, carry, _x((B, F)))[1]))(variables["params"])
-             for m in (vj_cell, flax_cell)]
+    grads = [jax.grad(lambda p, m=m: jnp.sum(m.apply({"params": p}, carry, _x((B, F)))[1]))(
+        variables["params"]) for m in (vj_cell, flax_cell)]
     assert_close(grads[0], grads[1], 1e-5)
 
 

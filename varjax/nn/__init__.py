@@ -7,6 +7,7 @@ Linen's module paths too (``nn.linear.PrecisionLike``, ``nn.transforms.scan``).
 from varjax.filters import DenyList as DenyList
 from varjax.nn import fp8_ops as fp8_ops
 from varjax.nn import initializers as initializers
+from varjax.nn import summary as summary
 from varjax.nn import transforms as transforms
 from varjax.nn.activation import *  # noqa: F403  (the jax.nn activations by Linen's names, and PReLU)
 from varjax.nn.attention import MultiHeadAttention as MultiHeadAttention
@@ -46,11 +47,12 @@ from varjax.nn.module import disable_named_call as disable_named_call
 from varjax.nn.module import enable_named_call as enable_named_call
 from varjax.nn.module import init as init
 from varjax.nn.module import init_with_output as init_with_output
-from varjax.nn.module import merge_param as merge_param
 from varjax.nn.module import intercept_methods as intercept_methods
+from varjax.nn.module import merge_param as merge_param
 from varjax.nn.module import nowrap as nowrap
 from varjax.nn.module import override_named_call as override_named_call
 from varjax.nn.module import share_scope as share_scope
+from varjax.nn.module import tabulate as tabulate
 from varjax.nn.normalization import BatchNorm as BatchNorm
 from varjax.nn.normalization import GroupNorm as GroupNorm
 from varjax.nn.normalization import InstanceNorm as InstanceNorm

@@ -31,8 +31,8 @@ from varjax.nn.normalization import LayerNorm
 from varjax.nn.typing import DotGeneralT as DotGeneralT
 from varjax.nn.typing import Dtype as Dtype
 from varjax.nn.typing import Initializer as Initializer
-from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.nn.typing import PrecisionLike as PrecisionLike
+from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.nn.typing import Shape as Shape
 
 __all__ = [

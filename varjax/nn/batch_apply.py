@@ -20,10 +20,6 @@ from varjax.context import site
 __all__ = ["BatchApply"]
 
 
-def _ndim(x: Any) -> int:
-    return np.ndim(x)
-
-
 class BatchApply:
     """``BatchApply(f, num_dims=2)(*args, **kwargs)``: ``f`` over merged leading axes.
 
@@ -38,14 +34,14 @@ class BatchApply:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         n = self.num_dims
-        example = next((x for x in jax.tree.leaves((args, kwargs)) if _ndim(x) >= n), None)
+        example = next((x for x in jax.tree.leaves((args, kwargs)) if np.ndim(x) >= n), None)
         if example is None:
             raise errors.ConfigError(f"BatchApply needs at least one input with {n} or more axes to merge.",
                                      **site(), fix=f"pass an array with >= {n} axes, or lower num_dims.")
         leading = tuple(np.shape(example)[:n])
 
         def merge(x: Any) -> Any:
-            if _ndim(x) < n:
+            if np.ndim(x) < n:
                 return x
             shape = np.shape(x)
             return x.reshape((math.prod(shape[:n]),) + tuple(shape[n:]))

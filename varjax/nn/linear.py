@@ -41,8 +41,8 @@ from varjax.nn.typing import Dtype as Dtype
 from varjax.nn.typing import Initializer as Initializer
 from varjax.nn.typing import LaxPadding as LaxPadding
 from varjax.nn.typing import PaddingLike as PaddingLike
-from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.nn.typing import PrecisionLike as PrecisionLike
+from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.nn.typing import Shape as Shape
 from varjax.nn.unsupported import not_provided
 
@@ -295,8 +295,9 @@ class _Conv(Module):
         raise NotImplementedError
 
     @nowrap
-    def _local(self, inputs: jax.Array, conv: Callable, kernel_size: tuple[int, ...], strides: tuple[int, ...],
-               padding: Any, input_dilation: tuple[int, ...], kernel_dilation: tuple[int, ...]) -> jax.Array:
+    def _local(self, inputs: jax.Array, conv: Callable, kernel_size: tuple[int, ...],
+               strides: tuple[int, ...], padding: Any, input_dilation: tuple[int, ...],
+               kernel_dilation: tuple[int, ...]) -> jax.Array:
         """The unshared convolution: each output position has its own ``(window, features)`` kernel.
 
         The output's spatial shape is the one the shared convolution would

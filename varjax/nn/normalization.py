@@ -41,10 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from varjax.nn import initializers
-from varjax.nn.dtypes import canonicalize_dtype, cast, merge_param, promote_dtype
 from varjax import errors
 from varjax.context import site
+from varjax.nn import initializers
+from varjax.nn.dtypes import canonicalize_dtype, cast, merge_param, promote_dtype
 from varjax.nn.module import Module, compact, nowrap
 from varjax.nn.typing import Array as Array
 from varjax.nn.typing import Axes as Axes

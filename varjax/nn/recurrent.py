@@ -28,8 +28,8 @@ from varjax.nn.recurrent_cells import RNNCellBase as RNNCellBase
 from varjax.nn.recurrent_cells import SimpleCell as SimpleCell
 from varjax.nn.typing import Dtype as Dtype
 from varjax.nn.typing import Initializer as Initializer
-from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.nn.typing import PrecisionLike as PrecisionLike
+from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.transforms.loops import scan
 
 __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "MGUCell", "SimpleCell",

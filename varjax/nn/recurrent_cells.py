@@ -324,7 +324,8 @@ class ConvLSTMCell(RNNCellBase):
         """Zeros (``carry_init``) of the input's batch and spatial shape with ``features`` channels."""
         shape = (*input_shape[:-1], self.features)
         key_c, key_h = jax.random.split(rng)
-        return self.carry_init(key_c, shape, self.param_dtype), self.carry_init(key_h, shape, self.param_dtype)
+        return (self.carry_init(key_c, shape, self.param_dtype),
+                self.carry_init(key_h, shape, self.param_dtype))
 
     @property
     def num_feature_axes(self) -> int:

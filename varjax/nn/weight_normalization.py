@@ -155,4 +155,5 @@ class SpectralNorm(Module):
         if update_stats:
             u_var.value = u
             sigma_var.value = sigma
-        return jnp.asarray(jnp.reshape(value, shape), canonicalize_dtype(value, u, v, sigma, dtype=self.dtype))
+        dtype = canonicalize_dtype(value, u, v, sigma, dtype=self.dtype)
+        return jnp.asarray(jnp.reshape(value, shape), dtype)
