@@ -308,6 +308,13 @@ def test_tabulate_columns_per_collection_and_repeated_calls():
     assert Norm().tabulate(KEY, X).count("BatchNorm_0") == 1
 
 
+def test_tabulate_keeps_no_trace_on_the_module():
+    model = tabulated(vnn)
+    model.tabulate(KEY, X)
+    model.tabulate(KEY, X)
+    assert "_varjax_functionalized" not in vars(model)
+
+
 def test_tabulate_options_varjax_does_not_take_raise():
     with pytest.raises(errors.ModuleError, match="compute_flops"):
         tabulated(vnn).tabulate(KEY, X, compute_flops=True)

@@ -49,7 +49,7 @@ class EntryPoints(Lifecycle):
 
         Cached on the module, so repeated ``apply`` calls reuse its traces."""
         capture = capture_intermediates
-        fn = _resolve_method(self, method)
+        fn = resolve_method(self, method)
         cache = self.__dict__.setdefault("_varjax_functionalized", {})
         key = (fn, capture, cache_key())   # interceptors and named calls change the trace
         found = cache.get(key)
@@ -147,7 +147,9 @@ def _raise_lazy(module: EntryPoints, closed: Any, shapes: dict[str, Any]) -> Non
                 fix="pass that input as an array (or use init)")
 
 
-def _resolve_method(module: EntryPoints, method: Any) -> Callable:
+def resolve_method(module: EntryPoints, method: Any) -> Callable:
+    """The function ``method=`` names: a method name, a method of any instance (unbound), or
+    a callable taking the module first (``None``: ``__call__``)."""
     if method is None:
         method = "__call__"
     if isinstance(method, str):

@@ -33,7 +33,7 @@ import numpy as np
 
 from varjax import errors
 from varjax.context import site
-from varjax.nn.module.entry import DEFAULT_INIT_MUTABLE, EntryPoints
+from varjax.nn.module.entry import DEFAULT_INIT_MUTABLE, EntryPoints, resolve_method
 from varjax.nn.module.interception import InterceptorContext, intercept_methods
 from varjax.nn.module.summary import Row, summarize
 
@@ -65,8 +65,10 @@ def record_calls(module: EntryPoints, rngs: Any, *args: Any, method: Any = None,
         calls[index] = Call(m.path, m.copy(parent=None), context.method_name,
                             _abstract(inputs), _abstract(out))
         return out
-    with intercept_methods(record):              # a fresh trace: the interceptor is in its key
-        fz = module.functionalize(method)
+    with intercept_methods(record):
+        # A fresh Functionalized, kept in no cache: it traces (so the interceptor runs), and
+        # repeated tables leave nothing behind on the module.
+        fz = module._new_functionalized(resolve_method(module, method), False)
         found = summarize(fz, type(module).__name__, *args, rngs=rngs, mutable=mutable, **kwargs)
     return [c for c in calls if c is not None], found
 
