@@ -702,17 +702,6 @@ def test_pipeline_errors(case):
 
 # --- modules: lifecycle, layers -----------------------------------------------------------------
 
-def two_compact_methods():
-    class Twice(nn.Module):  # noqa: F841
-        @nn.compact
-        def __call__(self, x):
-            return x
-
-        @nn.compact
-        def other(self, x):
-            return x
-
-
 def unknown_method_name():
     nn.Dense(2).apply({}, X, method="nope")
 
@@ -810,7 +799,6 @@ def decode_two_tokens():
 
 
 MODULES = {
-    "two @compact methods": Case(two_compact_methods, errors.ModuleError, module="Twice (unbound)"),
     "unknown method name": Case(unknown_method_name, errors.ModuleError, module="Dense (unbound)"),
     "method not callable": Case(method_not_callable, errors.ModuleError, module="Dense (unbound)"),
     "two submodules, one name": Case(two_submodules_with_one_name, errors.NameInUseError,

@@ -467,18 +467,6 @@ def test_calling_a_compact_method_on_an_unbound_module_raises():
     assert "module.init / module.apply" in info.value.fix
 
 
-def test_two_compact_methods_raise_at_class_creation():
-    with pytest.raises(errors.ModuleError):
-        class Twice(nn.Module):  # noqa: F841
-            @nn.compact
-            def __call__(self, x):
-                return x
-
-            @nn.compact
-            def other(self, x):
-                return x
-
-
 def test_unknown_method_name_raises():
     with pytest.raises(errors.ModuleError, match="no method 'nope'"):
         Dense(3).apply({}, X, method="nope")
