@@ -7,10 +7,11 @@ run both on the same inputs:
 
 * ``check_init``: the same key gives the same variables, **bit for bit** (Linen's RNG
   derivation), in the same layout (collections, paths, shapes, dtypes);
-* ``check_apply``: on the same variables, the same outputs and mutated collections (train
-  mode with the same ``rngs`` dict draws the same dropout masks, so outputs agree too);
-* ``check_train``: a training step's forward pass (outputs, mutated collections) and
-  ``jax.grad`` of a scalar loss with respect to ``params`` agree.
+* ``check_apply``: on the same variables, the same outputs and mutated collections (a
+  decode step's cache included);
+* ``check_train``: a jitted training step's forward pass (outputs, mutated collections; in
+  train mode with the same ``rngs`` dict, so the same dropout masks) and ``jax.grad`` of a
+  scalar loss with respect to ``params`` agree.
 
 Outputs and grads are compared to a tight tolerance rather than bitwise: both libraries run
 the same operations, but varjax's pipeline may fuse or reorder them under one ``jit``, which
@@ -22,7 +23,6 @@ so a zero bias or unit scale at init cannot hide a layer that ignores it.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +34,8 @@ import numpy as np
 import varjax.nn as vj_nn
 
 ATOL = 2e-5
+# RBG keys: XLA:CPU compiles their programs several times faster than threefry's, and
+# Linen's derivation (fold_in per module path and count) is the same for both.
 KEY = jax.random.key(0, impl="rbg")
 DROPOUT = {"dropout": jax.random.key(1, impl="rbg")}
 
@@ -105,14 +107,15 @@ class Port:
         self.vj = build(vj_nn)(*args, **kwargs)
 
     def both(self, call: Callable[..., Any], *arrays: Any, jit_varjax: bool = False,
-             **static: Any) -> tuple[Any, Any]:
+             exact: bool = False, **static: Any) -> tuple[Any, Any]:
         """``(call(varjax model, *arrays, **static), call(flax model, ...))``, in the order
         the asserts take them.  Flax's side runs under ``jax.jit``, compiled once per
         ``(call, model, static)``: one XLA compile instead of one per operation (the eager
         oracle spends seconds compiling each random op on its own), and none again for a
         decode loop's later steps.  varjax's side runs as the user calls it: eagerly, or
         under ``jax.jit`` with ``jit_varjax`` (a training step).  Keyword arguments that are
-        arrays are traced; the others are static."""
+        arrays are traced; the others are static.  ``exact`` compiles Flax's side with XLA's
+        default options, for results compared bit for bit."""
         array_kwargs = {k: v for k, v in static.items() if isinstance(v, jax.Array)}
         static = {k: v for k, v in static.items() if k not in array_kwargs}
 
@@ -121,16 +124,34 @@ class Port:
                 return call(model, *args, **kwargs, **static)
             return run
 
-        key = (call, self.flax, tuple(sorted(array_kwargs)),
+        inputs = (array_kwargs, *arrays)
+        key = (call, self.flax, exact, _signature(inputs),
                tuple((k, _hashable(v)) for k, v in sorted(static.items())))
-        if key not in _FLAX_JITS:
-            _FLAX_JITS[key] = jax.jit(runner(self.flax))
+        if key not in _FLAX_RUNS:
+            _FLAX_RUNS[key] = _compile(runner(self.flax), inputs, quick=not exact)
         run_vj = runner(self.vj)
-        got = (jax.jit(run_vj) if jit_varjax else run_vj)(array_kwargs, *arrays)
-        return got, _FLAX_JITS[key](array_kwargs, *arrays)
+        got = _compile(run_vj, inputs)(*inputs) if jit_varjax else run_vj(*inputs)
+        return got, _FLAX_RUNS[key](*inputs)
 
 
-_FLAX_JITS: dict[Any, Callable[..., Any]] = {}
+_FLAX_RUNS: dict[Any, Callable[..., Any]] = {}
+
+# XLA:CPU's LLVM optimizations take about half of a small program's compile time and buy
+# nothing on inputs this size.  Only for the programs these checks compile themselves and
+# compare within a tolerance (Flax's calls and the training steps): the optimizations move
+# the last bit of some floats (an initializer's erf_inv), so ``init`` keeps the defaults.
+_QUICK_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def _compile(fn: Callable[..., Any], inputs: tuple, quick: bool = True) -> Callable[..., Any]:
+    lowered = jax.jit(fn).lower(*inputs)
+    return lowered.compile(compiler_options=_QUICK_COMPILE) if quick else lowered.compile()
+
+
+def _signature(tree: Any) -> tuple:
+    """The structure, shapes and dtypes of ``tree``: what a compiled program is for."""
+    leaves, structure = jax.tree.flatten(tree)
+    return structure, tuple((np.shape(x), jnp.result_type(x)) for x in leaves)
 
 
 def _hashable(value: Any) -> Any:
@@ -158,7 +179,7 @@ def _step(model: Any, variables: dict, rngs: Any, args: tuple, *,
 
 def check_init(port: Port, rngs: Any, *args: Any, **kwargs: Any) -> dict:
     """Asserts both libraries initialize bit for bit alike; returns Flax's variables."""
-    got, want = port.both(_init, rngs, args, **kwargs)
+    got, want = port.both(_init, rngs, args, exact=True, **kwargs)
     assert_equal(got, want)
     return plain(want)
 

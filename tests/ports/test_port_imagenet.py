@@ -14,7 +14,6 @@ import functools
 import jax.numpy as jnp
 import optax
 import pytest
-
 from port_checks import KEY, Port, check_apply, check_init, check_train, normal, perturb
 
 

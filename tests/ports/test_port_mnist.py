@@ -7,8 +7,7 @@ keeping a Linen codebase would write it.  Small config: 8x8 images, 4/8 channels
 import jax
 import jax.numpy as jnp
 import optax
-
-from port_checks import DROPOUT, KEY, Port, check_apply, check_train, check_init, normal, perturb
+from port_checks import DROPOUT, KEY, Port, check_apply, check_init, check_train, normal, perturb
 
 
 def build(nn):

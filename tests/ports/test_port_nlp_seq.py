@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 from port_checks import DROPOUT, KEY, Port, check_apply, check_init, check_train, perturb, tokens
 
 

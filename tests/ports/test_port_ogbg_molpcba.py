@@ -11,7 +11,6 @@ does; skipped where it is missing).
 import jax.numpy as jnp
 import optax
 import pytest
-
 from port_checks import DROPOUT, KEY, Port, check_apply, check_init, check_train, normal, perturb
 
 jraph = pytest.importorskip("jraph")

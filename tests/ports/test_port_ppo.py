@@ -4,7 +4,6 @@ Small config: 24x24x2 frames, 4/8/8 channels, 16 hidden units, 3 actions.
 """
 import jax.numpy as jnp
 import numpy as np
-
 from port_checks import KEY, Port, check_apply, check_init, check_train, perturb
 
 

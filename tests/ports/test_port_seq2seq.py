@@ -4,15 +4,15 @@ with per-example sequence lengths and ``return_carry=True``, and an LSTM decoder
 True}``, which samples each next token with ``make_rng('lstm')`` and feeds it back unless
 teacher forcing.
 
-Small config: vocabulary 6, hidden size 8, inputs of 5 steps, outputs of 4.  The example
-gives its decoder cell the one-hot width as its feature count; here the decoder cell has
-the encoder's hidden size, so that the encoder's carry fits it at any config.
+Small config: vocabulary 6, hidden size 8, inputs of 5 steps, outputs of 4.  As in the
+example, the decoder cell is given the one-hot width (6) as its feature count while its
+carry, the encoder's, has the hidden size (8): Linen's ``LSTMCell`` sizes its hidden
+layers from the carry, and so must varjax's.
 """
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 from port_checks import KEY, Port, check_init, check_train, perturb
 
 
@@ -46,7 +46,7 @@ def build(nn):
         @nn.compact
         def __call__(self, encoder_inputs, decoder_inputs):
             encoder = nn.RNN(nn.LSTMCell(self.hidden_size), return_carry=True, name="encoder")
-            decoder = nn.RNN(DecoderLSTMCell(self.hidden_size, self.teacher_force,
+            decoder = nn.RNN(DecoderLSTMCell(decoder_inputs.shape[-1], self.teacher_force,
                                              self.vocab_size),
                              split_rngs={"params": False, "lstm": True}, name="decoder")
             lengths = jnp.argmax(jnp.argmax(encoder_inputs, -1) == self.eos_id, axis=-1)

@@ -11,9 +11,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import optax
-
-from port_checks import (DROPOUT, KEY, Port, check_apply, check_init, check_train, perturb,
-                         tokens)
+from port_checks import DROPOUT, KEY, Port, check_apply, check_init, check_train, perturb, tokens
 from transformer_parts import Config, build_parts, shift_right
 
 
@@ -117,17 +115,13 @@ def _loss(logits):
     return optax.softmax_cross_entropy_with_integer_labels(logits, TARGETS).mean()
 
 
-def test_wmt_init_train_and_grads_equal_linen():
-    variables = perturb(check_init(Port(build, CONFIG), KEY, INPUTS, TARGETS))
-    train = Port(build, dataclasses.replace(CONFIG, deterministic=False))
-    check_train(train, variables, _loss, INPUTS, TARGETS, rngs=DROPOUT)
-
-
-def test_wmt_encode_and_decode_cache_step_by_step_equal_linen():
+def test_wmt_init_train_grads_and_decode_cache_equal_linen():
     # Init in decode mode makes the params (as without it) and the empty cache.
     decoder = Port(build, dataclasses.replace(CONFIG, decode=True))
     variables = perturb(check_init(decoder, KEY, INPUTS, TARGETS))
     params, cache = variables["params"], variables["cache"]
+    train = Port(build, dataclasses.replace(CONFIG, deterministic=False))
+    check_train(train, {"params": params}, _loss, INPUTS, TARGETS, rngs=DROPOUT)
     encoded = check_apply(decoder, {"params": params}, INPUTS, method="encode")
     token = jnp.zeros((2, 1), jnp.int32)
     for _ in range(3):
