@@ -114,22 +114,27 @@ class _Lowerer(Rewriter):
         self.loop_ids = itertools.count()
         self._pieces: dict = {}
         # While lowering a custom-derivative equation's bodies: the Linen counts of its
-        # primal's draws, per (stream, path), in order (see linen_count).
-        self.rule_counts: dict | None = None
+        # primal's draws per (stream, path) in order, and the first number the body's own
+        # draws have there (see streams.linen_count).
+        self.rule_counts: tuple[dict, dict] | None = None
 
     def linen_count(self, params: dict) -> int:
-        """A Linen draw's count; a rule's draw ``-k`` takes its primal's k-th count."""
+        """A Linen draw's count; a rule's k-th draw (numbered ``-first``, ``-first - 1``,
+        ...) takes its primal's k-th count."""
         count = params["count"]
         if count >= 0:
             return count
-        primal = (self.rule_counts or {}).get((params["stream"], params["path"]), [])
-        if -count > len(primal):
+        primal, first = self.rule_counts or ({}, {})
+        where = (params["stream"], params["path"])
+        k = -count - first.get(where, -count)
+        if k >= len(primal.get(where, [])):
             raise errors.PassError(
                 f"a custom-derivative rule draws from RNG stream '{params['stream']}' at "
-                f"{errors.format_path(params['path'])} more often than its primal function, "
+                f"{errors.format_path(params['path']) if params['path'] else 'the root path'} "
+                "more often than its primal function, "
                 "so its keys cannot be the primal's.", collection=params["stream"],
                 **errors.where(), fix="draw the same keys in the rule as in the function")
-        return primal[-count - 1]
+        return primal[where][k]
 
     def piece(self, eqn: _jax.JaxprEqn, in_avals: list, region: Region) -> tuple:
         """A top-level draw: one traced piece per stream state, reused for every draw.  A
@@ -211,12 +216,20 @@ class _Lowerer(Rewriter):
             return region.bind(eqn, invals, self.loop_params(eqn, used, state))
         entry = copy.deepcopy(state)
         ends: list[dict] = []
-        primal = _linen_counts(eqn.params["call_jaxpr"]) if "call_jaxpr" in eqn.params else None
+        primal = None
+        if "call_jaxpr" in eqn.params:   # a rule inside a rule: resolve through the outer one
+            primal = {k: [self.linen_count({"stream": k[0], "path": k[1], "count": c})
+                          for c in counts]
+                      for k, counts in _linen_counts(eqn.params["call_jaxpr"]).items()}
 
         def lower(body):
             state = copy.deepcopy(entry)
             ends.append(state)
-            saved, self.rule_counts = self.rule_counts, primal or self.rule_counts
+            saved = self.rule_counts
+            if primal:
+                first = {k: min(-c for c in counts) for k, counts in _linen_counts(body).items()
+                         if min(counts) < 0}
+                self.rule_counts = (primal, first)
             try:
                 return self.run(body, region.child(state))
             finally:

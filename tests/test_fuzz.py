@@ -33,6 +33,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from varjax import streams
+
 sys.path.insert(0, os.path.dirname(__file__))
 from fuzz import programs as P  # noqa: E402
 from fuzz.programs import (  # noqa: E402
@@ -323,31 +325,36 @@ def test_hand_written(name, sel, prng):
 # --- the reference itself (no varjax involved) -----------------------------------------------
 
 def test_reference_static_and_dynamic_draws():
+    """The reference's RNG semantics for explicit keys: Linen's convention at the root path
+    (``h(c)``: draw statement ``c`` in trace order)."""
     keys = rng_keys(0)
     k = keys["dropout"]
     x = jnp.zeros((), jnp.float32)
-    # two straight-line draws: fold_in(k, 0), fold_in(k, 1)
+
+    def h_(c, key=k):
+        return streams.derive_at(key, (), c)
+    # two straight-line draws: counts 1 and 2
     prog = Program((Draw("dropout", 0), Draw("dropout", 0)), ())
     out, _ = P.reference_run(prog, {}, (x, 0), keys, True)
-    h = P._mix_draw(P._mix_draw(x, jax.random.fold_in(k, 0), 0), jax.random.fold_in(k, 1), 0)
+    h = P._mix_draw(P._mix_draw(x, h_(1), 0), h_(2), 0)
     np.testing.assert_array_equal(out, h)
-    # a drawing loop takes sub = fold_in(k, 0); its draws are fold_in(sub, i) over iterations;
-    # the draw after it uses counter 1.
+    # a drawing loop: its draw statement is count 1, and iteration i folds i into that key;
+    # the draw after it is count 2.
     prog = Program((Scan((Draw("dropout", 0),), 2), Draw("dropout", 0)), ())
     out, _ = P.reference_run(prog, {}, (x, 0), keys, True)
-    sub = jax.random.fold_in(k, 0)
     h = x
     ys = []
     for i in range(2):
-        h = P._mix_draw(P._scan_in(h, jnp.float32(i)), jax.random.fold_in(sub, i), 0)
+        h = P._mix_draw(P._scan_in(h, jnp.float32(i)), jax.random.fold_in(h_(1), i), 0)
         ys.append(h * 0.5)
-    h = P._mix_draw(P._scan_out(h, jnp.stack(ys)), jax.random.fold_in(k, 1), 0)
+    h = P._mix_draw(P._scan_out(h, jnp.stack(ys)), h_(2), 0)
     np.testing.assert_array_equal(out, h)
-    # cond: counter after = c0 + max(branch draws), whichever branch ran.
+    # cond: every branch is traced, in order (true first), so the draw after is count 4
+    # whichever branch ran; the false branch's draws are counts 2 and 3.
     prog = Program((Cond("sel", (Draw("dropout", 0),), (Draw("dropout", 0), Draw("dropout", 0))),
                     Draw("dropout", 1)), ())
     out, _ = P.reference_run(prog, {}, (x, 0), keys, True)    # sel 0: true branch
-    h = P._mix_draw(P._mix_draw(x, jax.random.fold_in(k, 0), 0), jax.random.fold_in(k, 2), 1)
+    h = P._mix_draw(P._mix_draw(x, h_(1), 0), h_(4), 1)
     np.testing.assert_array_equal(out, h)
 
 

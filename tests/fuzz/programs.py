@@ -32,15 +32,17 @@ generated):
   additive ``sow`` on a name that straight-line code already sowed;
 * a while loop's ``cond_fun`` only reads.
 
-RNG semantics the reference implements (explicit mode; see the test brief):
-every stream keeps a static counter ``c``.  A draw in straight-line code gives
-``fold_in(key, c)`` and bumps ``c``.  A cond / switch starts every branch from
-the same ``c`` and leaves ``c = c0 + max(static draws of each branch)``.  A
-loop whose body draws from the stream (at any depth) takes ``sub =
-fold_in(key, c)`` before it (``c += 1``) and inside it the stream is dynamic:
-the i-th draw executed inside the loop (over all iterations) is ``fold_in(sub,
-i)``; a nested drawing loop takes its own sub-key as one dynamic draw each
-time it starts.  Cond branches in a dynamic region draw dynamically.
+RNG semantics the reference implements for explicit keys (Linen's convention,
+``notes/randomness.md``; every draw is at the root path): each draw *statement*
+gets a count ``c`` in trace order -- every statement once, loop bodies once,
+all branches of a cond / switch in order (lax.cond traces the true branch
+first) -- and returns ``fold_in(key, h(c))``, ``h = varjax.streams.linen_data``.
+Inside a loop whose body draws from the stream, the loop keeps a dynamic count
+``i``: the i-th draw executed inside the loop (over all iterations) returns
+``fold_in(fold_in(L, h(c)), i)``, with ``L`` the stream key; a nested drawing
+loop's ``L`` is ``fold_in(L_outer, i_outer)``, one dynamic draw of the outer loop
+each time it starts.  Streams kept as state follow NNX's convention: every
+draw is dynamic, ``fold_in(key, count)``.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ import jax.extend.random
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
+
+from varjax import streams
 
 COLLECTIONS = ("params", "state", "stats")
 STREAMS = ("params", "dropout")
@@ -210,23 +214,6 @@ def drawn_streams(stmts: tuple) -> set[str]:
         elif isinstance(s, Param):
             out.add("params")
     return out
-
-
-def static_draws(stmts: tuple, stream: str) -> int:
-    """How far a straight-line (static) region advances ``stream``'s counter."""
-    n = 0
-    for s in stmts:
-        if isinstance(s, Draw):
-            n += s.stream == stream
-        elif isinstance(s, Param):
-            raise AssertionError("Param below top level")
-        elif isinstance(s, WRAPPERS):
-            n += static_draws(s.body, stream)
-        elif isinstance(s, LOOPS):
-            n += stream in drawn_streams(s.body)
-        elif isinstance(s, (Cond, Switch)):
-            n += max(static_draws(b, stream) for b in children(s))
-    return n
 
 
 def format_program(program: Program) -> str:
@@ -467,13 +454,20 @@ class ReferenceFailure(Exception):
 
 @dataclass
 class _Static:
-    c: int = 0
+    c: int = 0          # draw statements traced so far (Linen's count)
 
 
 @dataclass
 class _Dynamic:
     sub: Any
     i: int = 0
+    linen: _Static | None = None   # in a loop of a Linen stream: the static count
+
+
+def linen_draws(stmts: tuple, stream: str) -> int:
+    """Draw statements of ``stream`` in ``stmts``, each once (what tracing counts)."""
+    return sum(1 for s in walk(stmts) if (isinstance(s, Draw) and s.stream == stream)
+               or (isinstance(s, Param) and stream == "params"))
 
 
 def matches(mutable, col: str) -> bool:
@@ -529,32 +523,61 @@ class _Reference:
             raise ReferenceFailure(f"missing rng stream {stream!r}")
         state = self.rng[stream]
         if isinstance(state, _Static):
-            key = jax.random.fold_in(self.keys[stream], state.c)
             state.c += 1
-        else:
-            key = jax.random.fold_in(state.sub, state.i)
-            state.i += 1
+            return streams.derive_at(self.keys[stream], (), state.c)
+        key = state.sub
+        if state.linen is not None:
+            state.linen.c += 1
+            key = streams.derive_at(key, (), state.linen.c)
+        key = jax.random.fold_in(key, state.i)
+        state.i += 1
         return key
 
+    def _counts(self):
+        """The Linen counts of every stream, where it is counting (top level or a loop)."""
+        return {s: st_ if isinstance(st_, _Static) else st_.linen for s, st_ in self.rng.items()
+                if isinstance(st_, _Static) or st_.linen is not None}
+
     def loop(self, body, run_iterations):
-        """Run a loop: every stream its body draws from becomes dynamic inside it."""
-        saved = {}
+        """Run a loop: every stream its body draws from becomes dynamic inside it.
+        ``run_iterations(begin)`` calls ``begin()`` before each iteration: the body's draw
+        statements have the same counts in every iteration."""
+        saved, starts = {}, {}
         for stream in sorted(drawn_streams(body)):
-            sub = self.draw(stream)  # static: fold_in(key, c); dynamic: fold_in(sub, i)
-            saved[stream] = self.rng[stream]
-            self.rng[stream] = _Dynamic(sub)
-        out = run_iterations()
+            state = self.rng[stream]
+            saved[stream] = state
+            if isinstance(state, _Static):                 # Linen: the loop key is the key
+                counts = _Static(state.c)
+                self.rng[stream] = _Dynamic(self.keys[stream], linen=counts)
+            elif state.linen is not None:                  # nested: one dynamic draw of the outer
+                sub = jax.random.fold_in(state.sub, state.i)
+                state.i += 1
+                counts = _Static(state.linen.c)
+                self.rng[stream] = _Dynamic(sub, linen=counts)
+            else:                                          # NNX state
+                self.rng[stream] = _Dynamic(self.draw(stream))
+                continue
+            starts[stream] = counts.c
+
+        def begin():
+            for stream, c0 in starts.items():
+                self.rng[stream].linen.c = c0
+        out = run_iterations(begin)
         self.rng.update(saved)
+        for stream in starts:
+            counts = self._counts()[stream]
+            counts.c += linen_draws(body, stream)
         return out
 
     def branch(self, branches, index, h, sel):
-        starts = {s: st_.c for s, st_ in self.rng.items() if isinstance(st_, _Static)}
+        """A cond / switch: tracing counts every branch's draws, in order."""
+        counts = self._counts()
+        starts = {s: c.c for s, c in counts.items()}
+        for s, c in counts.items():
+            c.c += sum(linen_draws(b, s) for b in branches[:index])
         h = self.run(branches[index], h, sel)
-        for stream, c0 in starts.items():
-            state = self.rng[stream]
-            end = c0 + max(static_draws(b, stream) for b in branches)
-            assert state.c <= end, (stream, state.c, end)
-            state.c = end
+        for s, c in counts.items():
+            c.c = starts[s] + sum(linen_draws(b, s) for b in branches)
         return h
 
     # execution
@@ -607,9 +630,10 @@ class _Reference:
         if isinstance(s, WRAPPERS):
             return self.run(s.body, h, sel)
         if isinstance(s, Scan):
-            def iterations():
+            def iterations(begin):
                 carry, ys = h, []
                 for x in np.arange(s.length, dtype=np.float32):
+                    begin()
                     carry = self.run(s.body, _scan_in(carry, jnp.asarray(x)), sel)
                     ys.append(carry * 0.5)
                 ys = jnp.stack(ys) if ys else jnp.zeros((0,) + shape, F32)
@@ -622,9 +646,10 @@ class _Reference:
                     ok = ok & _while_read_ok(self.get(col, name))
                 return bool(ok)
 
-            def iterations():
+            def iterations(begin):
                 i, hh = 0, h
                 while cond(i):
+                    begin()
                     i, hh = i + 1, self.run(s.body, hh, sel)
                 return hh
             return self.loop(s.body, iterations)
