@@ -6,7 +6,7 @@ made per call, per stream, by what the caller passes -- is the stream's
 
 * **explicit**: the caller gives a key (``rngs={'dropout': key}``).  The key
   is the read-only scratch variable ``__rng__:dropout``; ``lower-rng`` turns
-  draws into ``fold_in(key, n)`` with a static, order-based ``n``.
+  draws into ``fold_in(key, n)`` with a static ``n``.
 * **implicit**: the stream is state, two variables of collection ``rngs``:
   ``rngs:dropout/key`` and ``rngs:dropout/count``.  A draw reads both, returns
   ``fold_in(key, count)`` and writes ``count + 1``, so a caller that keeps the
@@ -22,7 +22,14 @@ calling convention it is:
   literal, as hand-written JAX would; ``init`` then returns Linen's parameters
   bit for bit for the same key.
 * **NNX's** (implicit state, a ``vj.Rngs``): the i-th draw of a call is
-  ``fold_in(key, count0 + i)``, order-based across the whole call.
+  ``fold_in(key, count0 + i)``, order-based across the whole call.  A lifted
+  body handed one key drawn from such a stream counts its own draws the same
+  way, with static ``i``.
+
+The counts of Linen's convention are assigned while tracing (``LinenCounts``,
+shared by the trace and its lifted bodies, as Linen's scopes share theirs), so
+a draw carries its path and count into the IR; NNX's are counted by
+``lower-rng`` (static) or by the state itself (dynamic).
 
 A draw from a stream that was not given falls back to the ``default``
 stream (the positional seed of ``vj.Rngs``), as in Flax NNX; ``Module.make_rng``
@@ -73,9 +80,10 @@ def implicit_streams(variables: Mapping[Key, Any]) -> dict[str, Any]:
 
 
 def derive(key: Any, n: Any) -> Any:
-    """The ``n``-th key of a stream whose key is ``key``: ``fold_in(key, n)``.  The one
-    derivation every path uses (``lower-rng``, a lifted body run directly, ``vj.Rngs``),
-    so that they stay bit-identical."""
+    """The ``n``-th key of a stream whose key is ``key`` under NNX's convention:
+    ``fold_in(key, n)``.  The one derivation every NNX path uses (``lower-rng``, a lifted
+    body run directly, ``vj.Rngs``, a bound module's n-th call), so that they stay
+    bit-identical."""
     return jax.random.fold_in(key, n)
 
 
