@@ -34,7 +34,7 @@ import numpy as np
 import varjax.nn as vj_nn
 
 ATOL = 2e-5
-# RBG keys: XLA:CPU compiles their programs several times faster than threefry's, and
+# RBG keys: XLA:CPU compiles their programs about twice as fast as threefry's, and
 # Linen's derivation (fold_in per module path and count) is the same for both.
 KEY = jax.random.key(0, impl="rbg")
 DROPOUT = {"dropout": jax.random.key(1, impl="rbg")}
@@ -136,7 +136,7 @@ class Port:
 
 _FLAX_RUNS: dict[Any, Callable[..., Any]] = {}
 
-# XLA:CPU's LLVM optimizations take about half of a small program's compile time and buy
+# XLA:CPU's LLVM optimizations take about 40% of a small program's compile time and buy
 # nothing on inputs this size.  Only for the programs these checks compile themselves and
 # compare within a tolerance (Flax's calls and the training steps): the optimizations move
 # the last bit of some floats (an initializer's erf_inv), so ``init`` keeps the defaults.
