@@ -276,8 +276,8 @@ class _Conv(Module):
         conv = _pick(self.conv_general_dilated_cls, self.conv_general_dilated, lax.conv_general_dilated)
         numbers = _conv_dimension_numbers(inputs.ndim)
         if not self.shared_weights:
-            return _restore_batch(self._local(inputs, conv, kernel_size, strides, padding, input_dilation,
-                                              kernel_dilation), batch_shape)
+            return _restore_batch(self._local(inputs, conv, numbers, kernel_size, strides, padding,
+                                              input_dilation, kernel_dilation), batch_shape)
         if in_features % self.feature_group_count:
             raise ValueError(f"feature_group_count={self.feature_group_count} does not divide the "
                              f"{in_features} input features.")
@@ -295,9 +295,9 @@ class _Conv(Module):
         raise NotImplementedError
 
     @nowrap
-    def _local(self, inputs: jax.Array, conv: Callable, kernel_size: tuple[int, ...],
-               strides: tuple[int, ...], padding: Any, input_dilation: tuple[int, ...],
-               kernel_dilation: tuple[int, ...]) -> jax.Array:
+    def _local(self, inputs: jax.Array, conv: Callable, numbers: lax.ConvDimensionNumbers,
+               kernel_size: tuple[int, ...], strides: tuple[int, ...], padding: Any,
+               input_dilation: tuple[int, ...], kernel_dilation: tuple[int, ...]) -> jax.Array:
         """The unshared convolution: each output position has its own ``(window, features)`` kernel.
 
         The output's spatial shape is the one the shared convolution would
@@ -308,7 +308,6 @@ class _Conv(Module):
                          "lax.conv_general_dilated_local has no feature groups (nor has Linen's ConvLocal).",
                          f"use feature_group_count=1 (got {self.feature_group_count}).")
         in_features = np.shape(inputs)[-1]
-        numbers = _conv_dimension_numbers(inputs.ndim)
         out_shape = jax.eval_shape(
             lambda lhs, rhs: conv(lhs, rhs, strides, padding, lhs_dilation=input_dilation,
                                   rhs_dilation=kernel_dilation, dimension_numbers=numbers),
