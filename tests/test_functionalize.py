@@ -402,3 +402,17 @@ def test_custom_rule_reading_a_variable_its_function_does_not_raises():
     v = f.init(jax.random.key(0), x)
     with pytest.raises(vj.errors.TransformError, match="touches variables that its function"):
         jax.grad(lambda x: f.apply(v, x))(x)
+
+
+def test_non_array_outputs_come_back_from_init_and_apply_as_in_linen():
+    @vj.functionalize
+    def described(x):
+        w = vj.param("w", lambda key: jnp.ones(2))
+        return {"y": x * w, "name": "described", "n": 3, "none": None}
+    x = jnp.ones(2)
+    out, variables = described.init_with_output(jax.random.key(0), x)
+    for result in (out, described.apply(variables, x), described.apply(variables, x)):
+        assert {k: v for k, v in result.items() if k != "y"} == {"name": "described", "n": 3,
+                                                                 "none": None}
+        assert type(result["n"]) is int
+        np.testing.assert_array_equal(result["y"], [1.0, 1.0])

@@ -25,7 +25,7 @@ LAYERS = {
            "varjax.protocols"],
     "tracing": ["varjax.fingerprint", "varjax.context", "varjax.scope", "varjax.rngs"],
     "passes": ["varjax.passes.*"],
-    "functionalize": ["varjax.functionalize"],
+    "functionalize": ["varjax.outputs", "varjax.functionalize"],
     "lifting": ["varjax.lifted_body", "varjax.lifting"],
     "objects": ["varjax.objects.*"],
     "transforms": ["varjax.transforms.*"],

@@ -49,6 +49,7 @@ import numpy as np
 from varjax import _jax, errors, filters, streams
 from varjax.caches import LRU
 from varjax.context import TraceContext, activate, current
+from varjax.outputs import StaticOutputs
 from varjax.passes import Pass, PassContext, Pipeline
 from varjax.passes.discharge import Signature
 from varjax.primitives import Key, VarType
@@ -249,6 +250,9 @@ class Functionalized:
         self._cache: LRU = LRU()    # _Key -> Traced
         self._eager: LRU = LRU()    # argument structure -> jax.jit (see _dispatch)
         self.trace_count = 0
+        # Non-array outputs ride in the output structure and come back from init/apply
+        # (varjax.outputs): Linen's apply returns whatever the method returns.
+        self.static_outputs = StaticOutputs()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Inside another functionalized function, just run the code (same variables)."""
@@ -338,7 +342,7 @@ class Functionalized:
             for i, a in zip(positions, arrays):
                 full[i] = a
             args, kwargs = jax.tree.unflatten(key.tree, full)
-            out_leaves, out_tree = jax.tree.flatten(self.fn(*args, **kwargs))
+            out_leaves, out_tree = jax.tree.flatten(self.static_outputs.hide(self.fn(*args, **kwargs)))
             out_tree_box.append(out_tree)
             return out_leaves
 
@@ -388,6 +392,10 @@ class Functionalized:
                       dict(pctx.stats))
 
     def _apply(self, variables, args, kwargs, rngs, mutable, *, initializing: bool):
+        out, updated = self._run(variables, args, kwargs, rngs, mutable, initializing)
+        return self.static_outputs.reveal(out), updated
+
+    def _run(self, variables, args, kwargs, rngs, mutable, initializing):
         held = isinstance(rngs, Rngs)
         found = None
         if _jax.is_top_level() and not held:

@@ -29,3 +29,9 @@ def test_vmap_with_one_in_axes_entry_too_many_raises():
     v = vj.Variable(jnp.ones(3))
     with pytest.raises(vj.errors.TransformError, match="in_axes has 2 entries for 1 arguments"):
         vj.vmap(lambda v: v.value, in_axes=(0, 0))(v)
+
+
+def test_a_non_array_output_raises_naming_where_it_is():
+    with pytest.raises(vj.errors.TransformError, match=r"returned str 'done' at output \[1\]") as e:
+        vj.jit(lambda v: (v.value, "done"))(vj.Variable(jnp.ones(2)))
+    assert "test_object_error_paths.py" in str(e.value)

@@ -26,6 +26,7 @@ from varjax.caches import LRU
 from varjax.context import active, current
 from varjax.functionalize import Functionalized
 from varjax.objects.graph import Graph
+from varjax.outputs import Static
 from varjax.primitives import Key, Path
 
 
@@ -103,6 +104,21 @@ def _static(node: Any) -> Any:
     return (type(node.obj), tree)
 
 
+def _arrays_only(what: str, out: Any) -> None:
+    """Object-mode transforms are JAX transforms of ``run``: their outputs are arrays, as
+    ``jax.jit``'s are (``init``/``apply`` also return strings and numbers; see
+    ``varjax.outputs``)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(
+            out, is_leaf=lambda x: isinstance(x, Static))[0]:
+        if isinstance(leaf, Static):
+            raise errors.TransformError(
+                f"{what} returned {type(leaf.value).__name__} {leaf.value!r} at output "
+                f"{jax.tree_util.keystr(path) or '(the whole output)'}; an object-mode "
+                "transform returns arrays, as the JAX transform it wraps does.",
+                **errors.where(), fix="return arrays (jnp.asarray(n) for a number), or "
+                                      "compute the other value outside the transform")
+
+
 def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence[str] = (),
         capture: Any = False, given: Mapping[Key, Any] | None = None,
         capture_root: Path = (), graph: Graph | None = None) -> tuple[Any, Result]:
@@ -149,6 +165,8 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
                                                   for x, obj in zip(graph.leaves, graph.is_object)])
     holder.update(graph=graph, fn=fn)
     out, written, _ = functionalized.call(flat, (stripped,), {}, rngs, mutable, False)
+    if functionalized.static_outputs.seen:
+        _arrays_only(what, out)
 
     updates = [None] * len(cells)
     position = {k: i for i, k in enumerate(keys)}

@@ -20,7 +20,6 @@ from varjax.functionalize import Functionalized, flatten_variables
 from varjax.nn.binding import BoundRoot, TraceRoot
 from varjax.nn.module.interception import cache_key
 from varjax.nn.module.lifecycle import Lifecycle
-from varjax.nn.module.outputs import StaticOutputs
 from varjax.statics import typed
 
 # Linen's default for init: sown intermediates are not part of the variables.
@@ -59,20 +58,18 @@ class EntryPoints(Lifecycle):
 
     def _new_functionalized(self, fn: Callable, capture: Any) -> Functionalized:
         capture_fn = _capture_filter(capture)
-        outputs = StaticOutputs()
 
         def bound_call(*args: Any, **kwargs: Any) -> Any:
             root = TraceRoot(current(), capture_fn)
-            return outputs.hide(fn(self.clone(parent=root, name=None), *args, **kwargs))
+            return fn(self.clone(parent=root, name=None), *args, **kwargs)
         bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
-        bound_call.static_outputs = outputs
         return Functionalized(bound_call)
 
     def init_with_output(self, rngs: Any, *args: Any, method: Any = None,
                          mutable: Any = DEFAULT_INIT_MUTABLE, capture_intermediates: Any = False,
                          **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         fz = self.functionalize(method, capture_intermediates)
-        return fz.fn.static_outputs.reveal(fz.init_with_output(rngs, *args, mutable=mutable, **kwargs))
+        return fz.init_with_output(rngs, *args, mutable=mutable, **kwargs)
 
     def init(self, rngs: Any, *args: Any, method: Any = None, mutable: Any = DEFAULT_INIT_MUTABLE,
              capture_intermediates: Any = False, **kwargs: Any) -> dict[str, Any]:
@@ -107,8 +104,7 @@ class EntryPoints(Lifecycle):
         """Runs ``method`` (default ``__call__``) of a bound clone; returns ``out`` or
         ``(out, updated_collections)`` when anything is mutable."""
         fz = self.functionalize(method, capture_intermediates)
-        return fz.fn.static_outputs.reveal(
-            fz.apply(variables, *args, rngs=rngs, mutable=mutable, **kwargs))
+        return fz.apply(variables, *args, rngs=rngs, mutable=mutable, **kwargs)
 
 
 # Equal modules (same class and fields) share their Functionalized, so building a new but

@@ -17,7 +17,6 @@ from varjax import errors
 from varjax.context import active, site
 from varjax.nn.module.interception import cache_key, run_intercepted, scope
 from varjax.nn.module.naming import Naming, adopt_submodules
-from varjax.nn.module.outputs import StaticOutputs, reveal
 from varjax.nn.module.state import UNSPECIFIED, SetupSnapshot
 
 
@@ -238,21 +237,20 @@ class Lifecycle(Naming):
         setup does not run again on the next attribute access (as in Linen, once per bound
         instance, until the root's variables change)."""
         root = self.scope.root
-        outputs = StaticOutputs()
 
         def body(*a: Any, **k: Any) -> Any:
             version = root.version
             root.version = root.new_version()
             root.lifted_bodies.append({})
             try:
-                return outputs.hide(self._call_wrapped(fn, a, k) if method else fn(self, *a, **k))
+                return self._call_wrapped(fn, a, k) if method else fn(self, *a, **k)
             finally:
                 for module, snap in reversed(list(root.lifted_bodies.pop().values())):
                     module._restore_setup(snap)
                 root.version = version
         key = (self.scope.path, fn, cache_key()) if method else None
         name = f"{type(self).__name__}.{getattr(fn, '__name__', 'fn')}"
-        return reveal(root.run(key, name, body, args, kwargs))
+        return root.run(key, name, body, args, kwargs)
 
     # -- copies and printing ---------------------------------------------------------------
     def clone(self, *, parent: Any = None, **updates: Any) -> Self:

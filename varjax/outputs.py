@@ -1,15 +1,18 @@
-"""Method outputs that are not arrays: strings, paths, Python numbers, ``None``.
+"""Outputs that are not arrays: strings, paths, Python numbers, ``None``.
 
 Linen's ``apply`` runs the method in Python and returns whatever it returns.  varjax traces
-it, and a trace's outputs must be arrays.  So before a traced module call returns, every
-leaf that is not an array is moved into the output's tree structure (``Static``, a pytree
-node with no children), which the trace caches with its jaxpr; after the call the values
-are put back.  A cache hit therefore returns the same Python values without running the
-method, exactly as the statics of the arguments key the cache.
+it, and a trace's outputs must be arrays.  So before a traced function returns, every leaf
+that is not an array is moved into the output's tree structure (``Static``, a pytree node
+with no children), which the trace caches with its jaxpr; ``init``/``apply`` put the values
+back (``vj.functionalize``, and so every Module entry point).  A cache hit therefore returns
+the same Python values without running the function, exactly as the statics of the
+arguments key the cache.
 
 Sharp edges:
-  * A Python number returned by the method comes back as that number, as in Linen (not as a
-    0-d array, as from ``jax.jit``); compute it from arrays to get an array.
+  * A Python number returned by the function comes back as that number, as in Linen (not
+    as a 0-d array, as from ``jax.jit``); compute it from arrays to get an array.
+  * Object-mode transforms follow JAX's rule instead (outputs are arrays): ``run`` refuses
+    a non-array output there.
 """
 from __future__ import annotations
 
