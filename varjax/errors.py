@@ -234,6 +234,11 @@ class UnsupportedPrimitiveError(VarjaxError, NotImplementedError):
     """A higher-order primitive carries variable effects varjax cannot discharge."""
 
 
+class NotProvidedError(VarjaxError, NotImplementedError):
+    """A Linen or NNX feature varjax deliberately does not provide (the name exists, so
+    ported code imports); the message says why and what to use instead."""
+
+
 class PipelineError(VarjaxError):
     """A pass pipeline is malformed: unknown pass, bad option, dependency cycle."""
 

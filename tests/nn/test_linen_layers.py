@@ -14,7 +14,7 @@ from parity import assert_close, check_parity
 
 import varjax.nn as nn
 from varjax import errors
-from varjax.nn.unsupported import NotProvidedError
+from varjax.errors import NotProvidedError
 
 
 def _x(shape, seed=0):

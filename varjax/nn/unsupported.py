@@ -1,7 +1,7 @@
 """What ``varjax.nn`` deliberately does not build, and the error that says so.
 
 A Linen name that varjax does not implement still exists in ``varjax.nn`` so that
-ported code imports; using it raises ``NotProvidedError`` with the reason and what
+ported code imports; using it raises ``errors.NotProvidedError`` with the reason and what
 to use instead.  It is a ``NotImplementedError`` too, so code that probes for a
 feature with ``except NotImplementedError`` keeps working.
 """
@@ -12,16 +12,12 @@ from typing import Any, NoReturn
 from varjax import errors
 from varjax.context import site
 
-__all__ = ["NotProvidedError", "not_provided", "unprovided_class"]
-
-
-class NotProvidedError(errors.VarjaxError, NotImplementedError):
-    """A Linen feature that varjax does not provide; the message says why and what instead."""
+__all__ = ["not_provided", "unprovided_class"]
 
 
 def not_provided(name: str, why: str, fix: str) -> NoReturn:
     """Raises ``NotProvidedError`` for ``name``, at the user's line."""
-    raise NotProvidedError(f"{name} is not provided by varjax.nn: {why}", **site(), fix=fix)
+    raise errors.NotProvidedError(f"{name} is not provided by varjax.nn: {why}", **site(), fix=fix)
 
 
 def unprovided_class(name: str, why: str, fix: str, module: str = __name__) -> type:
