@@ -87,10 +87,6 @@ DIFFERENT = {
 # Methods of Linen's classes whose parameters differ on purpose or not yet match
 # ("Class.method": reason).  Module's own are for varjax/nn/module/.
 METHOD_DIFFERENT = {
-    **{f"Module.{m}": "the collection argument is named collection (Linen: col); positional use ports"
-       for m in ["get_variable", "has_variable", "is_mutable_collection", "put_variable", "sow"]},
-    "Module.param": "no unbox (varjax has no boxed metadata yet: issue 19) and no **init_kwargs yet",
-    "Module.variable": "collection named collection (Linen: col); no unbox (issue 19), no **init_kwargs yet",
     "Module.bind": "no extra positional arguments (Linen passes them to the scope and ignores them)",
     "Module.clone": "Linen's private _deep_clone and _reset_names are not taken",
 }

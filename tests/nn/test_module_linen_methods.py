@@ -329,3 +329,26 @@ def test_module_paths():
         assert type(module).__name__ == type(flax_paths[path]).__name__
         assert module.scope is None and module.name is None
     assert vj_paths["again/Dense_0"].features == 4
+
+
+def test_variable_methods_take_linens_keywords():
+    """``col=`` names the collection, and ``**init_kwargs`` go to the initializer, as in Linen."""
+    def build(nn):
+        class Keywords(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                w = self.param("w", nn.initializers.constant(0.0), (1, 5), dtype=jnp.float32,
+                               unbox=True)
+                c = self.variable(col="stats", name="count", init_fn=jnp.full, shape=(),
+                                  fill_value=2.0)
+                self.sow(col="intermediates", name="h", value=x)
+                self.put_variable(col="stats", name="seen", value=x.sum())
+                assert self.has_variable(col="stats", name="count")
+                assert self.is_mutable_collection(col="stats")
+                return x * w + c.value + self.get_variable(col="stats", name="count")
+        return Keywords()
+    outs = []
+    for nn, _ in LIBS:
+        variables = build(nn).init(KEY, X)
+        outs.append(build(nn).apply(variables, X, mutable=["stats", "intermediates"]))
+    jax.tree.map(np.testing.assert_array_equal, outs[1], outs[0])

@@ -8,6 +8,7 @@ runs anything that creates or writes a variable as a one-off traced call (``_eag
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Self
 
 import jax
@@ -43,11 +44,16 @@ class VariableAPI(Lifecycle):
                 m._state.eager_op = False
         return self._run_bound(run, (), {}, method=False)
 
-    def param(self, name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
-        """Parameter ``name`` of this module, created with ``init_fn(key, *init_args)``.
+    def param(self, name: str, init_fn: Callable[..., Any], *init_args: Any, unbox: bool = True,
+              **init_kwargs: Any) -> Any:
+        """Parameter ``name`` of this module, created with
+        ``init_fn(key, *init_args, **init_kwargs)``.
 
-        An existing parameter is checked against ``init_fn``'s abstract output.
+        An existing parameter is checked against ``init_fn``'s abstract output.  ``unbox``
+        is Linen's: varjax keeps no boxed metadata in variables, so values are never boxed.
         """
+        if init_kwargs:
+            init_fn = functools.partial(init_fn, **init_kwargs)
         if self.scope is not None and self.scope.eager():
             if self.scope.root.has("params", self._path(name)):
                 value = self.scope.root.read("params", self._path(name))
@@ -59,44 +65,47 @@ class VariableAPI(Lifecycle):
         self._reserve_variable("parameter", "params", name)
         return scope.param_at(ctx, self._path(name), init_fn, init_args)
 
-    def variable(self, collection: str, name: str, init_fn: Callable[..., Any] | None = None,
-                 *init_args: Any) -> Variable:
-        """A handle (``.value``) on variable ``name`` of ``collection`` in this module."""
+    def variable(self, col: str, name: str, init_fn: Callable[..., Any] | None = None,
+                 *init_args: Any, unbox: bool = True, **init_kwargs: Any) -> Variable:
+        """A handle (``.value``) on variable ``name`` of ``col`` in this module, created
+        with ``init_fn(*init_args, **init_kwargs)`` (``unbox``: as in ``param``)."""
+        if init_kwargs:
+            init_fn = functools.partial(init_fn, **init_kwargs)
         if self.scope is not None and self.scope.eager():
-            if not self.scope.root.has(collection, self._path(name)):
-                self._eager(lambda m: m.variable(collection, name, init_fn, *init_args))
-            return BoundVariable(self.scope.root, collection, self._path(name))
+            if not self.scope.root.has(col, self._path(name)):
+                self._eager(lambda m: m.variable(col, name, init_fn, *init_args))
+            return BoundVariable(self.scope.root, col, self._path(name))
         ctx = self._ctx("Module.variable")
-        self._reserve_variable("variable", collection, name)
-        return scope.variable_at(ctx, collection, self._path(name), init_fn, init_args)
+        self._reserve_variable("variable", col, name)
+        return scope.variable_at(ctx, col, self._path(name), init_fn, init_args)
 
-    def has_variable(self, collection: str, name: str) -> bool:
+    def has_variable(self, col: str, name: str) -> bool:
         if self.scope is not None and self.scope.eager():
-            return self.scope.root.has(collection, self._path(name))
-        return scope.has_at(self._ctx("Module.has_variable"), collection, self._path(name))
+            return self.scope.root.has(col, self._path(name))
+        return scope.has_at(self._ctx("Module.has_variable"), col, self._path(name))
 
-    def get_variable(self, collection: str, name: str, default: Any = None) -> Any:
-        if not self.has_variable(collection, name):
+    def get_variable(self, col: str, name: str, default: Any = None) -> Any:
+        if not self.has_variable(col, name):
             return default
         if self.scope.eager():
-            return self.scope.root.read(collection, self._path(name))
-        return scope.read_at(self._ctx("Module.get_variable"), collection, self._path(name))
+            return self.scope.root.read(col, self._path(name))
+        return scope.read_at(self._ctx("Module.get_variable"), col, self._path(name))
 
-    def put_variable(self, collection: str, name: str, value: Any) -> None:
+    def put_variable(self, col: str, name: str, value: Any) -> None:
         if self.scope is not None and self.scope.eager():
-            return self._eager(lambda m: m.put_variable(collection, name, value))
-        scope.write_at(self._ctx("Module.put_variable"), collection, self._path(name), value)
+            return self._eager(lambda m: m.put_variable(col, name, value))
+        scope.write_at(self._ctx("Module.put_variable"), col, self._path(name), value)
 
-    def sow(self, collection: str, name: str, value: Any,
+    def sow(self, col: str, name: str, value: Any,
             reduce_fn: Callable[[Any, Any], Any] = scope.append,
             init_fn: Callable[[], Any] = tuple) -> bool:
-        """Store ``value`` if ``collection`` is mutable (Linen's ``sow``); False if not."""
+        """Store ``value`` if ``col`` is mutable (Linen's ``sow``); False if not."""
         if self.scope is not None and self.scope.eager():
-            return self._eager(lambda m: m.sow(collection, name, value, reduce_fn, init_fn))
+            return self._eager(lambda m: m.sow(col, name, value, reduce_fn, init_fn))
         ctx = self._ctx("Module.sow")
-        if ctx.is_mutable(collection) and not scope.has_at(ctx, collection, self._path(name)):
-            self._reserve_variable("sown variable", collection, name, anywhere=True)
-        return scope.sow_at(ctx, collection, self._path(name), value, reduce_fn, init_fn)
+        if ctx.is_mutable(col) and not scope.has_at(ctx, col, self._path(name)):
+            self._reserve_variable("sown variable", col, name, anywhere=True)
+        return scope.sow_at(ctx, col, self._path(name), value, reduce_fn, init_fn)
 
     def perturb(self, name: str, value: Any, collection: str = "perturbations") -> Any:
         """``value`` plus a zero-initialized variable, whose gradient is d loss / d value."""
@@ -121,10 +130,10 @@ class VariableAPI(Lifecycle):
             return self.scope.root.has_rng(name)
         return name in self._ctx("Module.has_rng").rng_streams
 
-    def is_mutable_collection(self, collection: str) -> bool:
+    def is_mutable_collection(self, col: str) -> bool:
         if self.scope is not None and self.scope.eager():
-            return filters.matches(self.scope.root.mutable, collection)
-        return self._ctx("Module.is_mutable_collection").is_mutable(collection)
+            return filters.matches(self.scope.root.mutable, col)
+        return self._ctx("Module.is_mutable_collection").is_mutable(col)
 
     def is_initializing(self) -> bool:
         if self.scope is not None and self.scope.eager():
