@@ -195,23 +195,6 @@ def test_unbound_method_in_the_direct_form(form):
     check_like_linen(make, X)
 
 
-def test_while_loop_with_a_deny_list_in_split_rngs():
-    def make(nn):
-        class Top(nn.Module):
-            @nn.compact
-            def __call__(self, x):
-                dense = nn.Dense(3)
-                dense(x)
-
-                def body(mdl, carry):
-                    i, x = carry
-                    return i + 1, mdl(x)
-                return nn.while_loop(lambda mdl, c: c[0] < 3, body, dense, (0, x),
-                                     split_rngs={nn.DenyList("params"): True})[1]
-        return Top()
-    check_like_linen(make, X)
-
-
 def test_scan_carries_the_variables_of_a_list_of_submodules():
     """Linen needs carry variables to exist before the scan (its init fails when the body
     creates them); varjax creates them inside, with the layout Linen's apply expects."""
