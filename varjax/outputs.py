@@ -11,8 +11,8 @@ arguments key the cache.
 Sharp edges:
   * A Python number returned by the function comes back as that number, as in Linen (not
     as a 0-d array, as from ``jax.jit``); compute it from arrays to get an array.
-  * Object-mode transforms follow JAX's rule instead (outputs are arrays): ``run`` refuses
-    a non-array output there.
+  * Object-mode transforms follow JAX's rule instead (outputs are arrays and numbers):
+    ``run`` refuses any other output there.
 """
 from __future__ import annotations
 

@@ -72,10 +72,6 @@ DIFFERENT = {
     "Variable": "varjax's variable handle is also object mode's vj.Variable(value, collection=, **metadata) "
                 "(SPEC 4); Linen's is built by its scope, never by user code",
     "FrozenDict": "Linen's private __unsafe_skip_copy__ keyword is not taken",
-    "compact": "decorator: the function is passed positionally (Linen names it fun)",
-    "nowrap": "decorator: the function is passed positionally (Linen names it fun)",
-    "compact_name_scope": "decorator: the function is passed positionally (Linen names it fun)",
-    "merge_param": "positional arguments; Linen names them a and b",
     "named_call": "varjax's named_call(target, name, methods) lifts a module or function (SPEC 3.3); "
                   "Linen's named_call(class_fn, force) is its internal method wrapper",
     "scan": "Linen's private _split_transpose is not taken",

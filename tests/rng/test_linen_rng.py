@@ -259,6 +259,23 @@ def test_cond_equal_linen():
     _same_apply(build, variables, x, False)
 
 
+def test_switch_equal_linen():
+    def build(nn):
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, x, index):
+                dense = _noisy(nn)()
+                a = self.make_rng("dropout")
+                out = nn.switch(index, [lambda m, x: m(0.0, x), lambda m, x: m(1.0, 2 * x),
+                                        lambda m, x: m(2.0, -x)], dense, x)
+                return a, out, self.make_rng("dropout")
+        return Net()
+    x = _x(2, 4)
+    variables = _same_init(build, x, 0, rngs=RNGS)
+    for index in range(3):
+        _same_apply(build, variables, x, index)
+
+
 @pytest.mark.parametrize("split", [True, False])
 def test_while_loop_equal_linen(split):
     def build(nn):

@@ -72,20 +72,20 @@ def cast(x: Any, dtype: Any) -> Any:
     return jnp.asarray(x, dtype)
 
 
-def merge_param(name: str, field: T | None, call_arg: T | None) -> T:
-    """The one of ``field`` / ``call_arg`` that is not ``None``.
+def merge_param(name: str, a: T | None, b: T | None) -> T:
+    """The one of ``a`` (a module field) / ``b`` (a call argument) that is not ``None``.
 
     Options such as ``deterministic`` or ``use_running_average`` can be fixed
     when the module is built or chosen per call.  Giving both would leave one
     silently ignored and giving neither has no sensible default, so both
     raise.
     """
-    if field is not None and call_arg is not None:
+    if a is not None and b is not None:
         raise errors.ConfigError(
             f"'{name}' was given both as a module field and as a call argument.",
             **site(), fix=f"drop '{name}' from the constructor or from the call.")
-    if field is None and call_arg is None:
+    if a is None and b is None:
         raise errors.ConfigError(
             f"'{name}' was given neither as a module field nor as a call argument.",
             **site(), fix=f"pass '{name}' to the constructor or to the call.")
-    return field if field is not None else call_arg
+    return a if a is not None else b

@@ -20,13 +20,14 @@ import inspect
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from varjax import errors, filters
 from varjax.caches import LRU
 from varjax.context import active, current
 from varjax.functionalize import Functionalized
 from varjax.objects.graph import Graph
-from varjax.outputs import Static
+from varjax.outputs import reveal
 from varjax.primitives import Key, Path
 
 
@@ -104,19 +105,20 @@ def _static(node: Any) -> Any:
     return (type(node.obj), tree)
 
 
-def _arrays_only(what: str, out: Any) -> None:
-    """Object-mode transforms are JAX transforms of ``run``: their outputs are arrays, as
-    ``jax.jit``'s are (``init``/``apply`` also return strings and numbers; see
-    ``varjax.outputs``)."""
-    for path, leaf in jax.tree_util.tree_flatten_with_path(
-            out, is_leaf=lambda x: isinstance(x, Static))[0]:
-        if isinstance(leaf, Static):
+def _jax_outputs(what: str, out: Any) -> Any:
+    """Object-mode transforms are JAX transforms of ``run``: their outputs are what JAX
+    takes (arrays and numbers), not the strings and other values ``init``/``apply`` return
+    (``varjax.outputs``)."""
+    out = reveal(out)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
+        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex)):
             raise errors.TransformError(
-                f"{what} returned {type(leaf.value).__name__} {leaf.value!r} at output "
+                f"{what} returned {type(leaf).__name__} {leaf!r} at output "
                 f"{jax.tree_util.keystr(path) or '(the whole output)'}; an object-mode "
                 "transform returns arrays, as the JAX transform it wraps does.",
-                **errors.where(), fix="return arrays (jnp.asarray(n) for a number), or "
-                                      "compute the other value outside the transform")
+                **errors.where(), fix="return arrays, or compute the other value outside "
+                                      "the transform")
+    return out
 
 
 def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence[str] = (),
@@ -166,7 +168,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     holder.update(graph=graph, fn=fn)
     out, written, _ = functionalized.call(flat, (stripped,), {}, rngs, mutable, False)
     if functionalized.static_outputs.seen:
-        _arrays_only(what, out)
+        out = _jax_outputs(what, out)
 
     updates = [None] * len(cells)
     position = {k: i for i, k in enumerate(keys)}

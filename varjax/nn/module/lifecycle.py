@@ -20,39 +20,40 @@ from varjax.nn.module.naming import Naming, adopt_submodules
 from varjax.nn.module.state import UNSPECIFIED, SetupSnapshot
 
 
-def compact(fn: Callable) -> Callable:
-    """Marks the one method of a class that may define submodules and variables inline."""
-    fn.varjax_compact = True
-    return fn
+def compact(fun: Callable) -> Callable:
+    """Marks a method that may define submodules and variables inline (a class may have
+    several; one called from another shares its auto-names, as in Linen)."""
+    fun.varjax_compact = True
+    return fun
 
 
-def nowrap(fn: Callable) -> Callable:
+def nowrap(fun: Callable) -> Callable:
     """Marks a helper method that must not be wrapped (no setup, no scope, no name)."""
-    fn.varjax_nowrap = True
-    return fn
+    fun.varjax_nowrap = True
+    return fun
 
 
-def compact_name_scope(fn: Callable) -> Callable:
+def compact_name_scope(fun: Callable) -> Callable:
     """Marks a method whose inline submodules live under a scope named after it (Linen's
     ``nn.compact_name_scope``, for porting Haiku code): ``Dense_0`` made in ``up`` is
     ``up/Dense_0``.  The method runs on the module as ``self``; its submodules' parent is
     a ``CompactNameScope`` child that setup makes for each such method."""
-    @functools.wraps(fn)
+    @functools.wraps(fun)
     def call(self: Lifecycle, *args: Any, **kwargs: Any) -> Any:
         if self.scope is None:
             raise errors.UnboundModuleError(
-                f"the compact_name_scope method {fn.__name__} was called on {self._label()}.",
+                f"the compact_name_scope method {fun.__name__} was called on {self._label()}.",
                 **site(about=self), fix="call it through module.init / module.apply (or bind)")
         self._try_setup()
         scopes = self.__dict__.get("_varjax_name_scopes")
         if scopes is None:
             raise errors.ModuleError(
-                f"the compact_name_scope method {fn.__name__} of {self._label()} was called "
+                f"the compact_name_scope method {fun.__name__} of {self._label()} was called "
                 "from setup(), before its scope exists.", **site(about=self),
                 fix="call it from another method, or make it a plain method")
-        return scopes[fn.__name__](*args, **kwargs)
+        return scopes[fun.__name__](*args, **kwargs)
     call.varjax_nowrap = True
-    call.varjax_name_scope = fn
+    call.varjax_name_scope = fun
     return call
 
 
