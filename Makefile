@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: install test demo examples digits ensemble char_lm bench fuzz fuzz-linen dump lint clean
+.PHONY: install test demo examples digits ensemble char_lm parallel multihost bench fuzz fuzz-linen dump lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ fuzz-linen: $(VENV)/.installed-test
 demo: $(VENV)/.installed-examples
 	$(BIN)/python examples/demo.py
 
-digits ensemble char_lm: %: $(VENV)/.installed-examples
+digits ensemble char_lm parallel multihost: %: $(VENV)/.installed-examples
 	$(BIN)/python examples/$*.py
 
 examples: digits ensemble char_lm
