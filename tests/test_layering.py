@@ -22,7 +22,7 @@ MAX_LINES = 500
 LAYERS = {
     "ir": ["varjax._jax", "varjax.errors", "varjax.effects", "varjax.primitives", "varjax.filters",
            "varjax.streams", "varjax.statics", "varjax.caches", "varjax.nested", "varjax.printing",
-           "varjax.protocols"],
+           "varjax.protocols", "varjax.axis_metadata"],
     "tracing": ["varjax.fingerprint", "varjax.context", "varjax.scope", "varjax.rngs"],
     "passes": ["varjax.passes.*"],
     "functionalize": ["varjax.outputs", "varjax.functionalize"],

@@ -239,6 +239,13 @@ class NotProvidedError(VarjaxError, NotImplementedError):
     ported code imports); the message says why and what to use instead."""
 
 
+class PartitioningError(VarjaxError, ValueError):
+    """Partitioning metadata that cannot be used: a logical name on two axes, rules that are
+    not a sequence of pairs, an axis no rule places where a rule is required, or a lifted
+    transform adding an axis to a box without ``metadata_params={'partition_name': ...}``.
+    Also a ``ValueError``, which Linen raises for the rule errors."""
+
+
 class PipelineError(VarjaxError):
     """A pass pipeline is malformed: unknown pass, bad option, dependency cycle."""
 
