@@ -4,8 +4,9 @@
 mesh, batch sharded across the processes, the MLP's middle layers over ``model``) and a
 1-process, 8-device reference, each a subprocess with its own ``XLA_FLAGS`` (the suite's
 2-device flags do not reach them).  Both runs save their state with Orbax halfway, restore it
-after training and train the second half again.  The whole test takes about 25 s on 2 cores;
-the launcher kills the workers and fails after 80 s.  Nothing here skips: a platform that
+after training and train the second half again.  The test takes 25 s of wall time on the
+2-core machine under light load, 40 s beside another test process; the launcher kills the
+workers and fails after 80 s.  Nothing here skips: a platform that
 cannot run two processes fails.  ``make multihost`` is the full run.
 """
 import sys
