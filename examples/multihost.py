@@ -19,7 +19,7 @@ it unchanged.  This script shows that on one machine:
 * The same script as **1 process x 8 devices** (same mesh shape) is the reference.
 
 ``python examples/multihost.py`` (``make multihost``) launches the two workers and the reference
-as subprocesses, each with its own ``XLA_FLAGS``, and compares them.  A worker alone:
+together, as subprocesses, each with its own ``XLA_FLAGS``, and compares them.  A worker alone:
 
     XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \\
         python examples/multihost.py --process-id 0 --num-processes 2 \\
@@ -330,11 +330,11 @@ def compare(steps: int = STEPS, timeout: float = 300.0, echo: bool = False) -> d
     ``echo`` prints process 0's and the reference's progress lines (not Gloo's own).
     """
     deadline = time.monotonic() + timeout
-    with tempfile.TemporaryDirectory(prefix="varjax-multihost-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="varjax-multihost-") as name:
+        root = Path(name)
         coordinator = f"127.0.0.1:{free_port()}"
-        workers = [spawn(f"p{i}", i, 2, coordinator, tmp / "two-processes", steps, tmp) for i in range(2)]
-        workers.append(spawn("single", 0, 1, "", tmp / "one-process", steps, tmp))
+        workers = [spawn(f"p{i}", i, 2, coordinator, root / "two-processes", steps, root) for i in range(2)]
+        workers.append(spawn("single", 0, 1, "", root / "one-process", steps, root))
         *results, reference = collect(workers, deadline)
         if echo:
             for w in (workers[0], workers[2]):
@@ -353,6 +353,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=STEPS)
     args = parser.parse_args()
     if args.process_id is not None:
+        if args.checkpoint_dir is None:
+            parser.error("a worker needs --checkpoint-dir")
         tag = "single" if args.num_processes == 1 else f"p{args.process_id}"
         result = train(args.process_id, args.num_processes, args.coordinator, args.checkpoint_dir,
                        args.steps, tag)
