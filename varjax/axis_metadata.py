@@ -51,7 +51,7 @@ from varjax import errors
 __all__ = [
     "PARTITION_NAME", "AxisMetadata", "Partitioned", "LogicallyPartitioned", "LogicalNames",
     "LogicalRules", "is_axis_metadata", "map_axis_meta", "unbox", "add_axis", "remove_axis",
-    "replace_boxed", "get_partition_spec", "get_sharding", "unboxed_structure",
+    "replace_boxed", "rebox", "get_partition_spec", "get_sharding", "unboxed_structure", "equal_unboxed",
     "logical_axis_rules", "get_logical_axis_rules", "set_logical_axis_rules",
     "logical_to_mesh_axes", "assign_mesh_axes", "UNASSIGNED", "global_mesh",
     "partition_spec_of", "constraint_of",
@@ -241,8 +241,21 @@ def remove_axis(tree: Any, index: int, params: dict[Any, Any]) -> Any:
 def replace_boxed(tree: Any, updates: Any) -> Any:
     """``tree``'s boxes around the values of ``updates`` (same structure, boxes as leaves)."""
     def put(old: Any, new: Any) -> Any:
-        return old.replace_boxed(replace_boxed(old.unbox(), new)) if isinstance(old, AxisMetadata) else new
+        if not isinstance(old, AxisMetadata):
+            return new
+        return old.replace_boxed(replace_boxed(_open(old, False), new))   # old value unused
     return jax.tree.map(put, tree, updates, is_leaf=is_axis_metadata)
+
+
+def rebox(current: Any, new: Any) -> Any:
+    """What writing ``new`` through an unboxing handle stores (Linen's ``Variable.value``):
+    ``new`` in ``current``'s boxes where ``current`` has boxes at the top of its
+    structure and ``new`` has that structure with the boxes as leaves; else ``new``."""
+    tree = jax.tree.structure(current, is_leaf=is_axis_metadata)
+    if tree == jax.tree.structure(new, is_leaf=is_axis_metadata) and \
+            any(map(is_axis_metadata, jax.tree.leaves(current, is_leaf=is_axis_metadata))):
+        return replace_boxed(current, new)
+    return new
 
 
 def _leaf_spec(x: Any) -> PartitionSpec | None:
@@ -274,6 +287,13 @@ def unboxed_structure(tree: Any) -> Any:
     if tree.num_nodes == tree.num_leaves:     # no inner nodes, so no boxes
         return tree
     return jax.tree.structure(unbox(jax.tree.unflatten(tree, range(tree.num_leaves)), False))
+
+
+def equal_unboxed(a: Any, b: Any) -> bool:
+    """Whether treedefs ``a`` and ``b`` are equal without their boxes, the boxes holding the
+    leaves in place (so the two types' leaves still line up)."""
+    bare_a, bare_b = unboxed_structure(a), unboxed_structure(b)
+    return bare_a == bare_b and bare_a.num_leaves == a.num_leaves and bare_b.num_leaves == b.num_leaves
 
 
 # --- logical axis rules ------------------------------------------------------------------

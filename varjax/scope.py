@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from varjax import _jax, errors, streams
+from varjax import _jax, axis_metadata, errors, streams
 from varjax.caches import LRU
 from varjax.context import TraceContext, active, current, run_init, site
 from varjax.primitives import Key, Path, VarType, bind_draw, is_internal
@@ -234,10 +234,12 @@ def _key_dtype() -> Any:
 def mismatch(have: VarType, want: VarType) -> str | None:
     """Why a value of type ``have`` cannot stand for one of type ``want``, or None.
 
-    Structure and shapes must agree.  A floating (or complex) dtype may stand for another
+    Structure and shapes must agree, boxes of axis metadata (``nn.Partitioned``) aside:
+    as in Linen, unboxed values stand for what a boxing initializer makes, and boxed ones
+    for a plain initializer's.  A floating (or complex) dtype may stand for another
     one, as in Linen: half-precision inference from an f32 checkpoint reads the bf16
     values as given.  Any other dtype change (an int for a float) is a mismatch."""
-    if have.tree != want.tree:
+    if have.tree != want.tree and not axis_metadata.equal_unboxed(have.tree, want.tree):
         return "its structure differs"
     for a, b in zip(have.avals, want.avals):
         if a.shape != b.shape:
@@ -333,9 +335,13 @@ class Variable:
 
     A ``Variable`` is a pytree with one child, its value (a handle's flatten reads it), so
     ``jax.tree.*`` and raw JAX transforms see the array; unflattening gives a held one.
+
+    A handle made with ``unbox`` (``Module.variable``'s, as Linen's) reads a boxed value
+    (``nn.Partitioned``) without its boxes, and a write of a value shaped like the unboxed
+    one keeps the boxes (Linen's ``Variable.value``).
     """
 
-    __slots__ = ("collection", "path", "_value", "_metadata", "_origin")
+    __slots__ = ("collection", "path", "_value", "_metadata", "_origin", "_unbox")
 
     def __init__(self, value: Any, *, collection: str = "params", **metadata: Any):
         if not isinstance(collection, str):
@@ -344,16 +350,17 @@ class Variable:
                 **errors.where(), fix="vj.Variable(value, collection='params'); a handle on a "
                                       "variable of a trace is Variable.at(collection, path)")
         self.collection, self.path = collection, None
-        self._value, self._metadata, self._origin = value, metadata, None
+        self._value, self._metadata, self._origin, self._unbox = value, metadata, None, False
 
     @classmethod
     def at(cls, collection: str, path: Path, metadata: Mapping[str, Any] | None = None,
-           origin: Any = None) -> "Variable":
+           origin: Any = None, unbox: bool = False) -> "Variable":
         """A handle on variable ``path`` of ``collection`` in the active trace (``origin``:
         the trace it must be used under, ``None`` for whichever is active)."""
         handle = object.__new__(cls)
         handle.collection, handle.path = collection, tuple(path)
         handle._value, handle._metadata, handle._origin = None, dict(metadata or {}), origin
+        handle._unbox = unbox
         return handle
 
     def _ctx(self, api: str) -> TraceContext:
@@ -371,14 +378,20 @@ class Variable:
     def value(self) -> Any:
         if self.path is None:
             return self._value
-        return read_at(self._ctx("Variable.value"), self.collection, self.path)
+        value = read_at(self._ctx("Variable.value"), self.collection, self.path)
+        return axis_metadata.unbox(value, apply_constraint=False) if self._unbox else value
 
     @value.setter
     def value(self, new: Any) -> None:
         if self.path is None:
             self._value = new
-        else:
-            _write(self._ctx("Variable.value"), self.collection, self.path, new)
+            return
+        ctx = self._ctx("Variable.value")
+        if self._unbox:    # boxes read off the variable's type: nothing is read in the IR
+            vt = ctx.variables.get((self.collection, self.path))
+            new = axis_metadata.rebox(jax.tree.unflatten(vt.tree, vt.avals) if vt is not None
+                                      else _read(ctx, self.collection, self.path), new)
+        _write(ctx, self.collection, self.path, new)
 
     def __getitem__(self, index: Any) -> Any:
         return self.value[index]
@@ -415,7 +428,7 @@ def _flatten_variable(v: Variable) -> tuple[tuple, tuple]:
 
 def _unflatten_variable(aux: tuple, children: tuple) -> Variable:
     held = object.__new__(Variable)
-    held.collection, held.path, held._origin = aux[0], None, None
+    held.collection, held.path, held._origin, held._unbox = aux[0], None, None, False
     held._value, held._metadata = children[0], dict(aux[1])
     return held
 
@@ -432,7 +445,9 @@ def variable(collection: str, name: str | Sequence[str], init_fn: Callable[..., 
 
 
 def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callable[..., Any] | None,
-                init_args: tuple) -> Variable:
+                init_args: tuple, unbox: bool = False) -> Variable:
+    """A handle on the variable, created with ``init_fn(*init_args)`` if missing (``unbox``:
+    the handle reads and writes through boxes, see ``Variable``)."""
     _check_collection(ctx, collection, path)
     ctx.guard(collection, path)
     if not _exists(ctx, collection, path):
@@ -445,7 +460,7 @@ def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callabl
     elif init_fn is not None and ctx.variables.get((collection, path)) is ctx.given.get((collection, path)) \
             is not None:    # given, and not rewritten in this trace
         expect_given(ctx, collection, path, init_fn, init_args)
-    return Variable.at(collection, path)
+    return Variable.at(collection, path, unbox=unbox)
 
 
 def append(xs: tuple, x: Any) -> tuple:

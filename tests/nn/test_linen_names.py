@@ -35,16 +35,12 @@ FROM_VARJAX_NN_MODULE = [
     "disable_named_call", "override_named_call", "tabulate",
 ]
 
-# Linen names varjax does not have (yet), with the reason.
-SCALE_OUT = "boxed partitioning metadata: the scale-out issue (19), SPEC section 5"
+# Linen names varjax does not have, with the reason.
 NOT_PROVIDED = {
-    **{name: SCALE_OUT for name in [
-        "LogicallyPartitioned", "PARTITION_NAME", "Partitioned", "add_metadata_axis",
-        "get_logical_axis_rules", "get_partition_spec", "get_sharding", "logical_axis_rules",
-        "logical_to_mesh", "logical_to_mesh_axes", "logical_to_mesh_sharding", "set_logical_axis_rules",
-        "unbox", "with_logical_constraint",
-        "with_logical_partitioning", "with_partitioning", "meta", "spmd", "partitioning"]},
-    "experimental": "Linen's experimental named-axes layers, built on its partitioning: with issue 19",
+    "experimental": "Linen's named-axes layers (layers_with_named_axes) record axis names with the "
+                    "legacy nn.partitioning.param_with_axes, whose leafless 'params_axes' variables "
+                    "varjax cannot store (nn.partitioning); box the core layers' initializers "
+                    "with nn.with_logical_partitioning instead",
     "kw_only_dataclasses": "Flax's backport of dataclass kw_only for Python < 3.10; use dataclasses.KW_ONLY",
 }
 
@@ -105,18 +101,28 @@ SUBMODULE_NAMES = {
                "canonicalize_padding", "default_kernel_init", "default_embed_init", "promote_dtype",
                "PrecisionLike", "PaddingLike", "LaxPadding", "Array", "Dtype", "Initializer", "PRNGKey",
                "Shape", "DotGeneralT", "ConvGeneralDilatedT"],
+    "meta": ["AxisMetadata", "Partitioned", "PARTITION_NAME", "with_partitioning", "unbox", "add_axis",
+             "remove_axis", "replace_boxed", "map_axis_meta", "is_axis_metadata", "get_partition_spec",
+             "get_sharding", "get_global_mesh", "global_mesh_defined"],
     "module": ["Module", "compact", "nowrap", "merge_param", "apply", "init", "init_with_output"],
     "normalization": ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm", "WeightNorm",
                       "SpectralNorm", "Array", "Axes", "Dtype", "Initializer", "PRNGKey", "Shape"],
+    "partitioning": ["axis_rules", "get_axis_rules", "set_axis_rules", "logical_to_mesh_axes",
+                     "logical_to_mesh", "with_sharding_constraint", "RulesFallback", "remat",
+                     "param_with_axes", "variable_with_axes", "get_axis_names", "scan_with_axes",
+                     "vmap_with_axes", "AxisMetadata", "PartitionedVariable", "core_remat_static"],
     "pooling": ["pool", "avg_pool", "max_pool", "min_pool"],
     "recurrent": ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "MGUCell", "SimpleCell",
                   "ConvLSTMCell", "DenseParams", "RNN", "RNNBase", "Bidirectional", "flip_sequences",
                   "Dtype", "Initializer", "PRNGKey", "PrecisionLike"],
+    "spmd": ["LogicallyPartitioned", "with_logical_partitioning", "logical_to_mesh_axes", "logical_to_mesh",
+             "logical_to_mesh_sharding", "with_logical_constraint", "RulesFallback",
+             "get_logical_axis_rules"],
     "stochastic": ["Dropout"],
     "summary": ["tabulate"],
     "transforms": ["vmap", "scan", "jit", "remat", "checkpoint", "remat_scan", "map_variables", "named_call",
                    "jvp", "vjp", "grad", "value_and_grad", "custom_vjp", "while_loop", "cond", "switch",
-                   "fold_rngs"],
+                   "fold_rngs", "add_metadata_axis"],
 }
 
 
@@ -229,11 +235,12 @@ def test_submodule_paths_linen_code_imports_from_resolve():
                for name in names if not hasattr(importlib.import_module(f"varjax.nn.{sub}"), name)]
     assert not missing, f"missing: {missing}"
     unknown = [f"flax.linen.{sub}.{name}" for sub, names in SUBMODULE_NAMES.items()
-               for name in names if not hasattr(importlib.import_module(f"flax.linen.{sub}"), name)]
+               for name in names if not hasattr(getattr(linen, sub), name)]   # nn.meta is an attribute
     assert not unknown, f"not Linen paths: {unknown}"
 
 
 def test_nn_transforms_is_varjax_transforms():
     import varjax.transforms
     assert nn.transforms.scan is varjax.transforms.scan is nn.scan
-    assert set(nn.transforms.__all__) == set(varjax.transforms.__all__)
+    # plus Linen's helper for boxed metadata, which lives in flax.linen.transforms
+    assert set(nn.transforms.__all__) == set(varjax.transforms.__all__) | {"add_metadata_axis"}

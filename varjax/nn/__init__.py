@@ -4,9 +4,20 @@ Every public name of ``flax.linen`` is here, or is listed with the reason it is 
 ``tests/nn/test_linen_names.py`` (see ``notes/linen-parity.md``).  The submodules carry
 Linen's module paths too (``nn.linear.PrecisionLike``, ``nn.transforms.scan``).
 """
+from varjax.axis_metadata import PARTITION_NAME as PARTITION_NAME
+from varjax.axis_metadata import Partitioned as Partitioned
+from varjax.axis_metadata import get_logical_axis_rules as get_logical_axis_rules
+from varjax.axis_metadata import get_partition_spec as get_partition_spec
+from varjax.axis_metadata import get_sharding as get_sharding
+from varjax.axis_metadata import logical_axis_rules as logical_axis_rules
+from varjax.axis_metadata import set_logical_axis_rules as set_logical_axis_rules
+from varjax.axis_metadata import unbox as unbox
 from varjax.filters import DenyList as DenyList
 from varjax.nn import fp8_ops as fp8_ops
 from varjax.nn import initializers as initializers
+from varjax.nn import meta as meta
+from varjax.nn import partitioning as partitioning
+from varjax.nn import spmd as spmd
 from varjax.nn import summary as summary
 from varjax.nn import transforms as transforms
 from varjax.nn.activation import *  # noqa: F403  (the jax.nn activations by Linen's names, and PReLU)
@@ -38,6 +49,7 @@ from varjax.nn.linear import Dense as Dense
 from varjax.nn.linear import DenseGeneral as DenseGeneral
 from varjax.nn.linear import Einsum as Einsum
 from varjax.nn.linear import Embed as Embed
+from varjax.nn.meta import with_partitioning as with_partitioning
 from varjax.nn.module import Module as Module
 from varjax.nn.module import Scope as Scope
 from varjax.nn.module import apply as apply
@@ -73,6 +85,13 @@ from varjax.nn.recurrent import MGUCell as MGUCell
 from varjax.nn.recurrent import OptimizedLSTMCell as OptimizedLSTMCell
 from varjax.nn.recurrent import RNNCellBase as RNNCellBase
 from varjax.nn.recurrent import SimpleCell as SimpleCell
+from varjax.nn.spmd import LogicallyPartitioned as LogicallyPartitioned
+from varjax.nn.spmd import logical_to_mesh as logical_to_mesh
+from varjax.nn.spmd import logical_to_mesh_axes as logical_to_mesh_axes
+from varjax.nn.spmd import logical_to_mesh_sharding as logical_to_mesh_sharding
+from varjax.nn.spmd import with_logical_constraint as with_logical_constraint
+from varjax.nn.spmd import with_logical_partitioning as with_logical_partitioning
 from varjax.nn.stochastic import Dropout as Dropout
+from varjax.nn.transforms import add_metadata_axis as add_metadata_axis
 from varjax.scope import Variable as Variable
 from varjax.transforms import *  # noqa: F403  (the lifted transforms, as in flax.linen)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Hashable, Mapping
 
 import jax
 
-from varjax import errors, streams
+from varjax import axis_metadata, errors, streams
 from varjax.context import TraceContext, active, current, site
 from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
 from varjax.primitives import Path
@@ -182,14 +182,16 @@ class Scope:
 
 
 class BoundVariable:
-    """``Variable`` of a ``bind`` module read from outside a trace: backed by the root."""
+    """``Variable`` of a ``bind`` module read from outside a trace: backed by the root
+    (``unbox``: read without boxes, as ``Module.variable``'s handle)."""
 
-    def __init__(self, root: BoundRoot, collection: str, path: Path):
-        self.root, self.collection, self.path = root, collection, path
+    def __init__(self, root: BoundRoot, collection: str, path: Path, unbox: bool = False):
+        self.root, self.collection, self.path, self.unbox = root, collection, path, unbox
 
     @property
     def value(self) -> Any:
-        return self.root.read(self.collection, self.path)
+        value = self.root.read(self.collection, self.path)
+        return axis_metadata.unbox(value, apply_constraint=False) if self.unbox else value
 
     def __repr__(self) -> str:
         return f"Variable({self.collection}:{errors.format_path(self.path)})"

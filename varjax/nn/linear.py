@@ -17,8 +17,11 @@ Sharp edges:
     and parameter dtypes (see ``varjax.nn.dtypes``).
   * ``Embed`` returns NaN rows for indices ``>= num_embeddings`` (``jnp.take``'s
     fill mode), and negative indices count from the end, as in Linen.
-  * Linen's metadata boxes (``nn.with_partitioning``) are not unwrapped by
-    ``DenseGeneral``'s reshaping initializer: varjax has no boxed variables.
+  * ``DenseGeneral`` initializes its kernel and bias flat (2-D and 1-D, as Linen does, so
+    the values match Linen's) and reshapes them; a boxed initializer's result
+    (``nn.with_partitioning``) is reshaped inside its box, which keeps its names.  Linen
+    unboxes it with a sharding constraint there, on the flat value; varjax does not
+    constrain that intermediate.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from varjax import axis_metadata
 from varjax.nn import dtypes, initializers
 from varjax.nn.dtypes import promote_dtype as promote_dtype
 from varjax.nn.einsum import Einsum as Einsum
@@ -138,8 +142,10 @@ class DenseGeneral(Module):
         n_batch, n_axis = len(batch_dims), len(axis)
 
         def flat_init(init: Callable, flat_shape: tuple[int, ...]) -> Callable:
-            def wrapped(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-                return jnp.reshape(init(key, flat_shape, dtype), shape)
+            def wrapped(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Any:
+                flat = init(key, flat_shape, dtype)
+                return axis_metadata.replace_boxed(
+                    flat, jnp.reshape(axis_metadata.unbox(flat, apply_constraint=False), shape))
             return wrapped
 
         batch_shape = tuple(inputs.shape[a] for a in batch_dims)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Self
 
 import jax
 
-from varjax import errors, filters, scope, streams
+from varjax import axis_metadata, errors, filters, scope, streams
 from varjax.context import TraceContext, site
 from varjax.functionalize import flatten_variables, unflatten_variables
 from varjax.nn.binding import BoundVariable
@@ -49,8 +49,11 @@ class VariableAPI(Lifecycle):
         """Parameter ``name`` of this module, created with
         ``init_fn(key, *init_args, **init_kwargs)``.
 
-        An existing parameter is checked against ``init_fn``'s abstract output.  ``unbox``
-        is Linen's: varjax keeps no boxed metadata in variables, so values are never boxed.
+        An existing parameter is checked against ``init_fn``'s abstract output (boxes
+        aside: unboxed values stand for a boxing ``init_fn``'s, as in Linen).  With
+        ``unbox``, a boxed value (``nn.with_partitioning``) is returned without its boxes,
+        and without Linen's sharding constraint: the ``shard-variables`` pass puts that on
+        the variable's reads and writes in the IR.
         """
         if init_kwargs:
             init_fn = functools.partial(init_fn, **init_kwargs)
@@ -59,25 +62,28 @@ class VariableAPI(Lifecycle):
                 value = self.scope.root.read("params", self._path(name))
                 scope.check_type("params", self._path(name), VarType.of(value),
                                  scope.expected_type(init_fn, init_args, True), self)
-                return value
-            return self._eager(lambda m: m.param(name, init_fn, *init_args))
-        ctx = self._ctx("Module.param")
-        self._reserve_variable("parameter", "params", name)
-        return scope.param_at(ctx, self._path(name), init_fn, init_args)
+            else:
+                value = self._eager(lambda m: m.param(name, init_fn, *init_args, unbox=False))
+        else:
+            ctx = self._ctx("Module.param")
+            self._reserve_variable("parameter", "params", name)
+            value = scope.param_at(ctx, self._path(name), init_fn, init_args)
+        return axis_metadata.unbox(value, apply_constraint=False) if unbox else value
 
     def variable(self, col: str, name: str, init_fn: Callable[..., Any] | None = None,
                  *init_args: Any, unbox: bool = True, **init_kwargs: Any) -> Variable:
         """A handle (``.value``) on variable ``name`` of ``col`` in this module, created
-        with ``init_fn(*init_args, **init_kwargs)`` (``unbox``: as in ``param``)."""
+        with ``init_fn(*init_args, **init_kwargs)``.  With ``unbox``, ``.value`` reads a
+        boxed value without its boxes (as in ``param``) and a write keeps them."""
         if init_kwargs:
             init_fn = functools.partial(init_fn, **init_kwargs)
         if self.scope is not None and self.scope.eager():
             if not self.scope.root.has(col, self._path(name)):
                 self._eager(lambda m: m.variable(col, name, init_fn, *init_args))
-            return BoundVariable(self.scope.root, col, self._path(name))
+            return BoundVariable(self.scope.root, col, self._path(name), unbox)
         ctx = self._ctx("Module.variable")
         self._reserve_variable("variable", col, name)
-        return scope.variable_at(ctx, col, self._path(name), init_fn, init_args)
+        return scope.variable_at(ctx, col, self._path(name), init_fn, init_args, unbox)
 
     def has_variable(self, col: str, name: str) -> bool:
         if self.scope is not None and self.scope.eager():
