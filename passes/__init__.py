@@ -30,5 +30,6 @@ from varjax.passes.pipeline import Pipeline as Pipeline
 from varjax.passes.rewrite import Region as Region
 from varjax.passes.rewrite import Rewriter as Rewriter
 from varjax.passes.rewrite import Rule as Rule
+from varjax.passes.shard_variables import ShardVariables as ShardVariables
 from varjax.passes.verify import Verify as Verify
 from varjax.passes.verify import verify as verify

@@ -7,7 +7,7 @@
    variables' types, the mutable collections and the RNG streams, giving the
    *effectful* jaxpr (``.jaxpr(...)`` returns it);
 3. run the pass pipeline (``check-mutability, lower-rng, forward-stores,
-   dead-reads, discharge`` plus any user passes), giving a pure jaxpr
+   dead-reads, shard-variables, discharge`` plus any user passes), giving a pure jaxpr
    (``.functional_jaxpr(...)``) and the discharge ``Signature``;
 4. make it callable: ``jax.jit`` of the pure jaxpr when called eagerly, or
    the pure jaxpr bound directly as one ``jit`` equation under a trace.
@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from varjax import _jax, errors, filters, streams
+from varjax import _jax, axis_metadata, errors, filters, streams
 from varjax.caches import LRU
 from varjax.context import TraceContext, activate, current
 from varjax.outputs import StaticOutputs
@@ -56,7 +56,8 @@ from varjax.primitives import Key, VarType
 from varjax.rngs import Rngs
 from varjax.statics import typed
 
-DEFAULT_PASSES = ("check-mutability", "lower-rng", "forward-stores", "dead-reads", "discharge")
+DEFAULT_PASSES = ("check-mutability", "lower-rng", "forward-stores", "dead-reads", "shard-variables",
+                  "discharge")
 # Verification after every pass costs about as much as tracing the model; it is on in
 # the test suite and whenever this is set, like a debug build's verifier.
 VERIFY_ENV = "VARJAX_VERIFY"
@@ -190,7 +191,8 @@ def _inputs(variables: Mapping[str, Any] | None, rngs: Any, mutable: Any):
 class _Key:
     """Everything a trace depends on: argument structure, static leaves (with their
     positions, compared by type and value: ``statics.typed``), array avals, variable types,
-    mutable filter, RNG streams, init flag."""
+    mutable filter, RNG streams, init flag, the active mesh and logical axis rules (which
+    ``shard-variables`` and ``nn.with_logical_constraint`` read while tracing)."""
 
     tree: Any
     static: tuple
@@ -199,8 +201,16 @@ class _Key:
     mutable: Any
     rngs: tuple
     initializing: bool
+    sharding: tuple
     # The static leaves themselves, for the trace; ``static`` is what equality sees.
     static_values: tuple = dataclasses.field(default=(), compare=False)
+
+
+def _sharding_environment() -> tuple:
+    """The active abstract mesh and logical axis rules, hashable (rules may be lists)."""
+    def frozen(x: Any) -> Any:
+        return tuple(map(frozen, x)) if isinstance(x, (list, tuple)) else x
+    return jax.sharding.get_abstract_mesh(), frozen(axis_metadata.get_logical_axis_rules())
 
 
 @dataclasses.dataclass
@@ -312,7 +322,8 @@ class Functionalized:
         rng_avals = tuple(sorted((s, _jax.get_aval(k)) for s, k in rngs.items()))
         key = _Key(tree, tuple((i, typed(v)) for i, v in static),
                    tuple(_jax.get_aval(x) for x in traced), var_types,
-                   filters.freeze(mutable), rng_avals, initializing, static)
+                   filters.freeze(mutable), rng_avals, initializing,
+                   _sharding_environment(), static)
         return key, flat_vars, rngs, traced
 
     def _effectful(self, key: "_Key") -> _Effectful:

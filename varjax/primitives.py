@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import jax
 
-from varjax import _jax, errors
+from varjax import _jax, axis_metadata, errors
 from varjax.effects import RngEffect, VariableEffect
 
 Path = tuple[str, ...]
@@ -194,7 +194,16 @@ def _pp_name(eqn) -> str:
         if p["path"] is None:
             return f"rng_draw[{p['stream']}]"
         return f"rng_draw[{p['stream']}:{'/'.join(p['path'])}#{p['count']}]"
-    return f"{eqn.primitive.name}[{p['collection']}:{errors.format_path(p['path'])}]"
+    names = "".join(f" {n}" for n in partition_names(p["tree"]))
+    return f"{eqn.primitive.name}[{p['collection']}:{errors.format_path(p['path'])}{names}]"
+
+
+def partition_names(tree: Any) -> list[tuple]:
+    """The partition names of the boxes (``nn.Partitioned``) in a variable of treedef
+    ``tree``: the names ride on its equations, and the printer shows them."""
+    shape = jax.tree.unflatten(tree, [None] * tree.num_leaves)
+    return [b.names for b in jax.tree.leaves(shape, is_leaf=axis_metadata.is_axis_metadata)
+            if isinstance(b, axis_metadata.Partitioned)]
 
 
 for _p in VARJAX_PRIMITIVES:

@@ -30,7 +30,8 @@ def mlp_vars():
 def test_dump_lists_the_effectful_ir_then_every_pass(mlp_vars):
     entries = vj.dump(MLP(), X, variables=mlp_vars)
     assert [name for name, _ in entries] == [
-        "effectful", "check-mutability", "lower-rng", "forward-stores", "dead-reads", "discharge"]
+        "effectful", "check-mutability", "lower-rng", "forward-stores", "dead-reads", "shard-variables",
+        "discharge"]
     assert "var_get[params:hidden/kernel]" in entries[0][1]
     assert "var_get" not in entries[-1][1]                 # discharged: pure
     assert "test_vj_dump.py" in entries[0][1]                  # source lines by default
@@ -57,8 +58,8 @@ def test_dump_to_a_directory_writes_numbered_files_and_diffs(mlp_vars, tmp_path)
     entries = vj.dump(MLP(), X, variables=mlp_vars, to=tmp_path, source=False)
     (run_dir,) = tmp_path.iterdir()
     files = sorted(p.name for p in run_dir.iterdir())
-    assert files[0] == "00-effectful.txt" and "05-discharge.txt" in files
-    assert "05-discharge.diff" in files and "01-check-mutability.diff" not in files   # unchanged
+    assert files[0] == "00-effectful.txt" and "06-discharge.txt" in files
+    assert "06-discharge.diff" in files and "01-check-mutability.diff" not in files   # unchanged
     assert (run_dir / "00-effectful.txt").read_text().split("\n", 2)[2].rstrip() == \
         entries[0][1].split("\n", 2)[2].rstrip()
     assert "test_vj_dump.py" not in entries[0][1]

@@ -32,6 +32,7 @@ from varjax.objects import transforms as objects
 from varjax.transforms.common import (
     apply_to,
     array_axes,
+    axis_names,
     filter_items,
     has_axis,
     object_options,
@@ -50,8 +51,8 @@ def vmap(target: Any = None, variable_axes: Mapping[Any, int | None] | None = No
          metadata_params: Mapping[str, Any] | None = None, methods: Any = None) -> Any:
     """Lifted ``jax.vmap`` (Linen's ``nn.vmap``).
 
-    ``metadata_params`` is accepted for Linen compatibility; varjax has no boxed
-    partitioning metadata, so there is nothing for it to annotate."""
+    ``metadata_params={nn.PARTITION_NAME: name}`` inserts ``name`` into the partition
+    names of boxed variables at their mapped axis, as Linen does."""
     if target is None:       # @vj.vmap(in_axes=...)
         return functools.partial(vmap, variable_axes=variable_axes, split_rngs=split_rngs,
                                  in_axes=in_axes, out_axes=out_axes, axis_size=axis_size,
@@ -70,6 +71,7 @@ def vmap(target: Any = None, variable_axes: Mapping[Any, int | None] | None = No
         keys = split_keys(rngs, split, n) if n is not None else rngs
         rng_axes = tuple(0 if do else None for do in split)
         mapped, aside = set_aside(groups, lambda i, x: has_axis(x, var_axes[i], n))
+        mapped = axis_names(mapped, var_axes, metadata_params, add=False)
         # Keyword arguments are broadcast (Linen ignores them with a warning).
         try:
             out, gs_out = jax.vmap(lambda gs, ks, *a: region(gs, ks, *a, **kwargs),
@@ -88,6 +90,7 @@ def vmap(target: Any = None, variable_axes: Mapping[Any, int | None] | None = No
                 collection=shared[0], path=shared[1], **site(),
                 fix=f"map '{shared[0]}' along an axis in variable_axes (e.g. "
                     f"{{'{shared[0]}': 0}}) to keep one copy per member") from e
+        gs_out = axis_names(gs_out, var_axes, metadata_params, add=True)
         return out, tuple({**a, **g} for a, g in zip(aside, gs_out))
 
     return apply_to(target, "vmap", lambda fn: lift(

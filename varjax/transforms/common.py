@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from varjax import errors
+from varjax import axis_metadata, errors
 from varjax.context import active, site
 from varjax.lifting import is_array, is_module
 from varjax.objects.nodes import is_node
@@ -176,8 +176,20 @@ def has_axis(x: Any, axis: int | None, n: int | None) -> bool:
     ``n`` (``None``: unknown)."""
     if axis is None or n is None:
         return True
-    shape = jax.numpy.shape(x)
-    return -len(shape) <= axis < len(shape) and shape[axis] == n
+    shapes = [jax.numpy.shape(leaf) for leaf in jax.tree.leaves(x)]   # a box: its value
+    return all(-len(s) <= axis < len(s) and s[axis] == n for s in shapes)
+
+
+def axis_names(groups: Sequence[Mapping], axes: Sequence[int | None],
+               metadata_params: Mapping[str, Any] | None, add: bool) -> tuple[dict, ...]:
+    """Linen's ``metadata_params``: the boxed variables (``nn.Partitioned``) of each group
+    mapped along an axis gain (``add``, leaving the body) or lose (entering it) the
+    partition name at that axis, so a kernel stacked by ``nn.scan`` reads
+    ``('layers', 'embed', 'mlp')`` outside and ``('embed', 'mlp')`` inside."""
+    change = axis_metadata.add_axis if add else axis_metadata.remove_axis
+    params = dict(metadata_params or {})
+    return tuple(dict(g) if ax is None else {k: change(v, ax, params) for k, v in g.items()}
+                 for g, ax in zip(groups, axes))
 
 
 def reject(condition: bool, transform: str, message: str, fix: str, key: Any = None) -> None:

@@ -28,6 +28,7 @@ from varjax.transforms.calls import checkpoint
 from varjax.transforms.common import (
     NO_INIT,
     apply_to,
+    axis_names,
     call_direct,
     filter_items,
     has_axis,
@@ -65,8 +66,9 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
     to check that broadcast variables are loop invariants: that trace creates the
     broadcast variables and advances the draw counts, so keys equal Linen's
     (``check_constancy_invariants=False`` skips it, as in Linen).
-    ``metadata_params`` is accepted for Linen compatibility (varjax has no boxed
-    partitioning metadata); ``data_transform`` is not supported."""
+    ``metadata_params={nn.PARTITION_NAME: name}`` inserts ``name`` into the partition
+    names of boxed variables at their scanned axis, as Linen does (a kernel stacked over
+    layers reads ``P('layers', ...)``); ``data_transform`` is not supported."""
     reject(data_transform is not None, "scan", "data_transform is not supported.",
            "annotate shardings inside the body instead")
     axes = filter_items(variable_axes, "variable_axes")
@@ -87,6 +89,7 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
         reject(n is None, "scan", "the number of steps is unknown: no scanned argument or "
                "variable shows it.", "pass length=")
         kept, aside = set_aside(groups[:n_ax], lambda i, x: has_axis(x, axes[i][1], n))
+        kept = axis_names(kept, [ax for _, ax in axes], metadata_params, add=False)
         scanned_vars = [_move(g, ax, 0) for g, (_, ax) in zip(kept, axes)]
         keys = tuple({s: jax.random.split(k, n) for s, k in g.items()} if do else None
                      for g, do in zip(rngs, split))
@@ -132,7 +135,9 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
                 stacked = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *parts)
         ys, var_out = stacked
         ys = _move(ys, 0, out_axes) if isinstance(out_axes, int) else ys
-        var_out = [{**a, **_move(g, 0, ax)} for a, g, (_, ax) in zip(aside, var_out, axes)]
+        var_out = axis_names([_move(g, 0, ax) for g, (_, ax) in zip(var_out, axes)],
+                             [ax for _, ax in axes], metadata_params, add=True)
+        var_out = [{**a, **g} for a, g in zip(aside, var_out)]
         return (carry, ys), (*var_out, bcast, carried)
 
     return apply_to(target, "scan", lambda fn: lift(
