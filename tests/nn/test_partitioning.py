@@ -320,3 +320,21 @@ def test_a_user_box_works_as_in_linen():
     assert nn.meta.add_axis(variables, 0, {})["params"]["w"].tags == ("new", "in")
     for given in (variables, nn.unbox(variables)):
         np.testing.assert_allclose(ours.apply(given, x), theirs.apply(linen_variables, x), rtol=1e-6)
+
+
+def test_weight_norm_of_a_boxed_kernel_equals_linen():
+    """Linen's WeightNorm names the scale of a boxed kernel after the box's value
+    (``Dense_0/kernel/value/scale``).  (Linen's SpectralNorm fails on boxes; varjax's
+    names its state the same way.)"""
+    def make(lib):
+        class Model(lib.Module):
+            @lib.compact
+            def __call__(self, x):
+                init = lib.with_partitioning(lib.initializers.lecun_normal(), ("a", "b"))
+                return lib.WeightNorm(lib.Dense(3, kernel_init=init))(x)
+        return Model()
+    x, key = jnp.ones((2, 4)), jax.random.key(0)
+    variables, linen_variables = make(nn).init(key, x), jax.jit(make(linen).init)(key, x)
+    _same_boxes(variables, linen_variables)
+    assert "Dense_0/kernel/value/scale" in variables["params"]["WeightNorm_0"]
+    np.testing.assert_allclose(make(nn).apply(variables, x), make(linen).apply(linen_variables, x), rtol=1e-6)

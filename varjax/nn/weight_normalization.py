@@ -44,8 +44,9 @@ def _l2_normalize(x: jax.Array, axis: Any = None, eps: float = 1e-12) -> jax.Arr
 
 
 def _wrapped_name(layer: Module, path: tuple) -> str:
-    """``<layer name>/<variable path inside it>``: the key path minus its collection."""
-    return layer.name + "/" + "/".join(str(getattr(k, "key", k)) for k in path[1:])
+    """``<layer name>/<variable path inside it>``: the key path minus its collection (a boxed
+    variable's value adds ``value``: ``Dense_0/kernel/value``, Linen's ``WeightNorm`` name)."""
+    return layer.name + "/" + jax.tree_util.keystr(path[1:], simple=True, separator="/")
 
 
 def _normal_or_zeros(key: jax.Array | None, shape: tuple[int, ...], dtype: Any) -> jax.Array:
