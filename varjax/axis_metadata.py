@@ -279,12 +279,18 @@ def get_sharding(tree: Any, mesh: jax.sharding.Mesh) -> Any:
     return jax.tree.map(sharding, tree, is_leaf=is_axis_metadata)
 
 
+def _has_box(tree: Any) -> bool:
+    data = tree.node_data()       # None for a leaf
+    return data is not None and (isinstance(data[0], type) and issubclass(data[0], AxisMetadata)
+                                 or any(map(_has_box, tree.children())))
+
+
 def unboxed_structure(tree: Any) -> Any:
     """The treedef ``tree`` has without its boxes (each replaced by the value's structure).
 
     The type check compares given variables with what the code expects modulo boxes, as
     Linen accepts unboxed parameters for a boxing initializer and the other way round."""
-    if tree.num_nodes == tree.num_leaves:     # no inner nodes, so no boxes
+    if not _has_box(tree):
         return tree
     return jax.tree.structure(unbox(jax.tree.unflatten(tree, range(tree.num_leaves)), False))
 
