@@ -6,6 +6,7 @@ collection.  This file is the whole public API.
 """
 from varjax import errors as errors
 from varjax import passes as passes
+from varjax.axis_metadata import PARTITION_NAME as PARTITION_NAME
 from varjax.caches import clear_caches as clear_caches
 from varjax.caches import set_cache_size as set_cache_size
 from varjax.filters import DenyList as DenyList
@@ -15,6 +16,7 @@ from varjax.lifting import from_tree as from_tree
 from varjax.lifting import lift as lift
 from varjax.lifting import to_tree as to_tree
 from varjax.objects.capture import capture as capture
+from varjax.objects.metadata import transform_metadata as transform_metadata
 from varjax.objects.state import GraphDef as GraphDef
 from varjax.objects.state import merge as merge
 from varjax.objects.state import split as split

@@ -206,13 +206,6 @@ class _Key:
     static_values: tuple = dataclasses.field(default=(), compare=False)
 
 
-def _sharding_environment() -> tuple:
-    """The active abstract mesh and logical axis rules, hashable (rules may be lists)."""
-    def frozen(x: Any) -> Any:
-        return tuple(map(frozen, x)) if isinstance(x, (list, tuple)) else x
-    return jax.sharding.get_abstract_mesh(), frozen(axis_metadata.get_logical_axis_rules())
-
-
 @dataclasses.dataclass
 class _Effectful:
     """A traced, not yet compiled, function: what ``.jaxpr()`` needs."""
@@ -323,7 +316,8 @@ class Functionalized:
         key = _Key(tree, tuple((i, typed(v)) for i, v in static),
                    tuple(_jax.get_aval(x) for x in traced), var_types,
                    filters.freeze(mutable), rng_avals, initializing,
-                   _sharding_environment(), static)
+                   (jax.sharding.get_abstract_mesh(), typed(axis_metadata.get_logical_axis_rules())),
+                   static)
         return key, flat_vars, rngs, traced
 
     def _effectful(self, key: "_Key") -> _Effectful:
