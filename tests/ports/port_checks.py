@@ -20,16 +20,23 @@ whole units, far past the tolerance.
 
 ``perturb`` adds NumPy noise to the initial parameters before the output and gradient checks,
 so a zero bias or unit scale at init cannot hide a layer that ignores it.
+
+Variables boxed with partitioning metadata (``nn.with_logical_partitioning``) are compared
+box by box (type, axis names, mesh, rules) and then by value, unboxed.  For a model that
+names its axes, ``check_sharded_init`` and ``check_sharded_train`` run Linen's recipe for
+sharded training (Flax's LM1B example: shardings from an abstract ``init`` and the logical
+axis rules, ``init`` and the training step jitted with them) over a mesh in both libraries.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec, Sharding
 
 import varjax.nn as vj_nn
 
@@ -53,6 +60,26 @@ def plain(tree: Any) -> Any:
     return tree
 
 
+def _is_box(x: Any) -> bool:
+    """A partitioning-metadata box of either library (``nn.LogicallyPartitioned`` and kin)."""
+    return isinstance(x, (flax_nn.meta.AxisMetadata, vj_nn.meta.AxisMetadata))
+
+
+def boxes(tree: Any) -> dict[str, tuple]:
+    """``{path: (box type, axis names, mesh, rules)}`` of every box in ``tree``."""
+    flat = jax.tree_util.tree_flatten_with_path(plain(tree), is_leaf=_is_box)[0]
+    return {jax.tree_util.keystr(p): (type(x).__name__, tuple(x.names), x.mesh,
+                                      getattr(x, "rules", None))
+            for p, x in flat if _is_box(x)}
+
+
+def unboxed(tree: Any) -> Any:
+    """``tree`` with every box replaced by its value, unconstrained (``nn.unbox`` outside a
+    mesh)."""
+    return jax.tree.map(lambda x: unboxed(x.unbox(apply_constraint=False)) if _is_box(x) else x,
+                        tree, is_leaf=_is_box)
+
+
 def layout(tree: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
     """``{path: (shape, dtype)}`` of every leaf."""
     flat = jax.tree_util.tree_flatten_with_path(plain(tree))[0]
@@ -60,14 +87,18 @@ def layout(tree: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
 
 
 def assert_equal(got: Any, want: Any) -> None:
-    """Same layout and the same values, bit for bit."""
+    """Same boxes, same layout and the same values, bit for bit."""
+    assert boxes(got) == boxes(want), (boxes(got), boxes(want))
+    got, want = unboxed(got), unboxed(want)
     assert layout(got) == layout(want), (layout(got), layout(want))
     for a, b in zip(jax.tree.leaves(plain(got)), jax.tree.leaves(plain(want))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def assert_close(got: Any, want: Any, atol: float = ATOL) -> None:
-    """Same layout and values within ``atol`` (absolute and relative)."""
+    """Same boxes, same layout and values within ``atol`` (absolute and relative)."""
+    assert boxes(got) == boxes(want), (boxes(got), boxes(want))
+    got, want = unboxed(got), unboxed(want)
     assert layout(got) == layout(want), (layout(got), layout(want))
     for a, b in zip(jax.tree.leaves(plain(got)), jax.tree.leaves(plain(want))):
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
@@ -167,21 +198,29 @@ def _apply(model: Any, variables: dict, rngs: Any, args: tuple, **kwargs: Any) -
     return model.apply(variables, *args, rngs=rngs, **kwargs)
 
 
-def _step(model: Any, variables: dict, rngs: Any, args: tuple, *,
-          loss: Callable[[Any], jax.Array], **kwargs: Any) -> tuple[Any, Any]:
-    """A training step's forward and backward pass: ``(apply's result, grads)``."""
+def _loss_step(model: Any, variables: dict, rngs: Any, args: tuple, *,
+               loss: Callable[[Any], jax.Array], **kwargs: Any) -> tuple[Any, Any]:
+    """A training step's forward and backward pass: ``((loss, apply's result), grads)``."""
     def objective(params):
         result = model.apply({**variables, "params": params}, *args, rngs=rngs, **kwargs)
         return loss(result), result
-    (_, result), grads = jax.value_and_grad(objective, has_aux=True)(variables["params"])
+    return jax.value_and_grad(objective, has_aux=True)(variables["params"])
+
+
+def _step(model: Any, variables: dict, rngs: Any, args: tuple, **kwargs: Any) -> tuple[Any, Any]:
+    """``_loss_step`` without the loss: ``(apply's result, grads)``."""
+    (_, result), grads = _loss_step(model, variables, rngs, args, **kwargs)
     return result, grads
 
 
 def check_init(port: Port, rngs: Any, *args: Any, **kwargs: Any) -> dict:
-    """Asserts both libraries initialize bit for bit alike; returns Flax's variables."""
+    """Asserts both libraries initialize bit for bit alike, with the same partitioning
+    metadata (boxes and ``nn.get_partition_spec``); returns Flax's variables, unboxed as
+    the examples unbox them for training."""
     got, want = port.both(_init, rngs, args, exact=True, **kwargs)
     assert_equal(got, want)
-    return plain(want)
+    assert specs(vj_nn, got) == specs(flax_nn, want)
+    return plain(unboxed(want))
 
 
 def check_apply(port: Port, variables: dict, *args: Any, atol: float = ATOL,
@@ -204,3 +243,76 @@ def check_train(port: Port, variables: dict, loss: Callable[[Any], jax.Array], *
     got, want = port.both(_step, variables, rngs, args, jit_varjax=True, loss=loss, **kwargs)
     assert_close(got, want, atol)
     return plain(want)
+
+
+def specs(nn: Any, tree: Any) -> dict[str, PartitionSpec]:
+    """``{path: spec}`` of ``nn.get_partition_spec(tree)`` (``P()`` for an unboxed array)."""
+    flat = jax.tree_util.tree_flatten_with_path(
+        plain(nn.get_partition_spec(tree)), is_leaf=lambda x: isinstance(x, PartitionSpec))[0]
+    return {jax.tree_util.keystr(p): x for p, x in flat}
+
+
+def shardings(tree: Any) -> dict[str, Sharding]:
+    """``{path: sharding}`` of every array in ``tree`` (boxes dropped)."""
+    flat = jax.tree_util.tree_flatten_with_path(plain(unboxed(tree)))[0]
+    return {jax.tree_util.keystr(p): x.sharding for p, x in flat}
+
+
+def check_sharded_init(port: Port, mesh: Mesh, rules: Sequence[tuple[str, Any]], rngs: Any,
+                       *args: Any, **kwargs: Any) -> tuple[tuple[dict, dict], Any]:
+    """Linen's recipe for a sharded start, as Flax's LM1B example runs it
+    (``utils.setup_initial_state``): the logical ``nn.get_partition_spec`` of an abstract
+    ``init`` (``jax.eval_shape``), mapped by ``nn.logical_to_mesh_sharding`` to shardings
+    over ``mesh`` under ``rules``, given to ``jax.jit(init)`` as ``out_shardings``, under
+    ``jax.set_mesh(mesh)`` and ``nn.logical_axis_rules(rules)``.  Asserts the two libraries
+    give the same logical specs and shardings, and the same boxed variables, bit for bit,
+    laid out on the devices alike.  Both sides' ``init`` are this harness's programs,
+    compiled with the same (quick) options, so their values still agree bit for bit.
+    Returns ``((varjax's variables, Flax's), Flax's shardings)``."""
+    def recipe(nn: Any, model: Any) -> tuple[Any, Any, Any]:
+        def init(rngs: Any, *args: Any) -> Any:
+            return model.init(rngs, *args, **kwargs)
+        logical = nn.get_partition_spec(jax.eval_shape(init, rngs, *args))
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            placed = nn.logical_to_mesh_sharding(logical, mesh, rules)
+            lowered = jax.jit(init, out_shardings=placed).lower(rngs, *args)
+            return logical, placed, lowered.compile(compiler_options=_QUICK_COMPILE)(rngs, *args)
+
+    got_logical, got_placed, got = recipe(vj_nn, port.vj)
+    want_logical, want_placed, want = recipe(flax_nn, port.flax)
+    assert specs(vj_nn, got_logical) == specs(flax_nn, want_logical)
+    placed = jax.tree.flatten(plain(want_placed))
+    assert jax.tree.flatten(plain(got_placed)) == placed, (got_placed, want_placed)
+    assert all(isinstance(x, Sharding) for x in placed[0])
+    assert_equal(got, want)
+    assert shardings(got) == shardings(want), (shardings(got), shardings(want))
+    return (got, want), want_placed
+
+
+def check_sharded_train(port: Port, mesh: Mesh, rules: Sequence[tuple[str, Any]],
+                        variables: tuple[dict, dict], placed: Any,
+                        loss: Callable[[Any], jax.Array], *args: Any, arg_shardings: Any = None,
+                        atol: float = ATOL, **kwargs: Any) -> Any:
+    """A training step jitted as Flax's LM1B example jits it, with the variables' shardings
+    ``placed`` (``check_sharded_init``'s) and the inputs' ``arg_shardings`` as
+    ``in_shardings``, traced under ``jax.set_mesh(mesh)`` and ``nn.logical_axis_rules(rules)``.
+    ``variables`` are each library's own (varjax's, Flax's), boxed: their reads are
+    constrained to the rules' shardings (Linen's ``self.param`` unboxes with a constraint,
+    varjax's ``shard-variables`` pass puts it on the IR).  Asserts the loss, ``apply``'s result
+    and the grads (boxed as the params are) agree, and that the grads come out laid out
+    alike.  Returns Flax's ``((loss, result), grads)``."""
+    rngs = kwargs.pop("rngs", None)
+
+    def run(nn: Any, model: Any, variables: dict) -> Any:
+        def step(variables: dict, rngs: Any, args: tuple) -> Any:
+            return _loss_step(model, variables, rngs, args, loss=loss, **kwargs)
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            inputs = (variables, rngs, args)
+            lowered = jax.jit(step, in_shardings=(placed, None, arg_shardings)).lower(*inputs)
+            return lowered.compile(compiler_options=_QUICK_COMPILE)(*inputs)
+
+    got = run(vj_nn, port.vj, variables[0])
+    want = run(flax_nn, port.flax, variables[1])
+    assert_close(got, want, atol)
+    assert shardings(got[1]) == shardings(want[1]), (shardings(got[1]), shardings(want[1]))
+    return want

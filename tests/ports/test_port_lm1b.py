@@ -2,23 +2,57 @@
 sinusoidal positions, pre-layer-norm self-attention blocks under a padding-and-causal mask,
 a dense vocabulary head), decoding one token at a time against a ``cache`` collection.
 
-The example annotates every initializer with ``nn.with_logical_partitioning`` for its
-sharded training; those annotations belong to the scale-out issue, so this port writes the
-model without them (plain initializers; the values are the same).
+As in the example, every initializer is annotated with logical axis names
+(``nn.with_logical_partitioning``): ``('vocab', 'embed')`` on the embedding,
+``('embed',)`` on the layer norms' scales and biases, ``('embed', 'kv')`` on every
+attention kernel (the out projection's ``(heads, head_dim, embed)`` kernel too: the example
+gives one initializer to all four), ``('embed', 'mlp')``/``('mlp', 'embed')`` on the MLP
+kernels, ``('embed', 'vocab')`` on the logit head.  The example has no activation
+constraints (``nn.with_logical_constraint``) in its model, so neither has the port.  Its
+self-attention is ``nn.SelfAttention`` (deprecated by Linen, which warns), hence the
+auto-name ``SelfAttention_0``.
 
 Small config (``transformer_parts.Config``): vocabulary 11, width 8, 2 heads, 1 layer,
-length 8.
+length 8.  The sharded test runs the example's recipe (``utils.setup_initial_state``, the
+jitted ``train_step``) on a ``(1, 2)`` mesh ``('data', 'model')`` of the 2 host CPU
+devices, under the example's logical axis rules with its ``tensor`` axis named ``model``
+and its ``fsdp`` axis folded into ``data``, with a vocabulary of 12: ``jax.jit`` rejects
+``out_shardings`` that split 11 rows over 2 devices.  Its training step takes the boxed
+variables (the example unboxes them first), so their reads are constrained to the rules'
+shardings in both libraries.
 """
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import optax
-from port_checks import DROPOUT, KEY, Port, check_apply, check_init, check_train, perturb, tokens
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from port_checks import (
+    DROPOUT,
+    KEY,
+    Port,
+    check_apply,
+    check_init,
+    check_sharded_init,
+    check_sharded_train,
+    check_train,
+    perturb,
+    tokens,
+)
 from transformer_parts import Config, build_parts, shift_right
+
+pytestmark = pytest.mark.filterwarnings("ignore:SelfAttention will be deprecated")
 
 
 def build(nn):
-    parts = build_parts(nn)
+    parts = build_parts(nn, logical_partitioning=True)
+
+    def layer_norm(**kwargs):
+        return nn.LayerNorm(
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+            **kwargs)
 
     class DecoderBlock(nn.Module):
         config: Config
@@ -26,9 +60,15 @@ def build(nn):
         @nn.compact
         def __call__(self, inputs, mask):
             c = self.config
-            x = parts.attention(c, decode=c.decode)(nn.LayerNorm()(inputs), mask=mask)
+            x = nn.SelfAttention(
+                num_heads=c.num_heads, qkv_features=c.qkv_dim,
+                kernel_init=nn.with_logical_partitioning(c.kernel_init, ("embed", "kv")),
+                bias_init=nn.with_logical_partitioning(c.bias_init, ("embed",)),
+                use_bias=False, broadcast_dropout=False,
+                dropout_rate=c.attention_dropout_rate, deterministic=c.deterministic,
+                decode=c.decode)(layer_norm()(inputs), mask)
             x = nn.Dropout(c.dropout_rate)(x, deterministic=c.deterministic) + inputs
-            return x + parts.MlpBlock(c)(nn.LayerNorm()(x))
+            return x + parts.MlpBlock(c)(layer_norm()(x))
 
     class Decoder(nn.Module):
         config: Config
@@ -40,14 +80,18 @@ def build(nn):
             if not c.decode:
                 y = shift_right(y)
             y = nn.Embed(c.output_vocab_size, c.emb_dim,
-                         embedding_init=nn.initializers.normal(stddev=1.0))(y)
+                         embedding_init=nn.with_logical_partitioning(
+                             nn.initializers.normal(stddev=1.0), ("vocab", "embed")))(y)
             y = parts.AddPositionEmbs(c, decode=c.decode, name="posembed_output")(y)
             y = nn.Dropout(c.dropout_rate)(y, deterministic=c.deterministic)
             for layer in range(c.num_layers):
                 y = DecoderBlock(c, name=f"encoderdecoderblock_{layer}")(y, mask)
-            y = nn.LayerNorm(name="encoderdecoder_norm")(y)
-            return nn.Dense(c.output_vocab_size, kernel_init=c.kernel_init,
-                            bias_init=c.bias_init, name="logitdense")(y)
+            y = layer_norm(name="encoderdecoder_norm")(y)
+            return nn.Dense(c.output_vocab_size,
+                            kernel_init=nn.with_logical_partitioning(c.kernel_init,
+                                                                     ("embed", "vocab")),
+                            bias_init=nn.with_logical_partitioning(c.bias_init, ("vocab",)),
+                            name="logitdense")(y)
 
     class TransformerLM(nn.Module):
         config: Config
@@ -65,6 +109,9 @@ def build(nn):
 
 
 TEXT = tokens((2, 8), 11).at[1, 5:].set(0)
+# The example's rules (configs/default.py), its 'tensor' axis named 'model' and its
+# 'fsdp' axis folded into 'data'.
+RULES = (("mlp", "model"), ("vocab", "model"), ("embed", "data"), ("heads", "model"))
 
 
 def _loss(logits):
@@ -85,3 +132,15 @@ def test_lm1b_init_train_grads_and_decode_cache_equal_linen():
         cache = mutated["cache"]
         token = jnp.argmax(logits, -1).astype(jnp.int32)
     assert int(cache["decoder"]["posembed_output"]["cache_index"]) == 3
+
+
+def test_lm1b_sharded_init_and_train_step_equal_linen():
+    mesh = jax.make_mesh((1, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    # The example inits with its eval config (no cache) and trains with dropout.
+    config = Config(vocab_size=12, output_vocab_size=12)
+    (got, want), placed = check_sharded_init(Port(build, config), mesh, RULES, KEY, TEXT)
+    kernel = want["params"]["decoder"]["encoderdecoderblock_0"]["MlpBlock_0"]["Dense_0"]["kernel"]
+    assert kernel.value.sharding.spec == PartitionSpec("data", "model")
+    check_sharded_train(Port(build, dataclasses.replace(config, deterministic=False)), mesh, RULES,
+                        (perturb(got), perturb(want)), placed, _loss, TEXT,
+                        arg_shardings=NamedSharding(mesh, PartitionSpec("data")), rngs=DROPOUT)

@@ -2,6 +2,11 @@
 decoder the same way): the config, right shift, the sinusoidal position table, position
 embeddings with a decode-time ``cache_index``, and the MLP block.  ``build_parts(nn)``
 defines the modules over one ``nn`` namespace.
+
+The LM1B example annotates its initializers with logical axis names
+(``nn.with_logical_partitioning``) and the WMT example does not, so
+``build_parts(nn, logical_partitioning=True)`` gives the LM1B port's MLP block the
+annotations its example has, and the default gives the WMT port plain initializers.
 """
 from __future__ import annotations
 
@@ -57,7 +62,12 @@ def sinusoidal_table(max_len: int, d_feature: int) -> jax.Array:
     return jnp.asarray(table[None])
 
 
-def build_parts(nn: Any) -> SimpleNamespace:
+def build_parts(nn: Any, logical_partitioning: bool = False) -> SimpleNamespace:
+    def annotated(init: Callable, names: tuple) -> Callable:
+        """``init`` boxed with the logical axis ``names`` (as Flax's LM1B example does) when
+        ``logical_partitioning``; otherwise as it is (the WMT example)."""
+        return nn.with_logical_partitioning(init, names) if logical_partitioning else init
+
     class AddPositionEmbs(nn.Module):
         """Adds the sinusoidal table; in decode mode, the row of the step being decoded."""
         config: Config
@@ -84,10 +94,12 @@ def build_parts(nn: Any) -> SimpleNamespace:
         @nn.compact
         def __call__(self, inputs):
             c = self.config
-            x = nn.Dense(c.mlp_dim, kernel_init=c.kernel_init, bias_init=c.bias_init)(inputs)
+            x = nn.Dense(c.mlp_dim, kernel_init=annotated(c.kernel_init, ("embed", "mlp")),
+                         bias_init=annotated(c.bias_init, ("mlp",)))(inputs)
             x = nn.Dropout(c.dropout_rate)(nn.relu(x), deterministic=c.deterministic)
-            x = nn.Dense(inputs.shape[-1], kernel_init=c.kernel_init,
-                         bias_init=c.bias_init)(x)
+            x = nn.Dense(inputs.shape[-1],
+                         kernel_init=annotated(c.kernel_init, ("mlp", "embed")),
+                         bias_init=annotated(c.bias_init, ("embed",)))(x)
             return nn.Dropout(c.dropout_rate)(x, deterministic=c.deterministic)
 
     def attention(config: Config, decode: bool = False):
