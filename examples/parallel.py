@@ -30,15 +30,15 @@ batches, keys and code, and compares the losses.  ``--mesh 4x2`` or ``--mesh 1x1
 them.  The 8 CPU devices come from ``XLA_FLAGS=--xla_force_host_platform_device_count=8``,
 which the script sets before JAX starts unless ``XLA_FLAGS`` is already set.
 
-Measured (2 CPU cores shared with other jobs, load average about 7; 60 AdamW steps of
+Measured (2 CPU cores shared with another test run, load average about 5; 60 AdamW steps of
 32 x 64 bytes, dropout 0.1): the loss falls from 5.226459 at step 1 to 2.606287 at step 60 on
-both meshes; the largest difference over the 60 steps is 4.8e-7, and both read
-2.60628748 after step 60 and 2.898594 on 256 validation windows.  On the (4, 2) mesh device 0
-holds 343,872 of the 666,240 parameter bytes (52%: the LayerNorms and a few biases are
-replicated), the shard-variables pass constrains all 22 parameter reads, and the compiled step
-has 11 all-reduces: 9 within ``model`` pairs and 2 across ``data``.  Init, trace and compile
-took 25.7 s, the 60 steps 11.1 s (8 devices) against 16.3 s and 12.5 s (1 device); 70 s in
-all.  The 8 "devices" are threads sharing the same 2 cores, so this shows the layout and the
+both meshes; the largest difference over the 60 steps is 4.8e-7, both read 2.60628748 after
+step 60, and both 2.898594 on 256 validation windows.  On the (4, 2) mesh device 0 holds
+343,872 of the 666,240 parameter bytes (52%: the LayerNorms and a few biases are replicated),
+the shard-variables pass constrains all 22 parameter reads, and the compiled step has 11
+all-reduces: 9 within ``model`` pairs and 2 across ``data``.  Init, trace and compile took
+14.5 s and the 60 steps 13.6 s on 8 devices, against 13.7 s and 12.2 s on 1; 57 s in all.
+The 8 "devices" are threads sharing the same 2 cores, so this shows the layout and the
 numerics, not a speed-up.
 
 Run from the repository root: ``python examples/parallel.py`` (``make parallel``).
@@ -119,10 +119,11 @@ class Block(nn.Module):
         mask = nn.make_causal_mask(x[..., 0])
         # Split by head: a device computes whole heads, and one all-reduce sums their
         # contributions to the output.  The query/key/value kernels are [embed, heads, head_dim]
-        # and the output kernel [heads, head_dim, embed], but Linen's DenseGeneral calls the
-        # initializer with the flattened [embed, heads * head_dim] shape (and again on every
-        # apply, to check it), unboxing it there: so the names describe that flat shape, and
-        # 'heads' falls on the heads axis of the real kernel.
+        # and the output kernel [heads, head_dim, embed], but DenseGeneral calls the initializer
+        # with the flattened [embed, heads * head_dim] shape, and Linen, under a mesh, constrains
+        # that value to its names (at init, and on every apply, where it checks the shape): three
+        # names would not fit it.  So the names describe the flat shape, and 'heads' lands on
+        # the heads axis of the real kernel.
         h = nn.MultiHeadDotProductAttention(
             self.heads, dropout_rate=self.dropout,
             kernel_init=logical(dense_init, "embed", "heads"),
