@@ -18,7 +18,6 @@ import flax.linen as linen
 import jax
 import numpy as np
 import optax
-import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -82,12 +81,21 @@ def transformer(lib: ModuleType) -> Any:
     return LM()
 
 
+def mesh() -> jax.sharding.Mesh:
+    return jax.make_mesh((1, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+def abstract_init(lib: ModuleType, tokens: np.ndarray) -> Callable[[], Any]:
+    """``init``'s parameters (boxed) as a function of nothing, for ``eval_shape`` and ``jit``."""
+    model = transformer(lib)
+    return lambda: model.init(jax.random.key(0), tokens, train=False)["params"]
+
+
 def sharded_training(lib: ModuleType, windows: np.ndarray) -> dict:
     """Linen's recipe end to end with ``lib``: specs of an abstract init, a sharded init, and
     ``STEPS`` jitted AdamW steps on a ``('data', 'model') = (1, 2)`` mesh."""
-    model, optimizer = transformer(lib), optax.adamw(1e-2, weight_decay=1e-4)
-    mesh = jax.make_mesh((1, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    init = lambda: model.init(jax.random.key(0), windows[0, :, :-1], train=False)["params"]  # noqa: E731
+    model, optimizer, devices = transformer(lib), optax.adamw(1e-2, weight_decay=1e-4), mesh()
+    init = abstract_init(lib, windows[0, :, :-1])
 
     def loss_fn(params: Any, batch: jax.Array, key: jax.Array) -> jax.Array:
         logits = model.apply({"params": params}, batch[:, :-1], train=True, rngs={"dropout": key})
@@ -98,47 +106,43 @@ def sharded_training(lib: ModuleType, windows: np.ndarray) -> dict:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    with jax.set_mesh(mesh), lib.logical_axis_rules(RULES):
-        specs = lib.get_partition_spec(jax.eval_shape(init))
-        shardings = lib.logical_to_mesh_sharding(specs, mesh, RULES)
+    with jax.set_mesh(devices), lib.logical_axis_rules(RULES):
+        shardings = lib.logical_to_mesh_sharding(lib.get_partition_spec(jax.eval_shape(init)), devices, RULES)
         params = jax.jit(init, out_shardings=shardings, compiler_options=FAST_COMPILE)()
         init_values = jax.tree.map(np.asarray, lib.unbox(params))
         opt_state = optimizer.init(params)
-        train_step = jax.jit(step, in_shardings=(shardings, None, NamedSharding(mesh, P("data")), None),
+        train_step = jax.jit(step, in_shardings=(shardings, None, NamedSharding(devices, P("data")), None),
                              compiler_options=FAST_COMPILE)
         losses = []
         for i, batch in enumerate(windows):
             params, opt_state, loss = train_step(params, opt_state, batch, jax.random.key(i + 1))
             losses.append(float(loss))
-    return {"specs": specs, "shardings": shardings, "init": init_values, "params": params, "losses": losses}
+    return {"init": init_values, "params": params, "losses": losses}
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict[str, dict]:
-    windows = np.random.default_rng(0).integers(0, VOCAB, (STEPS, BATCH, SEQ + 1)).astype(np.int32)
-    # User code (Optax's AdamW, Linen) under JAX's default promotion, not the suite's strict one.
-    with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
-        return {"linen": sharded_training(linen, windows), "varjax": sharded_training(nn, windows)}
-
-
-def test_partition_specs_equal_linen_and_scan_adds_the_layers_axis(runs):
-    ours, theirs = runs["varjax"]["specs"], runs["linen"]["specs"]
+def test_partition_specs_and_shardings_equal_linen_and_scan_adds_the_layers_axis():
+    tokens = np.zeros((BATCH, SEQ), np.int32)
+    ours = nn.get_partition_spec(jax.eval_shape(abstract_init(nn, tokens)))
+    theirs = linen.get_partition_spec(jax.eval_shape(abstract_init(linen, tokens)))
     assert ours == theirs
     assert ours["blocks"]["Dense_0"]["kernel"] == P("layers", "embed", "mlp")
     assert ours["blocks"]["MultiHeadDotProductAttention_0"]["out"]["kernel"] == P("layers", "heads", "embed")
     assert ours["Embed_0"]["embedding"] == P("vocab", "embed")
-    assert runs["varjax"]["shardings"] == runs["linen"]["shardings"]
+    devices = mesh()
+    assert (nn.logical_to_mesh_sharding(ours, devices, RULES)
+            == linen.logical_to_mesh_sharding(theirs, devices, RULES))
 
 
-def test_init_values_are_bitwise_linen(runs):
-    ours, theirs = runs["varjax"]["init"], runs["linen"]["init"]
-    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
-    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+def test_sharded_init_is_bitwise_linen_and_sharded_training_gives_linen_losses():
+    windows = np.random.default_rng(0).integers(0, VOCAB, (STEPS, BATCH, SEQ + 1)).astype(np.int32)
+    # User code (Optax's AdamW, Linen) under JAX's default promotion, not the suite's strict one.
+    with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
+        ours, theirs = sharded_training(nn, windows), sharded_training(linen, windows)
+
+    assert jax.tree.structure(ours["init"]) == jax.tree.structure(theirs["init"])
+    for a, b in zip(jax.tree.leaves(ours["init"]), jax.tree.leaves(theirs["init"])):
         np.testing.assert_array_equal(a, b)
 
-
-def test_sharded_training_gives_linen_losses_and_shardings(runs):
-    ours, theirs = runs["varjax"], runs["linen"]
     np.testing.assert_allclose(ours["losses"], theirs["losses"], rtol=1e-6)
     assert ours["losses"][-1] < ours["losses"][0]
     trained = zip(jax.tree.leaves(nn.unbox(ours["params"])), jax.tree.leaves(linen.unbox(theirs["params"])))
