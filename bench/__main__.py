@@ -24,6 +24,7 @@ SUITES = {
     "dispatch": "bench.bench_dispatch",
     "transforms": "bench.bench_transforms",
     "pipeline": "bench.bench_pipeline",
+    "init": "bench.bench_init",
 }
 
 

@@ -12,9 +12,11 @@
 4. make it callable: ``jax.jit`` of the pure jaxpr when called eagerly, or
    the pure jaxpr bound directly as one ``jit`` equation under a trace.
 
-An eager ``init``/``apply`` goes through one ``jax.jit`` per argument structure
-whose body is the steps above under a trace (``_dispatch``): a repeated call is
-JAX's C++ dispatch, with no cache key built in Python.
+An eager ``apply`` goes through one ``jax.jit`` per argument structure whose body is
+the steps above under a trace (``_dispatch``): a repeated call is JAX's C++ dispatch, with
+no Python cache key.  An eager ``init`` runs once: rather than compile every initializer of
+every layer, it evaluates the pure jaxpr op by op from JAX's per-operation cache, as
+Linen's does (``jax.jit(init)`` is still one program).
 
 The pipeline verifies the IR after every pass when ``verify=True`` or the
 environment variable ``VARJAX_VERIFY`` is set (the test suite sets it).
@@ -382,7 +384,8 @@ class Functionalized:
         def run_pure(*flat):
             return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *flat)
         run_pure.__name__ = run_pure.__qualname__ = name
-        compiled, staged = jax.jit(run_pure), run_pure
+        eager_init = traced.key.initializing      # op by op (see the module docstring)
+        compiled, staged = (run_pure if eager_init else jax.jit(run_pure)), run_pure
         if not self.inline:
             # One jit equation of the cached jaxpr, bound directly (jax.jit would re-trace
             # it once); constants (tracers, when the function closes over the enclosing
@@ -403,7 +406,7 @@ class Functionalized:
     def _run(self, variables, args, kwargs, rngs, mutable, initializing):
         held = isinstance(rngs, Rngs)
         found = None
-        if _jax.is_top_level() and not held:
+        if _jax.is_top_level() and not held and not initializing:
             found = self._dispatch(variables, args, kwargs, rngs, mutable, initializing)
             if found is not None and mutable is False:
                 return found[0], None
@@ -429,10 +432,9 @@ class Functionalized:
     def _dispatch(self, variables, args, kwargs, rngs, mutable, initializing):
         """An eager call as one ``jax.jit`` per argument structure, whose body is the traced
         call (``call`` under a trace stages the cached pure jaxpr): ``(out, written)``.  A
-        repeated call is then JAX's C++ dispatch, which checks the avals, instead of building
-        the cache key in Python (a ``VarType`` per variable), which on a small train step
-        costs as much as the step.  None when a static argument is unhashable (``call``
-        then says which)."""
+        repeated call is then JAX's C++ dispatch, which checks the avals, instead of a Python
+        cache key (a ``VarType`` per variable: on a small train step, as costly as the step).
+        None when a static argument is unhashable (``call`` then says which)."""
         leaves, tree = jax.tree.flatten((args, kwargs))
         statics = {i: x for i, x in enumerate(leaves) if not _is_traced(x)}
         try:

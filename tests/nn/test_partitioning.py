@@ -94,9 +94,9 @@ def test_boxed_model_equals_linen(name, logical):
     ours, x = MODELS[name](nn, logical)
     theirs, _ = MODELS[name](linen, logical)
     key = jax.random.key(0)
-    # varjax's init is one compiled call: bit-exact with Linen's init under jit (op-by-op,
-    # XLA may round a fused multiply differently)
-    variables, linen_variables = ours.init(key, x), jax.jit(theirs.init)(key, x)
+    # both under jit: bit-exact (an eager init runs op by op, and XLA may round a fused
+    # multiply of the whole program differently; tests/nn/test_eager_init.py: eager = eager)
+    variables, linen_variables = jax.jit(ours.init)(key, x), jax.jit(theirs.init)(key, x)
     _same_boxes(variables, linen_variables)
     assert nn.get_partition_spec(variables) == linen.get_partition_spec(linen_variables)
     with nn.logical_axis_rules(RULES), linen.logical_axis_rules(RULES):

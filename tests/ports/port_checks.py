@@ -144,9 +144,9 @@ class Port:
         ``(call, model, static)``: one XLA compile instead of one per operation (the eager
         oracle spends seconds compiling each random op on its own), and none again for a
         decode loop's later steps.  varjax's side runs as the user calls it: eagerly, or
-        under ``jax.jit`` with ``jit_varjax`` (a training step).  Keyword arguments that are
+        under ``jax.jit`` with ``jit_varjax`` (a training step, init).  Keyword arguments that are
         arrays are traced; the others are static.  ``exact`` compiles Flax's side with XLA's
-        default options, for results compared bit for bit."""
+        default options (both sides), for results compared bit for bit."""
         array_kwargs = {k: v for k, v in static.items() if isinstance(v, jax.Array)}
         static = {k: v for k, v in static.items() if k not in array_kwargs}
 
@@ -161,7 +161,7 @@ class Port:
         if key not in _FLAX_RUNS:
             _FLAX_RUNS[key] = _compile(runner(self.flax), inputs, quick=not exact)
         run_vj = runner(self.vj)
-        got = _compile(run_vj, inputs)(*inputs) if jit_varjax else run_vj(*inputs)
+        got = _compile(run_vj, inputs, quick=not exact)(*inputs) if jit_varjax else run_vj(*inputs)
         return got, _FLAX_RUNS[key](*inputs)
 
 
@@ -216,8 +216,10 @@ def _step(model: Any, variables: dict, rngs: Any, args: tuple, **kwargs: Any) ->
 def check_init(port: Port, rngs: Any, *args: Any, **kwargs: Any) -> dict:
     """Asserts both libraries initialize bit for bit alike, with the same partitioning
     metadata (boxes and ``nn.get_partition_spec``); returns Flax's variables, unboxed as
-    the examples unbox them for training."""
-    got, want = port.both(_init, rngs, args, exact=True, **kwargs)
+    the examples unbox them for training.  Both run under ``jax.jit``: an eager ``init``
+    evaluates operation by operation in either library, which XLA may round differently
+    from the whole program (tests/nn/test_eager_init.py compares the eager forms)."""
+    got, want = port.both(_init, rngs, args, exact=True, jit_varjax=True, **kwargs)
     assert_equal(got, want)
     assert specs(vj_nn, got) == specs(flax_nn, want)
     return plain(unboxed(want))
