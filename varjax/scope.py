@@ -240,6 +240,11 @@ def mismatch(have: VarType, want: VarType) -> str | None:
     one, as in Linen: half-precision inference from an f32 checkpoint reads the bf16
     values as given.  Any other dtype change (an int for a float) is a mismatch."""
     if have.tree != want.tree and not axis_metadata.equal_unboxed(have.tree, want.tree):
+        kinds = {t.node_data()[0] for t in (have.tree, want.tree) if t.node_data()}
+        if len(kinds) == 2 and len({k.__name__ for k in kinds}) == 1:   # flax's box vs ours
+            return ("its structure differs: its node is a {0.__module__}.{0.__qualname__}, "
+                    "not the expected {1.__module__}.{1.__qualname__}").format(
+                        have.tree.node_data()[0], want.tree.node_data()[0])
         return "its structure differs"
     for a, b in zip(have.avals, want.avals):
         if a.shape != b.shape:

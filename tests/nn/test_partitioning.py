@@ -338,3 +338,15 @@ def test_weight_norm_of_a_boxed_kernel_equals_linen():
     _same_boxes(variables, linen_variables)
     assert "Dense_0/kernel/value/scale" in variables["params"]["WeightNorm_0"]
     np.testing.assert_allclose(make(nn).apply(variables, x), make(linen).apply(linen_variables, x), rtol=1e-6)
+
+
+def test_flax_boxes_given_to_varjax_are_named_as_flax_boxes_in_the_error():
+    def make(lib):
+        return lib.Dense(2, kernel_init=lib.with_partitioning(lib.initializers.lecun_normal(), ("a", "b")))
+    x = jnp.ones((1, 3))
+    flax_variables = make(linen).init(jax.random.key(0), x)
+    with pytest.raises(errors.VariableShapeError, match="flax.core.meta.Partitioned, not the expected "
+                                                       "varjax.axis_metadata.Partitioned"):
+        make(nn).apply(flax_variables, x)
+    np.testing.assert_array_equal(make(nn).apply(linen.unbox(flax_variables), x),
+                                  make(linen).apply(flax_variables, x))
