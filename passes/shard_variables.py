@@ -41,16 +41,10 @@ from varjax.passes.rewrite import Region, Rewriter, Rule
 from varjax.primitives import var_get_p, var_set_p
 
 
-def _boxes(tree: Any) -> list[Any]:
-    shape = jax.tree.unflatten(tree, [None] * tree.num_leaves)
-    return [b for b in jax.tree.leaves(shape, is_leaf=axis_metadata.is_axis_metadata)
-            if axis_metadata.is_axis_metadata(b)]
-
-
 def annotated(tree: Any) -> bool:
     """Whether a variable of treedef ``tree`` holds a box constrained under the active
     mesh and rules (``axis_metadata.constraint_of``)."""
-    return any(axis_metadata.constraint_of(b) is not None for b in _boxes(tree))
+    return any(axis_metadata.constraint_of(b) is not None for b in axis_metadata.boxes_of(tree))
 
 
 def constrain(eqn: _jax.JaxprEqn, leaves: list[Any]) -> list[Any]:

@@ -285,6 +285,16 @@ def _has_box(tree: Any) -> bool:
                                  or any(map(_has_box, tree.children())))
 
 
+def boxes_of(tree: Any) -> list[AxisMetadata[Any]]:
+    """The boxes (outermost) of a value of treedef ``tree``, holding leaf positions as
+    values: the names a variable's ``var_get``/``var_set`` equations carry.  A treedef
+    without a box is never unflattened (user pytrees are not rebuilt from placeholders)."""
+    if not _has_box(tree):
+        return []
+    value = jax.tree.unflatten(tree, range(tree.num_leaves))
+    return [b for b in jax.tree.leaves(value, is_leaf=is_axis_metadata) if is_axis_metadata(b)]
+
+
 def unboxed_structure(tree: Any) -> Any:
     """The treedef ``tree`` has without its boxes (each replaced by the value's structure).
 

@@ -201,9 +201,7 @@ def _pp_name(eqn) -> str:
 def partition_names(tree: Any) -> list[tuple]:
     """The partition names of the boxes (``nn.Partitioned``) in a variable of treedef
     ``tree``: the names ride on its equations, and the printer shows them."""
-    shape = jax.tree.unflatten(tree, [None] * tree.num_leaves)
-    return [b.names for b in jax.tree.leaves(shape, is_leaf=axis_metadata.is_axis_metadata)
-            if isinstance(b, axis_metadata.Partitioned)]
+    return [b.names for b in axis_metadata.boxes_of(tree) if isinstance(b, axis_metadata.Partitioned)]
 
 
 for _p in VARJAX_PRIMITIVES:
