@@ -292,3 +292,21 @@ def test_apply_returns_non_array_leaves_as_linen_does():
     bound = build(vnn).bind(variables)
     assert bound(X)["path"] == ("Dense_0",) and bound(X)["name"] == "described"
     np.testing.assert_allclose(bound(X)["y"], model.apply(variables, X)["y"])
+
+
+def test_variable_whose_init_args_only_work_when_creating_it_as_linen_allows():
+    """Linen never calls ``init_fn`` for an existing variable, so ``make_rng(...) if not
+    exists else None`` is a common idiom: varjax's shape check of a given variable skips an
+    ``init_fn`` that cannot run on such arguments."""
+    def make(lib):
+        class Noise(lib.Module):
+            @lib.compact
+            def __call__(self, x):
+                key = None if self.has_variable("stats", "u") else self.make_rng("params")
+                return x * self.variable("stats", "u", jax.random.normal, key, (3,)).value
+        return Noise()
+    x = jnp.ones(3)
+    variables = make(vnn).init(jax.random.key(0), x)
+    np.testing.assert_array_equal(variables["stats"]["u"],
+                                  make(fnn).init(jax.random.key(0), x)["stats"]["u"])
+    np.testing.assert_array_equal(make(vnn).apply(variables, x), variables["stats"]["u"])
