@@ -9,11 +9,7 @@ the context's one access guard.  Nothing here holds a value, so the same code tr
 
 Given variables are checked against what the code expects: ``param`` on an existing
 variable evaluates ``init_fn`` abstractly (``jax.eval_shape``) to compare types, as Flax
-does; ``variable(..., init_fn)`` does the same for a given value (see ``expect_given``).
-
-Sharp edges:
-  * A slow init function costs trace time once per cache miss (its abstract result is
-    memoised by code and captured values).
+does; ``variable(..., init_fn)`` does the same for a given value (``varjax.type_checks``).
 """
 from __future__ import annotations
 
@@ -21,12 +17,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from varjax import _jax, axis_metadata, errors, streams
-from varjax.caches import LRU
+from varjax import axis_metadata, errors, streams
 from varjax.context import TraceContext, active, current, run_init, site
 from varjax.primitives import Key, Path, VarType, bind_draw, is_internal
-from varjax.protocols import Labelled
-from varjax.statics import typed
+from varjax.type_checks import check_type, expect_given, expected_type, mismatch
 
 # --- the free-function API -------------------------------------------------------------
 
@@ -189,122 +183,6 @@ def _linen_draw(ctx: TraceContext, stream: str, module: Path, count: int) -> jax
     if draw is not None:
         return draw(ctx, stream, module, count)
     return bind_draw(stream, ctx.rng_streams[stream], module, count)
-
-
-_expected = LRU()   # _memo_key -> VarType
-
-
-def _memo_key(init_fn: Callable, args: tuple, needs_key: bool) -> Any:
-    """Initializers are usually fresh closures (``lecun_normal()``): key them by code and
-    captured values, which determine the result's type (by type and value: a captured
-    ``1`` and ``1.0`` give different dtypes).  None when not hashable."""
-    code = getattr(init_fn, "__code__", None)
-    try:
-        cells = tuple(c.cell_contents for c in getattr(init_fn, "__closure__", None) or ())
-        key = (code, typed(cells), typed(getattr(init_fn, "__defaults__", None))) if code \
-            else (init_fn,)
-        key += (typed(args), needs_key)
-        hash(key)
-        return key
-    except (TypeError, ValueError):
-        return None
-
-
-def expected_type(init_fn: Callable, args: tuple, needs_key: bool) -> VarType:
-    """The type ``init_fn`` would produce, computed abstractly (nothing runs)."""
-    memo = _memo_key(init_fn, args, needs_key)
-    found = _expected.get(memo) if memo is not None else None
-    if found is not None:
-        return found
-    if needs_key:
-        out = jax.eval_shape(lambda k: init_fn(k, *args), jax.ShapeDtypeStruct((), _key_dtype()))
-    else:
-        out = jax.eval_shape(lambda: init_fn(*args))
-    found = VarType(jax.tree.structure(out), tuple(
-        _jax.ShapedArray(x.shape, x.dtype) for x in jax.tree.leaves(out)))
-    if memo is not None:
-        _expected[memo] = found
-    return found
-
-
-def _key_dtype() -> Any:
-    return jax.eval_shape(lambda: jax.random.key(0)).dtype
-
-
-def mismatch(have: VarType, want: VarType) -> str | None:
-    """Why a value of type ``have`` cannot stand for one of type ``want``, or None.
-
-    Structure and shapes must agree, boxes of axis metadata (``nn.Partitioned``) aside:
-    as in Linen, unboxed values stand for what a boxing initializer makes, and boxed ones
-    for a plain initializer's.  A floating (or complex) dtype may stand for another
-    one, as in Linen: half-precision inference from an f32 checkpoint reads the bf16
-    values as given.  Any other dtype change (an int for a float) is a mismatch."""
-    if have.tree != want.tree and not axis_metadata.equal_unboxed(have.tree, want.tree):
-        kinds = {t.node_data()[0] for t in (have.tree, want.tree) if t.node_data()}
-        if len(kinds) == 2 and len({k.__name__ for k in kinds}) == 1:   # flax's box vs ours
-            return ("its structure differs: its node is a {0.__module__}.{0.__qualname__}, "
-                    "not the expected {1.__module__}.{1.__qualname__}").format(
-                        have.tree.node_data()[0], want.tree.node_data()[0])
-        return "its structure differs"
-    for a, b in zip(have.avals, want.avals):
-        if a.shape != b.shape:
-            return "its shape differs"
-        if a.dtype != b.dtype and not (jax.numpy.issubdtype(a.dtype, jax.numpy.inexact) and
-                                       jax.numpy.issubdtype(b.dtype, jax.numpy.inexact)):
-            return "its dtype is of another kind"
-    return None
-
-
-def shape_error(collection: str, path: Path, have: VarType, want: VarType, why: str,
-                **where_: Any) -> errors.VariableShapeError:
-    fix = "re-initialize the variables for these input shapes, or fix the init function"
-    if have.tree != want.tree and want.tree.num_leaves == 1 and not want.tree.children():
-        fix = f"pass an array (jnp.asarray(value)) for it, not a {have.tree.node_data()[0].__name__}" \
-            if have.tree.node_data() else fix
-    return errors.VariableShapeError(
-        f"the given value of variable {errors.format_path(path)} has type "
-        f"{have.describe()}, but the code expects {want.describe()}: {why}.",
-        collection=collection, path=path, **where_, fix=fix)
-
-
-def check_type(collection: str, path: Path, have: VarType, want: VarType,
-               module: Labelled | None = None) -> None:
-    """``VariableShapeError`` unless ``have`` can stand for ``want`` (see ``mismatch``);
-    ``module`` is the Module reading the variable, for the message."""
-    why = mismatch(have, want)
-    if why is not None:
-        raise shape_error(collection, path, have, want, why,
-                          **errors.where(module=module._label() if module is not None else None))
-
-
-def expect_given(ctx: TraceContext, collection: str, path: Path, init_fn: Callable[..., Any],
-            init_args: tuple) -> None:
-    """A given variable read through ``variable(..., init_fn, ...)`` must have the type
-    ``init_fn`` makes (a ``(1,)`` mean from another model would broadcast silently).
-
-    In an immutable collection that is checked here.  In a mutable one the code may treat
-    the given shape as the real one and ``init_fn`` as the shape to create -- a decode
-    cache declared with the one-step key's shape and written back at its full length --
-    so a mismatch is an error only if no later write keeps the given shape (``_write``,
-    and ``context.activate``'s exit for a variable never written).
-
-    Linen never calls ``init_fn`` for an existing variable, so code may pass arguments it
-    cannot run on then (``make_rng(...) if not exists else None``): an ``init_fn`` that
-    fails on them leaves the variable unchecked rather than failing the call."""
-    have = ctx.given[(collection, path)]
-    try:
-        want = expected_type(init_fn, init_args, False)
-    except errors.VarjaxError:
-        raise
-    except Exception:     # noqa: BLE001 -- any failure of user code: not checkable
-        return
-    why = mismatch(have, want)
-    if why is None:
-        return
-    error = shape_error(collection, path, have, want, why, **site(ctx))
-    if not ctx.is_mutable(collection):
-        raise error
-    ctx.pending[(collection, path)] = error
 
 
 def param(name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:

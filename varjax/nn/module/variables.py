@@ -13,7 +13,7 @@ from typing import Any, Callable, Self
 
 import jax
 
-from varjax import axis_metadata, errors, filters, scope, streams
+from varjax import axis_metadata, errors, filters, scope, streams, type_checks
 from varjax.context import TraceContext, site
 from varjax.functionalize import flatten_variables, unflatten_variables
 from varjax.nn.binding import BoundVariable
@@ -60,8 +60,8 @@ class VariableAPI(Lifecycle):
         if self.scope is not None and self.scope.eager():
             if self.scope.root.has("params", self._path(name)):
                 value = self.scope.root.read("params", self._path(name))
-                scope.check_type("params", self._path(name), VarType.of(value),
-                                 scope.expected_type(init_fn, init_args, True), self)
+                type_checks.check_type("params", self._path(name), VarType.of(value),
+                                       type_checks.expected_type(init_fn, init_args, True), self)
             else:
                 value = self._eager(lambda m: m.param(name, init_fn, *init_args, unbox=False))
         else:
