@@ -94,7 +94,7 @@ def _scan(d: Discharger, eqn: _jax.JaxprEqn, invals: list[Any], env: Env,
 
     def step(state, x):
         var_leaves, c = state
-        benv = {k: env[k] for k in consts_k}
+        benv = Env((k, env[k]) for k in consts_k)
         benv.update(split_vars([v for vs in var_leaves for v in vs], list(zip(carried, types)))[0])
         outs = d.run_body(body, benv, [*consts, *c, *x])
         check_same(eqn, carried, types, [var_type(benv[k]) for k in carried], "this scan body")
@@ -126,7 +126,7 @@ def _while(d: Discharger, eqn: _jax.JaxprEqn, invals: list[Any], env: Env,
     types = [var_type(env[k]) for k in carried]
 
     def loop_env(var_leaves):
-        benv = {k: env[k] for k in consts_k}
+        benv = Env((k, env[k]) for k in consts_k)
         benv.update(split_vars([v for vs in var_leaves for v in vs], list(zip(carried, types)))[0])
         return benv
 

@@ -30,9 +30,28 @@ from varjax.passes.rewrite import Region, Rewriter
 from varjax.primitives import Key, VarType, rng_draw_p, var_get_p, var_set_p
 
 ClosedJaxpr = _jax.ClosedJaxpr
-# The current value of each variable: (treedef, leaves).  Leaves are values of the trace
-# being built (Discharger) or jaxpr atoms (discharge_flat).
-Env = dict[Key, tuple[Any, list[Any]]]
+
+
+class Env(dict):
+    """The current value of each variable, ``Key -> (treedef, leaves)``: leaves are values of
+    the trace being built (``Discharger``) or jaxpr atoms (``discharge_flat``).
+
+    A dict that counts its writes (``version``), so a snapshot taken at one program point
+    serves every later one until a variable is written: a model with a custom_jvp
+    activation per layer would otherwise copy the whole environment once per layer
+    (``Discharger.guard_custom_rules``), quadratic in depth.  A plain dict works wherever
+    an ``Env`` does; it is just copied every time."""
+
+    version = 0
+
+    def __setitem__(self, key: Key, value: tuple[Any, list[Any]]) -> None:
+        self.version += 1
+        super().__setitem__(key, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.version += 1
+        super().update(*args, **kwargs)
+
 # PassContext.reenter: ``with reenter(types):`` runs user code in the trace the program
 # came from, as at a program point where the variables have ``types``.
 Reenter = Callable[[Mapping[Key, VarType]], ContextManager[Any]]
@@ -61,7 +80,7 @@ def leaves_of(env: Env, keys: Sequence[Key]) -> list[Any]:
 def split_vars(flat: Sequence[Any], types: Sequence[tuple[Key, VarType]]) -> tuple[Env, list]:
     """Inverse of ``leaves_of``: the environment of ``types`` read off the front of ``flat``,
     and the rest of ``flat``."""
-    env, i = {}, 0
+    env, i = Env(), 0
     for k, vt in types:
         n = len(vt.avals)
         env[k] = (vt.tree, list(flat[i:i + n]))
@@ -192,6 +211,7 @@ class Discharger(Rewriter):
         super().__init__()
         self.closures = Closures(sources)
         self.reenter = reenter
+        self._last_snapshot: tuple[Env, int | None, dict] | None = None
 
     def eqn(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
         env: Env = region.state["env"]
@@ -227,10 +247,19 @@ class Discharger(Rewriter):
         here, and are rejected if they touch variables (``closures.guarded_params``)."""
         if self.reenter is None or not holds_custom_call(eqn):
             return None
-        at_call = dict(env)   # the types are computed only if JAX ever traces the rule
+        at_call = self._snapshot(env)   # types are computed only if JAX traces the rule
         types = functools.cache(lambda: {k: type_of(v) for k, v in at_call.items()})
         reenter = self.reenter
         return guarded_params(eqn, lambda: reenter(types()), self.closures)
+
+    def _snapshot(self, env: Env) -> dict:
+        """A copy of ``env`` as it is now, shared with earlier calls while ``env`` is
+        unwritten (``Env.version``)."""
+        version = getattr(env, "version", None)
+        last = self._last_snapshot
+        if version is None or last is None or last[0] is not env or last[1] != version:
+            last = self._last_snapshot = (env, version, dict(env))
+        return last[2]
 
     # -- building discharged bodies ---------------------------------------------------
     def run_body(self, body: ClosedJaxpr, env: Env, args: Sequence[Any]) -> list[Any]:
@@ -293,7 +322,7 @@ def discharge_flat(closed: ClosedJaxpr, in_types: Sequence[tuple[Key, VarType]],
     ``discharger`` supplies the closures and the user's trace (default: neither)."""
     d = discharger if discharger is not None else Discharger([closed])
     jaxpr = closed.jaxpr
-    env: Env = {}
+    env = Env()
     new_invars = []
     for k, vt in in_types:
         atoms = [_jax.new_var(a) for a in vt.avals]
