@@ -1,6 +1,7 @@
 """check-mutability: reject writes to collections that are not mutable.
 
-An analysis pass: it walks every equation, nested bodies included, and raises
+An analysis pass: when the program's write set (``analysis.traffic``) names an
+immutable collection, it walks every equation, nested bodies included, and raises
 ``ImmutableCollectionError`` at the first ``var_set`` whose collection does
 not match ``ctx.mutable``, pointing at the user's line.  It never changes the
 IR, so it returns its input.  Collections starting with ``__`` are varjax's
@@ -12,7 +13,7 @@ import dataclasses
 
 from varjax import _jax, errors, filters
 from varjax.nested import enclosing_eqns, walk_eqns
-from varjax.passes.analysis import touches_variables
+from varjax.passes.analysis import traffic
 from varjax.passes.base import Pass, PassContext
 from varjax.primitives import is_internal, var_set_p
 
@@ -23,7 +24,10 @@ class CheckMutability(Pass):
     summary = "raise on writes to immutable collections"
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
-        if not touches_variables(jaxpr.effects):
+        # The write set (memoised per jaxpr, discharge reads it too) settles the common
+        # case without walking every equation: nothing immutable is written.
+        if not any(not is_internal(c) and not filters.matches(ctx.mutable, c)
+                   for c, _ in traffic(jaxpr).may_write):
             return jaxpr
         for eqn, _ in walk_eqns(jaxpr):
             if eqn.primitive is not var_set_p:

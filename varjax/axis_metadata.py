@@ -227,6 +227,8 @@ def _open(box: AxisMetadata[Any], apply_constraint: bool) -> Any:
 def unbox(tree: Any, apply_constraint: bool = True) -> Any:
     """``tree`` with every box (nested ones too) replaced by its value; see
     ``Partitioned.unbox`` for ``apply_constraint``."""
+    if isinstance(tree, jax.Array):     # the common case, once per variable read
+        return tree
     return map_axis_meta(lambda box: unbox(_open(box, apply_constraint), apply_constraint), tree)
 
 

@@ -54,11 +54,15 @@ T = TypeVar("T")
 def subjaxprs(eqn: _jax.JaxprEqn) -> list[AnyJaxpr]:
     """The jaxprs in ``eqn``'s params, in param order, closed or open as stored."""
     found: list[AnyJaxpr] = []
-    for value in eqn.params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(item, (_jax.ClosedJaxpr, _jax.Jaxpr)):
-                found.append(item)
+    for value in eqn.params.values():   # asked of every equation by every walk: kept lean
+        if isinstance(value, _BODY_TYPES):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            found.extend(item for item in value if isinstance(item, _BODY_TYPES))
     return found
+
+
+_BODY_TYPES = (_jax.ClosedJaxpr, _jax.Jaxpr)
 
 
 def open_jaxpr(jaxpr: AnyJaxpr) -> _jax.Jaxpr:

@@ -211,7 +211,7 @@ class Discharger(Rewriter):
         super().__init__()
         self.closures = Closures(sources)
         self.reenter = reenter
-        self._last_snapshot: tuple[Env, int | None, dict] | None = None
+        self._last_snapshot: tuple | None = None     # (env, version, type_of, types)
 
     def eqn(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
         env: Env = region.state["env"]
@@ -247,19 +247,22 @@ class Discharger(Rewriter):
         here, and are rejected if they touch variables (``closures.guarded_params``)."""
         if self.reenter is None or not holds_custom_call(eqn):
             return None
-        at_call = self._snapshot(env)   # types are computed only if JAX traces the rule
-        types = functools.cache(lambda: {k: type_of(v) for k, v in at_call.items()})
+        types = self._types_at(env, type_of)   # computed only if JAX traces the rule
         reenter = self.reenter
         return guarded_params(eqn, lambda: reenter(types()), self.closures)
 
-    def _snapshot(self, env: Env) -> dict:
-        """A copy of ``env`` as it is now, shared with earlier calls while ``env`` is
-        unwritten (``Env.version``)."""
+    def _types_at(self, env: Env, type_of: Callable[[tuple], VarType]
+                  ) -> Callable[[], Mapping[Key, VarType]]:
+        """The variables' types as ``env`` holds them now, computed on first ask: a copy
+        shared with earlier calls while ``env`` is unwritten (``Env.version``)."""
         version = getattr(env, "version", None)
         last = self._last_snapshot
-        if version is None or last is None or last[0] is not env or last[1] != version:
-            last = self._last_snapshot = (env, version, dict(env))
-        return last[2]
+        if version is None or last is None or last[0] is not env or last[1] != version \
+                or last[2] is not type_of:
+            at_call = dict(env)
+            last = self._last_snapshot = (env, version, type_of, functools.cache(
+                lambda: {k: type_of(v) for k, v in at_call.items()}))
+        return last[3]
 
     # -- building discharged bodies ---------------------------------------------------
     def run_body(self, body: ClosedJaxpr, env: Env, args: Sequence[Any]) -> list[Any]:

@@ -85,3 +85,22 @@ def test_a_module_with_an_unhashable_field_keeps_its_trace_to_itself(make):
     assert a.functionalize() is not b.functionalize()
     assert a.functionalize() is a.functionalize()
     assert a.apply({}, X).dtype == jnp.float32
+
+
+def test_a_models_traces_go_with_the_last_equal_model():
+    # The shared table holds traces weakly: the model object holds them, as jax.jit holds
+    # its traces by the function, so a deep model's jaxprs do not outlive it.
+    import gc
+    import weakref
+
+    model = Fill(2.0)
+    model.apply({}, X)
+    traces = weakref.ref(model.functionalize())
+    twin = Fill(2.0)
+    assert twin.functionalize() is traces()       # equal and alive: one trace
+    del model
+    gc.collect()
+    assert traces() is not None                   # the twin still holds it
+    del twin
+    gc.collect()
+    assert traces() is None

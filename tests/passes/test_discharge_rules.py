@@ -128,6 +128,36 @@ def test_custom_rules_reenter_through_the_pass_context_with_types_at_the_call():
     assert len(seen) > 1 and all(s == seen[0] for s in seen)   # again when JAX differentiates
 
 
+def test_custom_calls_see_each_write_before_them_and_share_an_unwritten_environment():
+    # The environment is copied for a custom call only when a variable was written since
+    # the last copy (one copy per layer made a deep model's discharge quadratic).
+    def f(x):
+        @jax.custom_jvp
+        def g(x):
+            return jnp.sin(x)
+        g.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+        y = g(g(x))                                            # two calls, no write between
+        vj.variable("stats", "n", jnp.zeros, ()).value = jnp.zeros((3,))   # a new type
+        return g(y)
+
+    jaxpr = vj.functionalize(f).jaxpr(jnp.float32(0.5), mutable=["stats"])
+    seen = []
+
+    @contextlib.contextmanager
+    def reenter(types):
+        seen.append(types)
+        yield
+
+    ctx = context({}, mutable=("stats",))
+    ctx.reenter = reenter
+    pure = Discharge().run(jaxpr, ctx)
+    jax.grad(lambda x: jex.jaxpr_as_fun(pure)(x)[0])(jnp.float32(0.5))
+    first, second, third = seen[:3]
+    assert first is second                                    # one snapshot, shared
+    assert ("stats", ("n",)) not in first
+    assert third[("stats", ("n",))] == VarType(SCALAR, (jax.core.ShapedArray((3,), jnp.float32),))
+
+
 def test_without_a_user_trace_custom_rules_run_as_they_are():
     jaxpr, ctx = _rule_reading_program()
     assert ctx.reenter is None

@@ -9,12 +9,12 @@ modules, so building a new but equal model per step neither retraces nor recompi
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any, Callable, Mapping, Self
 
 import jax
 
 from varjax import _jax, errors, filters
-from varjax.caches import LRU
 from varjax.context import current, site
 from varjax.functionalize import Functionalized, flatten_variables
 from varjax.nn.binding import BoundRoot, TraceRoot
@@ -107,13 +107,19 @@ class EntryPoints(Lifecycle):
         return fz.apply(variables, *args, rngs=rngs, mutable=mutable, **kwargs)
 
 
-# Equal modules (same class and fields) share their Functionalized, so building a new but
-# equal model object -- as code that constructs its model per step does -- neither retraces
-# nor recompiles.  Fields compare by type and value (``statics.typed``), down through
-# submodules, tuples and dicts: ``Fill(1)``, ``Fill(1.0)`` and ``Fill(True)`` are equal
-# dataclasses, but ``jnp.full((2,), v)`` traces to three dtypes.  Bounded, and released
-# by ``jax.clear_caches()`` (``varjax.caches``).
-_SHARED = LRU()
+# Equal modules (same class and fields) share their Functionalized while one of them is
+# alive, so a new but equal model object -- built per call, or rebuilt inside a function
+# that traces again -- neither retraces nor recompiles.  Fields compare by type and value
+# (``statics.typed``), down through submodules, tuples and dicts: ``Fill(1)``,
+# ``Fill(1.0)`` and ``Fill(True)`` are equal dataclasses, but ``jnp.full((2,), v)`` traces
+# to three dtypes.
+#
+# The table holds its entries weakly: a model's traces (jaxprs, compiled calls) are held
+# by the model object (``_varjax_functionalized``), as ``jax.jit`` holds its traces by the
+# function, and go when the last equal model does.  A loop that builds a new model object
+# per eager step and drops it therefore traces each step: keep the model, as one keeps a
+# jitted function.
+_SHARED: "weakref.WeakValueDictionary[Any, Functionalized]" = weakref.WeakValueDictionary()
 
 
 def _shared_functionalized(module: EntryPoints, key: tuple) -> Functionalized:
