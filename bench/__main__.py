@@ -25,6 +25,7 @@ SUITES = {
     "transforms": "bench.bench_transforms",
     "pipeline": "bench.bench_pipeline",
     "init": "bench.bench_init",
+    "depth": "bench.bench_depth",
 }
 
 

@@ -17,6 +17,7 @@ body's Python ``__call__`` runs per trace (one extra cold trace, not timed).
 
 Targets (varjax only; Linen is shown for comparison):
   * ``varjax <= 1.5x pure JAX`` at every depth / length;
+  * nested ``vmap``: ``varjax below Linen at every depth`` (its time under Linen's);
   * ``body traced once per level``: the innermost body runs once per trace at
     every depth (a transform that traces its body k times per level runs it k^d
     times -- Linen's scan traces it 2^d times);
@@ -204,6 +205,14 @@ def _ratio_check(table: DepthTable) -> None:
                 f"worst {worst:.2f}x at {table.key} {worst_x}")
 
 
+def _below_linen_check(table: DepthTable) -> None:
+    ratios = {x: r.ms["varjax"] / r.ms["Linen"] for x, r in table.rows}
+    slower = [x for x, ratio in ratios.items() if ratio >= 1]
+    table.check("varjax below Linen at every depth", not slower,
+                f"varjax / Linen {min(ratios.values()):.2f}x..{max(ratios.values()):.2f}x"
+                + (f"; varjax slower at {table.key} {', '.join(map(str, slower))}" if slower else ""))
+
+
 def _once_check(table: DepthTable) -> None:
     counts = {lib: [r.traces[lib] for _, r in table.rows] for lib in LIBS}
     table.check("body traced once per level", all(n == 1 for n in counts["varjax"]),
@@ -337,6 +346,8 @@ def _run() -> list[Any]:
                     pure = lambda v, x, d=d, f=pure_apply: f(v["params"], x, d)  # noqa: E731
                 table.add(d, _measure(make, stage, args, pure))
             _ratio_check(table)
+            if transform == "vmap":
+                _below_linen_check(table)
             _once_check(table)
             _linear_check(table)
             tables.append(table)
