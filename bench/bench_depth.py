@@ -38,6 +38,7 @@ deep model is ``bench_init``'s.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import tracemalloc
 from collections.abc import Callable
@@ -78,17 +79,11 @@ BLOCK_PARAMS = (
 )
 
 
-# -- the residual MLP at any depth, per framework (``models``' MLP has ``models.DEPTH`` blocks) ---
+# -- the residual MLP at any depth (``models``' builders take ``depth``) ---------------------------
 
 def residual_mlp(depth: int) -> Callable[[jax.Array, models.Param], jax.Array]:
     """``models.residual_mlp`` with ``depth`` blocks: the math over a parameter getter."""
-    def model(x: jax.Array, param: models.Param) -> jax.Array:
-        for i in range(depth):
-            h = models.dense(x, param, f"blocks_{i}/dense0")
-            h = jax.nn.relu(models.layer_norm(h, param, f"blocks_{i}/ln"))
-            x = x + models.dense(h, param, f"blocks_{i}/dense1")
-        return x
-    return model
+    return functools.partial(models.residual_mlp, depth=depth)
 
 
 def pure_create(depth: int) -> Callable[[jax.Array], dict[str, jax.Array]]:
@@ -101,54 +96,9 @@ def pure_create(depth: int) -> Callable[[jax.Array], dict[str, jax.Array]]:
     return create
 
 
-def module_mlp(nn: Any, depth: int) -> Any:
-    """``models.module_mlp(nn)`` with ``depth`` blocks: new Linen-style classes per call."""
-
-    class Block(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            h = nn.Dense(models.WIDTH, name="dense0")(x)
-            h = nn.relu(nn.LayerNorm(epsilon=models.EPS, name="ln")(h))
-            return x + nn.Dense(models.WIDTH, name="dense1")(h)
-
-    class ResidualMLP(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            for i in range(depth):
-                x = Block(name=f"blocks_{i}")(x)
-            return x
-
-    return ResidualMLP
-
-
-def nnx_mlp(depth: int) -> type[nnx.Module]:
-    """``models.nnx_mlp()`` with ``depth`` blocks: new ``nnx.Module`` classes per call."""
-    width = models.WIDTH
-
-    class Block(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs):
-            self.dense0 = nnx.Linear(width, width, rngs=rngs)
-            self.ln = nnx.LayerNorm(width, epsilon=models.EPS, rngs=rngs)
-            self.dense1 = nnx.Linear(width, width, rngs=rngs)
-
-        def __call__(self, x):
-            return x + self.dense1(nnx.relu(self.ln(self.dense0(x))))
-
-    class ResidualMLP(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs):
-            self.blocks = nnx.List([Block(rngs) for _ in range(depth)])
-
-        def __call__(self, x):
-            for block in self.blocks:
-                x = block(x)
-            return x
-
-    return ResidualMLP
-
-
 def spec(depth: int) -> models.Spec:
     return models.Spec(f"{depth}-block residual MLP", residual_mlp(depth),
-                       lambda nn: module_mlp(nn, depth), lambda: nnx_mlp(depth),
+                       lambda nn: models.module_mlp(nn, depth), lambda: models.nnx_mlp(depth),
                        (models.BATCH, models.WIDTH))
 
 
@@ -211,15 +161,15 @@ def stagers(depth: int, key: jax.Array, x: jax.Array) -> tuple[dict[str, Case], 
     }
     apply = {PURE: pure(lambda: models.pure_apply_of(residual_mlp(depth)), params, x)}
     for name, nn in LIBS.items():
-        new = lambda nn=nn: (module_mlp(nn, depth)(),)  # noqa: E731
+        new = lambda nn=nn: (models.module_mlp(nn, depth)(),)  # noqa: E731
         init[name] = Case(lambda m: staged(m.init, key, x), new)
         apply[name] = Case(lambda m: staged(m.apply, variables, x), new)
 
     def new_nnx() -> tuple[Any, Any]:
-        return nnx.split(nnx_mlp(depth)(rngs=nnx.Rngs(key)))
+        return nnx.split(models.nnx_mlp(depth)(rngs=nnx.Rngs(key)))
 
     init["flax.nnx"] = Case(lambda cls: staged(lambda k: nnx.split(cls(rngs=nnx.Rngs(k)))[1], key),
-                            lambda: (nnx_mlp(depth),))
+                            lambda: (models.nnx_mlp(depth),))
     apply["flax.nnx"] = Case(lambda g, s: staged(lambda s, x: nnx.merge(g, s)(x), s, x), new_nnx)
     return init, apply
 
@@ -254,7 +204,7 @@ def apply_tracer(framework: str, depth: int, key: jax.Array, x: jax.Array
         # the model's: the like-for-like baseline of a cache (make_jaxpr alone keeps nothing).
         holder = {"model": jax.jit(models.pure_apply_of(residual_mlp(depth))), "variables": params}
         return holder, lambda h: h["model"].trace(h["variables"], x)
-    holder = {"model": module_mlp(LIBS[framework], depth)(), "variables": models.to_linen(params)}
+    holder = {"model": models.module_mlp(LIBS[framework], depth)(), "variables": models.to_linen(params)}
     return holder, lambda h: jax.make_jaxpr(lambda v, x: h["model"].apply(v, x))(h["variables"], x)
 
 

@@ -85,9 +85,9 @@ def layer_norm(x: jax.Array, param: Param, name: str) -> jax.Array:
     return (x - jnp.expand_dims(mean, -1)) * mul + bias.reshape(1, -1)
 
 
-def residual_mlp(x: jax.Array, param: Param) -> jax.Array:
-    """Block: Dense -> LayerNorm -> relu -> Dense, plus the residual; ``DEPTH`` blocks."""
-    for i in range(DEPTH):
+def residual_mlp(x: jax.Array, param: Param, depth: int = DEPTH) -> jax.Array:
+    """Block: Dense -> LayerNorm -> relu -> Dense, plus the residual; ``depth`` blocks."""
+    for i in range(depth):
         h = dense(x, param, f"blocks_{i}/dense0")
         h = layer_norm(h, param, f"blocks_{i}/ln")
         h = jax.nn.relu(h)
@@ -188,10 +188,10 @@ def check_same_model(key: jax.Array, x: jax.Array) -> dict[str, jax.Array]:
 
 # --- Linen-style module classes, written once for any `nn` ---------------------------------
 
-def module_mlp(nn: Any) -> Any:
-    """The residual MLP as a Linen-style module class, written once for any ``nn``
-    namespace: ``module_mlp(varjax.nn)`` and ``module_mlp(flax.linen)`` differ only in
-    that argument.  Explicit names give ``residual_mlp``'s parameter paths."""
+def module_mlp(nn: Any, depth: int = DEPTH) -> Any:
+    """The residual MLP (``depth`` blocks) as a Linen-style module class, written once for
+    any ``nn`` namespace: ``module_mlp(varjax.nn)`` and ``module_mlp(flax.linen)`` differ
+    only in that argument.  Explicit names give ``residual_mlp``'s parameter paths."""
 
     class Block(nn.Module):
         @nn.compact
@@ -203,7 +203,7 @@ def module_mlp(nn: Any) -> Any:
     class ResidualMLP(nn.Module):
         @nn.compact
         def __call__(self, x):
-            for i in range(DEPTH):
+            for i in range(depth):
                 x = Block(name=f"blocks_{i}")(x)
             return x
 
@@ -234,8 +234,9 @@ def module_transformer(nn: Any) -> Any:
 
 # --- Flax NNX --------------------------------------------------------------------------------
 
-def nnx_mlp() -> type[nnx.Module]:
-    """The residual MLP as new ``nnx.Module`` classes (construct with ``rngs=``)."""
+def nnx_mlp(depth: int = DEPTH) -> type[nnx.Module]:
+    """The residual MLP (``depth`` blocks) as new ``nnx.Module`` classes (construct with
+    ``rngs=``)."""
 
     class Block(nnx.Module):
         def __init__(self, rngs: nnx.Rngs):
@@ -248,7 +249,7 @@ def nnx_mlp() -> type[nnx.Module]:
 
     class ResidualMLP(nnx.Module):
         def __init__(self, rngs: nnx.Rngs):
-            self.blocks = nnx.List([Block(rngs) for _ in range(DEPTH)])
+            self.blocks = nnx.List([Block(rngs) for _ in range(depth)])
 
         def __call__(self, x):
             for block in self.blocks:

@@ -119,9 +119,6 @@ class Rewriter:
         self.by_primitive: dict[Any, list[Rule]] = {}
         for r in rules:
             self.by_primitive.setdefault(r.primitive, []).append(r)
-        # Rules to try per primitive (its own, then the any-primitive ones), built on first
-        # ask: the matcher runs once per equation of every program.
-        self._candidates: dict[Any, list[Rule]] = {}
         # Memoised ``needs_rewrite``: bodies are asked about at every nesting level.
         self.touches: Callable[[ClosedJaxpr | _jax.Jaxpr], bool] = nested.per_jaxpr(
             lambda j: self.needs_rewrite(j))
@@ -129,11 +126,7 @@ class Rewriter:
 
     # -- matching ------------------------------------------------------------------
     def rule_for(self, eqn: _jax.JaxprEqn) -> Rule | None:
-        candidates = self._candidates.get(eqn.primitive)
-        if candidates is None:
-            candidates = self._candidates[eqn.primitive] = (
-                self.by_primitive.get(eqn.primitive, []) + self.by_primitive.get(None, []))
-        for r in candidates:
+        for r in self.by_primitive.get(eqn.primitive, []) + self.by_primitive.get(None, []):
             if r.match(eqn):
                 return r
         return None

@@ -23,7 +23,6 @@ from varjax.protocols import Labelled
 from varjax.statics import typed
 
 _expected = LRU()   # _memo_key -> VarType
-_by_object = LRU()  # _object_key -> VarType: the same initializer object asked again
 
 
 def _memo_key(init_fn: Callable, args: tuple, needs_key: bool) -> Any:
@@ -42,32 +41,8 @@ def _memo_key(init_fn: Callable, args: tuple, needs_key: bool) -> Any:
         return None
 
 
-def _object_key(init_fn: Callable, args: tuple, needs_key: bool) -> Any:
-    """A layer's default initializer is one object asked once per layer: keyed by the
-    object and the identity of what it captured (a rebound closure cell is a new key), it
-    skips ``_memo_key``'s walk over the captured values.  None when not hashable."""
-    try:
-        cells = tuple(id(c.cell_contents) for c in getattr(init_fn, "__closure__", None) or ())
-        key = (init_fn, cells, typed(args), needs_key)
-        hash(key)
-        return key
-    except (TypeError, ValueError):
-        return None
-
-
 def expected_type(init_fn: Callable, args: tuple, needs_key: bool) -> VarType:
     """The type ``init_fn`` would produce, computed abstractly (nothing runs)."""
-    fast = _object_key(init_fn, args, needs_key)
-    found = _by_object.get(fast) if fast is not None else None
-    if found is not None:
-        return found
-    found = _by_code(init_fn, args, needs_key)
-    if fast is not None:
-        _by_object[fast] = found
-    return found
-
-
-def _by_code(init_fn: Callable, args: tuple, needs_key: bool) -> VarType:
     memo = _memo_key(init_fn, args, needs_key)
     found = _expected.get(memo) if memo is not None else None
     if found is not None:

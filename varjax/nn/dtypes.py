@@ -43,7 +43,7 @@ def canonicalize_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> A
         dtypes = {x.dtype for x in args if isinstance(x, jax.Array) and not x.weak_type}
         if len(dtypes) == 1 and all(x is None or isinstance(x, jax.Array) for x in args):
             (only,) = dtypes                    # the common case: nothing to promote
-            if not inexact or _is_inexact(only):
+            if not inexact or jnp.issubdtype(only, jnp.inexact):
                 return only
         with jax.numpy_dtype_promotion("standard"):
             # A nested list (the model input) counts as jnp.asarray sees it, as in Linen.
@@ -54,16 +54,6 @@ def canonicalize_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> A
     if inexact and not jnp.issubdtype(dtype, jnp.inexact):
         raise ValueError(f"dtype must be inexact (floating or complex) here, got {jnp.dtype(dtype)}")
     return dtype
-
-
-_inexact: dict[Any, bool] = {}   # dtype -> issubdtype(dtype, inexact): asked per layer call
-
-
-def _is_inexact(dtype: Any) -> bool:
-    found = _inexact.get(dtype)
-    if found is None:
-        found = _inexact[dtype] = bool(jnp.issubdtype(dtype, jnp.inexact))
-    return found
 
 
 def promote_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> list[Any]:

@@ -4,7 +4,7 @@
 binds the clone to the running trace (a ``TraceRoot``) and calls the method;
 ``init`` is ``apply`` with nothing given and everything but ``intermediates``
 mutable.  The ``Functionalized`` is cached on the module and shared by equal
-modules, so building a new but equal model per step neither retraces nor recompiles.
+modules while one is alive (see ``_SHARED``), and goes with the last of them.
 """
 from __future__ import annotations
 
