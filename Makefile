@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: install test demo examples digits ensemble char_lm parallel multihost bench fuzz fuzz-linen dump lint clean
+.PHONY: install test demo examples digits ensemble char_lm parallel multihost lora bench fuzz fuzz-linen dump docs lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,8 @@ fuzz-linen: $(VENV)/.installed-test
 demo: $(VENV)/.installed-examples
 	$(BIN)/python examples/demo.py
 
-digits ensemble char_lm parallel multihost: %: $(VENV)/.installed-examples
-	$(BIN)/python examples/$*.py
+digits ensemble char_lm parallel multihost lora: %: $(VENV)/.installed-examples
+	$(BIN)/python examples/$(subst lora,lora_finetune,$*).py
 
 examples: digits ensemble char_lm
 
@@ -44,10 +44,15 @@ dump: $(VENV)/.installed-examples
 	rm -rf dumps && VARJAX_DUMP_DIR=dumps $(BIN)/python examples/demo.py > /dev/null
 	find dumps -type f | sort
 
+# The API reference, generated from the docstrings (tests/test_api_docs.py builds it in CI).
+docs: $(VENV)/.installed-docs
+	$(BIN)/python -m docs.build docs/api
+	@echo "API reference: docs/api/index.html"
+
 lint: $(VENV)/.installed-test
 	$(BIN)/python -m ruff check varjax passes tests bench examples
 	@test "$$(git grep -l 'jax\._src' -- varjax passes)" = "varjax/_jax.py" || \
 	  (echo "jax._src imported outside varjax/_jax.py:"; git grep -l 'jax\._src' -- varjax passes; exit 1)
 
 clean:
-	rm -rf $(VENV) dumps .pytest_cache .hypothesis
+	rm -rf $(VENV) dumps docs/api .pytest_cache .hypothesis
