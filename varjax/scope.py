@@ -211,7 +211,10 @@ def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_ar
             fix="call init with a key or a vj.Rngs: fn.init(jax.random.key(0), ...)")
     value = run_init(init_fn, draw_at(ctx, streams.PARAMS, path, module=path[:-1]), *init_args)
     _write(ctx, "params", path, value)
-    return value
+    # Read back: every use of a parameter's value starts at a ``var_get``, in init as in
+    # apply, so a pass that rewrites reads (cast, quantize, adapt) changes both alike;
+    # forward-stores turns the read back into the stored value.
+    return _read(ctx, "params", path)
 
 
 class Variable:
