@@ -239,6 +239,11 @@ class NotProvidedError(VarjaxError, NotImplementedError):
     ported code imports); the message says why and what to use instead."""
 
 
+class MissingDependencyError(VarjaxError, ImportError):
+    """An optional package or program a tool needs is not installed (Graphviz for
+    rendering the dataflow graph); the fix says what to install.  Also an ``ImportError``."""
+
+
 class PartitioningError(VarjaxError, ValueError):
     """Partitioning metadata that cannot be used: a logical name on two axes, rules that are
     not a sequence of pairs, an axis no rule places where a rule is required, or a lifted
