@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Union
 
-Filter = Union[bool, str, "DenyList", tuple, list]
-
 
 @dataclasses.dataclass(frozen=True)
 class DenyList:
@@ -21,6 +19,10 @@ class DenyList:
 
     def __post_init__(self):
         object.__setattr__(self, "deny", freeze(self.deny))
+
+
+# After DenyList, so that the alias holds the class, not a name to resolve later.
+Filter = Union[bool, str, DenyList, tuple, list]
 
 
 def freeze(f: Filter) -> Any:
