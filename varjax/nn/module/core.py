@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import typing
 from typing import Any, Callable
 
 from varjax import errors
@@ -28,7 +29,9 @@ class Module(VariableAPI, LiftHooks, Tabulation):
 
     Implements ``varjax.protocols.Labelled``, ``LiftableModule`` and ``LiftableModuleClass``."""
 
-    parent: Any = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
+    # ``typing.Any``, not ``Any``: the generated ``__init__`` of a subclass resolves this
+    # annotation in the subclass's module, which need not import ``Any`` (pdoc does that).
+    parent: typing.Any = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
     # The marker by which varjax.lifting recognises a module (``protocols.LiftableModule``):
     # lifted transforms close over a leading Module argument.
     _varjax_module = True
