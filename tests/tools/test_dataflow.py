@@ -195,12 +195,13 @@ def test_dot_text_is_structurally_valid_and_clusters_modules():
     x = jnp.ones((1, 2), jnp.float32)
     model = TwoLayers()
     g = dataflow(model, x, variables=model.init(jax.random.key(0), x))
-    dot = to_dot(g)
+    dot = to_dot(g, legend=False)
     assert dot.startswith("digraph")
     assert dot.count("{") == dot.count("}")
     assert all(f'"{label}"' in dot for _, label in g.nodes(data="label"))
     assert dot.count("subgraph cluster_") == 3
     assert dot.count("->") == g.number_of_edges()
+    assert "legend" not in dot and to_dot(g) == g.to_dot() != dot
 
 
 def test_bad_target_type_raises_a_clear_error():

@@ -47,9 +47,14 @@ Sharp edges:
     ``mutable=`` selects.
   * The given variables are recorded as the graph attribute ``given`` (a frozenset of
     ``(collection, path)``); ``unreachable`` uses it to report variables never read at all.
+
+The graph is a ``DataflowGraph``, a networkx ``DiGraph`` with ``to_dot()`` and ``render(path)``
+(``varjax.tools.dot``: a picture with a legend, through Graphviz).
 """
 from __future__ import annotations
 
+import os
+import pathlib
 from typing import Any, Hashable, Iterable, Mapping
 
 import networkx as nx
@@ -59,7 +64,11 @@ from varjax.effects import RngEffect
 from varjax.functionalize import flatten_variables
 from varjax.passes.analysis import key_of, touches_variables
 from varjax.primitives import Key, Path, rng_draw_p, var_get_p, var_set_p
+from varjax.tools.dot import render, to_dot
 from varjax.tools.target import as_functionalized
+
+__all__ = ["DataflowGraph", "dataflow", "dead_params", "graph_of_jaxpr", "render", "to_dot",
+           "unreachable"]
 
 Node = tuple[Hashable, ...]
 Store = dict[Key, frozenset]   # variable -> sources of its current value; missing: its read node
@@ -68,8 +77,23 @@ _NONE: frozenset = frozenset()
 _KIND_ORDER = {"rng": 0, "read": 1, "write": 2, "output": 3}
 
 
+class DataflowGraph(nx.DiGraph):
+    """The networkx ``DiGraph`` that ``dataflow`` returns, with its pictures as methods."""
+
+    def to_dot(self, name: str = "dataflow", legend: bool = True) -> str:
+        """Graphviz DOT text (``varjax.tools.dot.to_dot``)."""
+        return to_dot(self, name=name, legend=legend)
+
+    def render(self, path: str | os.PathLike, format: str | None = None, name: str = "dataflow",
+               legend: bool = True) -> pathlib.Path:
+        """Draw the graph to ``path`` in ``format``, by default the one its suffix names
+        (``.svg``, ``.png``, ``.pdf``, ``.dot``...), through Graphviz (``varjax.tools.dot.render``:
+        ``MissingDependencyError`` without it); returns the path written."""
+        return render(self, path, format=format, name=name, legend=legend)
+
+
 def dataflow(target: Any, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
-             mutable: Any = False, **kwargs: Any) -> nx.DiGraph:
+             mutable: Any = False, **kwargs: Any) -> DataflowGraph:
     """The variable dataflow graph of ``target`` called on ``args`` (see the module docstring).
 
     ``target`` is anything ``varjax.tools.target.as_functionalized`` accepts: a function, a
@@ -82,14 +106,14 @@ def dataflow(target: Any, *args: Any, variables: Mapping[str, Any] | None = None
 
 
 def graph_of_jaxpr(closed: _jax.ClosedJaxpr | _jax.Jaxpr,
-                   given: Iterable[Key] = ()) -> nx.DiGraph:
+                   given: Iterable[Key] = ()) -> DataflowGraph:
     """The dataflow graph of an effectful jaxpr; ``given`` lists the variables passed in."""
     flow = _Flow()
     jaxpr = nested.open_jaxpr(closed)
     outs, _ = flow.run(jaxpr, [_NONE] * len(jaxpr.invars), {}, _NONE)
     for i, sources in enumerate(outs):
         flow.sink(("output", i), sources)
-    graph = nx.DiGraph(given=frozenset(given))
+    graph = DataflowGraph(given=frozenset(given))
     for node in sorted(flow.nodes, key=_order):
         graph.add_node(node, **_attributes(node))
     for sink, sources in flow.edges.items():
@@ -270,53 +294,3 @@ def dead_params(target: Any, *args: Any, variables: Mapping[str, Any], rngs: Any
     """``unreachable(dataflow(...), "params")``: the params that cannot affect the result."""
     graph = dataflow(target, *args, variables=variables, rngs=rngs, mutable=mutable, **kwargs)
     return unreachable(graph, "params")
-
-
-# -- Graphviz ----------------------------------------------------------------------------
-
-_STYLE = {
-    "read": 'shape=ellipse, style=filled, fillcolor="#dbe9f6"',
-    "write": 'shape=box, style=filled, fillcolor="#f9dcc4"',
-    "rng": 'shape=diamond, style=filled, fillcolor="#e2f0cb"',
-    "output": 'shape=doubleoctagon, style=filled, fillcolor="#eeeeee"',
-}
-
-
-def to_dot(graph: nx.DiGraph, name: str = "dataflow") -> str:
-    """Graphviz DOT text for a ``dataflow`` graph: nodes by kind, clusters by module path.
-
-    Written by hand so that no Graphviz or pydot package is needed; render it with
-    ``dot -Tsvg``.
-    """
-    ids = {node: f"n{i}" for i, node in enumerate(sorted(graph.nodes, key=_order))}
-    tree: dict[str, Any] = {"": [], "children": {}}   # module tree: nodes here, sub-modules
-    for node in ids:
-        scope = tree
-        module = graph.nodes[node].get("module", "")
-        for part in module.split("/") if module else ():
-            scope = scope["children"].setdefault(part, {"": [], "children": {}})
-        scope[""].append(node)
-
-    lines = [f"digraph {_quote(name)} {{", "  rankdir=LR;", '  node [fontname="Helvetica"];']
-    counter = iter(range(len(ids) + 1))
-
-    def emit(scope: dict, indent: str) -> None:
-        for node in scope[""]:
-            data = graph.nodes[node]
-            style = _STYLE.get(data.get("kind"), "")
-            lines.append(f"{indent}{ids[node]} [label={_quote(data.get('label', str(node)))}, {style}];")
-        for part, child in sorted(scope["children"].items()):
-            lines.append(f"{indent}subgraph cluster_{next(counter)} {{")
-            lines.append(f"{indent}  label={_quote(part)};")
-            emit(child, indent + "  ")
-            lines.append(f"{indent}}}")
-
-    emit(tree, "  ")
-    for u, v in sorted(graph.edges, key=lambda e: (ids[e[0]], ids[e[1]])):
-        lines.append(f"  {ids[u]} -> {ids[v]};")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
