@@ -5,7 +5,9 @@
 headed by the pipeline string, so the run can be repeated), then
 ``01-<pass>.txt``, ... each headed ``// after <pass> (changed)`` or
 ``(unchanged)``, and for each pass that changed the IR ``01-<pass>.diff``, a
-unified diff against the IR before it.  "Changed" is the identity check of the
+unified diff against the IR before it.  JAX renames every variable after an
+inserted equation; the diff is taken after matching the variables of the two
+texts (``rename_like``), so it shows only the equations the pass changed.  "Changed" is the identity check of the
 pass contract: a pass that changed nothing returned its input.
 A pass that raises gets a file holding the IR it was given, so the crash can
 be reproduced from the dump alone.
@@ -155,9 +157,67 @@ class Dump(_Printer):
 
 
 def unified_diff(before_name: str, before: str, after_name: str, after: str) -> str:
-    """What a pass changed, as a unified diff of the IR texts (headers left out)."""
+    """What a pass changed, as a unified diff of the IR texts (headers left out).
+
+    JAX names variables in order of appearance, so one inserted equation renames every
+    variable after it.  The diff is taken after renaming ``before``'s variables to
+    ``after``'s names (see ``rename_like``): a line shows as changed only if it changed
+    other than by that renaming, and both sides of the diff read in ``after``'s names."""
     a, b = ([line for line in text.splitlines() if not line.startswith("//")] for text in (before, after))
+    a = rename_like(a, b)
     return "\n".join(difflib.unified_diff(a, b, before_name, after_name, lineterm="")) + "\n"
+
+
+# A variable as JAX prints it: a lowercase name, as a binder (``c:f32[3]``) or a use
+# (``mul c d``, ``in (c,)``); not a primitive (right after ``= ``), a param name or value
+# (``axes=(0,)``, ``name=c``), nor inside brackets (``var_get[params:w]``).
+_NAME = re.compile(r"(?<![\w.'\"\[=/])(?<!= )(?!(?:lambda|let) |in \()([a-z]+)(?=[\s:,)]|$)")
+
+
+def _code(line: str) -> tuple[str, str]:
+    """A printed line as code and trailing comment (never renamed)."""
+    at = line.find("  # ")
+    return (line, "") if at < 0 else (line[:at], line[at:])
+
+
+def _binders(lines: Sequence[str]) -> list[list[str]]:
+    """The names each line binds (``name:type``), in order."""
+    return [[m.group(1) for m in _NAME.finditer(_code(line)[0])
+             if m.end() < len(_code(line)[0]) and _code(line)[0][m.end()] == ":"] for line in lines]
+
+
+def _substitute(line: str, names: dict[str, str] | set[str], to: str | None = None) -> str:
+    code, comment = _code(line)
+    code = _NAME.sub(lambda m: (to if to is not None else names[m.group(1)])
+                     if m.group(1) in names else m.group(1), code)
+    return code + comment
+
+
+def rename_like(before: list[str], after: list[str]) -> list[str]:
+    """``before`` with its variables renamed to the names the same variables have in
+    ``after``.
+
+    Lines are matched on their form with every variable name blanked out (difflib's
+    longest matching blocks); the binders of each matched pair are the same variables.  A
+    variable of ``before`` with no match (its equation was removed or rewritten) keeps its
+    name, primed (``c'``) where ``after`` uses that name for another variable.  Operands
+    are renamed through the binders only, so a pass that changes which variable an
+    equation reads shows that line as changed."""
+    binders_a, binders_b = _binders(before), _binders(after)
+    names_a = {n for line in binders_a for n in line}
+    names_b = {n for line in binders_b for n in line}
+    forms_a = [_substitute(line, names_a, "%") for line in before]
+    forms_b = [_substitute(line, names_b, "%") for line in after]
+    rename: dict[str, str] = {}
+    matcher = difflib.SequenceMatcher(None, forms_a, forms_b, autojunk=False)
+    for i, j, size in matcher.get_matching_blocks():
+        for k in range(size):
+            for x, y in zip(binders_a[i + k], binders_b[j + k]):
+                rename.setdefault(x, y)
+    taken = set(rename.values())
+    for name in names_a - rename.keys():
+        rename[name] = f"{name}'" if name in names_b or name in taken else name
+    return [_substitute(line, rename) for line in before]
 
 
 def _render(header: str, jaxpr: _jax.ClosedJaxpr, source: bool) -> str:

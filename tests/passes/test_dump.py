@@ -193,3 +193,45 @@ def test_selective_dump_from_the_environment(tmp_path, monkeypatch):
 def test_dump_after_an_unknown_pass_is_an_error():
     with pytest.raises(PipelineError, match="unknown pass 'td-noopp'"):
         Pipeline.parse("td-noop", dump_after=["td-noopp"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepend(Pass):
+    """Inserts one equation in front: JAX renames every variable after it."""
+    name = "td-prepend"
+
+    def run(self, jaxpr, ctx):
+        return jax.make_jaxpr(lambda x: jex.jaxpr_as_fun(jaxpr)(x * 2.0))(jnp.ones(2, jnp.float32))
+
+
+def _longer(x):
+    y = jnp.sin(x) * jnp.cos(x)
+    z = jnp.exp(y) + jnp.tanh(x)
+    return (z * y).sum(), z - 1.0
+
+
+def test_diff_ignores_renaming_and_shows_the_inserted_equation(tmp_path):
+    jaxpr = jax.make_jaxpr(_longer)(jnp.ones(2, jnp.float32))
+    Pipeline.parse("td-prepend", dump_dir=tmp_path).run(jaxpr, PassContext())
+    (run_dir,) = run_dirs(tmp_path)
+    changed = [line for line in (run_dir / "01-td-prepend.diff").read_text().splitlines()
+               if line[:1] in "+-" and not line.startswith(("---", "+++"))]
+    # The new mul, and the three equations that read x (sin, cos, tanh), now reading its
+    # output; the six other equations and the outputs are context, not changes.
+    ops = [line.split("=")[1].split()[0] for line in changed]
+    assert sorted(ops) == ["cos", "cos", "mul", "sin", "sin", "tanh", "tanh"], changed
+    assert any(line.startswith("+") and "mul a 2.0" in line for line in changed)
+    assert len(jaxpr.eqns) == 9     # a diff of the raw texts changes every line
+
+
+def test_diff_shows_an_operand_change():
+    """Variables are matched through their binders, so reading another variable is a change."""
+    from varjax.passes.dump import unified_diff
+    before = ("{ lambda ; a:f32[2]. let\n    b:f32[2] = sin a\n    c:f32[2] = mul b 2.0:f32[]\n"
+              "    var_set[params:w] c\n  in (c, b) }")
+    after = ("{ lambda ; a:f32[2]. let\n    b:f32[2] = neg a\n    c:f32[2] = sin b\n"
+             "    d:f32[2] = mul c 2.0:f32[]\n    var_set[params:w] d\n  in (d, b) }")
+    lines = unified_diff("x", before, "y", after).splitlines()[3:]
+    assert [line for line in lines if line[:1] in "+-"] == [
+        "-    c:f32[2] = sin a", "+    b:f32[2] = neg a", "+    c:f32[2] = sin b",
+        "-  in (d, c) }", "+  in (d, b) }"]
