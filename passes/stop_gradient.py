@@ -1,0 +1,62 @@
+"""stop-gradient: no gradient flows into the variables of one collection (freeze it).
+
+Every ``var_get`` of ``collection`` -- at any depth, in ``init`` as in ``apply`` -- is
+followed by ``lax.stop_gradient``, so the pure function's derivative with respect to
+those variables is zero while their values, and everything else, are unchanged.
+``under=Encoder`` narrows it to the variables under one module path (``/``-separated
+names), to freeze part of a model.  Writes are left alone: a collection updated in
+place (``batch_stats``) keeps updating.  ``notes/pass-library.md`` shows the IR.
+
+Use as ``vj.functionalize(fn, passes="stop-gradient{collection=params}")``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from varjax import _jax
+from varjax.passes.base import Pass, PassContext
+from varjax.passes.rewrite import Region, Rewriter, Rule
+from varjax.primitives import Path, var_get_p
+
+
+def split_path(text: str) -> Path:
+    """``"Dense_0/kernel"`` as a variable path: ``("Dense_0", "kernel")``; ``""`` is ``()``."""
+    return tuple(name for name in text.split("/") if name)
+
+
+class ReadRewriter(Rewriter):
+    """A rewriter whose rules replace reads on their own: each rewrite depends only on
+    the equation, so a top-level read is spliced in place without re-tracing."""
+
+    local = True
+
+
+@dataclasses.dataclass(frozen=True)
+class StopGradientRead(Rule):
+    primitive = var_get_p
+    collection: str
+    under: Path = ()
+
+    def match(self, eqn: _jax.JaxprEqn) -> bool:
+        p = eqn.params
+        return p["collection"] == self.collection and p["path"][:len(self.under)] == self.under
+
+    def rewrite(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
+        return [jax.lax.stop_gradient(x) for x in region.bind(eqn, invals)]
+
+
+@dataclasses.dataclass(frozen=True)
+class StopGradient(Pass):
+    name = "stop-gradient"
+    summary = "reads of `collection` (under the module path `under`) carry no gradient"
+    # In init a parameter is read back after it is created; forward-stores would turn
+    # that read into the created value before this pass saw it.
+    before = ("forward-stores", "discharge")
+    collection: str
+    under: str = ""
+
+    def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
+        return ReadRewriter([StopGradientRead(self.collection, split_path(self.under))]).run(jaxpr)
