@@ -1,8 +1,11 @@
 """``python -m varjax``: a few real subprocesses (each imports JAX), the rest through ``main``."""
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import jax
 import pytest
 
 from varjax.tools.cli import main, parse_shape
@@ -57,6 +60,9 @@ def test_dump_after_discharge_writes_files_and_dot(example, tmp_path):
     assert "var_get" not in done.stdout and "f32[3,2]" in done.stdout   # pure: w is an input
     assert any(out.rglob("*")), "--out wrote nothing"
     assert dot.read_text().startswith("digraph")
+    (run_dir,) = out.iterdir()
+    wrote = [line for line in done.stdout.splitlines() if line.startswith("wrote ")]
+    assert [Path(line[6:]).resolve() for line in wrote] == [run_dir, dot]
 
 
 def test_summary_of_a_module_class(example):
@@ -120,3 +126,44 @@ def test_bad_target_is_a_usage_error(example, capsys, ref, message):
     with pytest.raises(SystemExit) as exit:
         main(["summary", ref.format(example=example)])
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_written_files_are_printed_relative_to_the_current_folder(example, tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dumps").mkdir()
+    (tmp_path / "dumps" / "earlier-run").mkdir()     # not this run's: not printed
+    assert main(["dump", f"{example}:loss", "--shape", "x=f32[2,3]", "--after", "discharge",
+                 "--out", str(tmp_path / "dumps"), "--dot", "graphs/../flow.dot"]) == 0
+    wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    (run_dir,) = set((tmp_path / "dumps").iterdir()) - {tmp_path / "dumps" / "earlier-run"}
+    assert wrote == [f"wrote dumps/{run_dir.name}", "wrote flow.dot"]
+    assert "legend" in (tmp_path / "flow.dot").read_text()
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot program is not installed")
+def test_svg_and_png_draw_the_dataflow_graph(example, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("graphviz")
+    monkeypatch.chdir(tmp_path)
+    assert main(["dump", f"{example}:mlp", "--shape", "x=f32[2,3]", "--after", "discharge",
+                 "--svg", "flow.svg", "--png", "pictures/../flow.png"]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ["wrote flow.svg", "wrote flow.png"]
+    assert "params:Dense_0/kernel" in (tmp_path / "flow.svg").read_text()
+    assert (tmp_path / "flow.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_svg_without_graphviz_is_exit_1_saying_what_to_install(example, tmp_path, monkeypatch,
+                                                                 capsys):
+    monkeypatch.setitem(sys.modules, "graphviz", None)
+    assert main(["dump", f"{example}:loss", "--shape", "x=f32[2,3]", "--after", "discharge",
+                 "--svg", str(tmp_path / "flow.svg")]) == 1
+    err = capsys.readouterr().err
+    assert "MissingDependencyError" in err and "pip install graphviz" in err
+    assert not (tmp_path / "flow.svg").exists()
+
+
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="64-bit dtypes are enabled")
+def test_64_bit_shape_without_x64_is_a_usage_error(example, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["summary", f"{example}:MLP", "--shape", "x=f64[2,3]"])
+    assert exit.value.code == 2 and "JAX_ENABLE_X64=1" in capsys.readouterr().err

@@ -141,9 +141,9 @@ def render(graph: nx.DiGraph, path: str | os.PathLike, format: str | None = None
     """Draw ``graph`` to ``path`` in ``format`` (default: the one its suffix names); returns
     the path written.
 
-    ``.dot``/``.gv`` write the DOT text; other formats (``.svg``, ``.png``, ``.pdf``...) go
-    through Graphviz, and raise ``MissingDependencyError`` if the ``graphviz`` package or the
-    ``dot`` program is missing.
+    Missing parent folders are created.  ``.dot``/``.gv`` write the DOT text; other formats
+    (``.svg``, ``.png``, ``.pdf``...) go through Graphviz, and raise ``MissingDependencyError``
+    if the ``graphviz`` package or the ``dot`` program is missing.
     """
     path = Path(path)
     fmt = (format or path.suffix[1:]).lower()
@@ -152,6 +152,7 @@ def render(graph: nx.DiGraph, path: str | os.PathLike, format: str | None = None
                          "suffix such as .svg, .png, .pdf or .dot")
     text = to_dot(graph, name=name, legend=legend)
     if fmt in _TEXT_SUFFIXES:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         return path
     try:
@@ -169,6 +170,7 @@ def render(graph: nx.DiGraph, path: str | os.PathLike, format: str | None = None
         raise MissingDependencyError(
             f"rendering {path.name} needs Graphviz's dot program, which is not on the PATH",
             fix=_INSTALL) from None
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(picture)
     return path
 
