@@ -184,7 +184,7 @@ def _node_axes(in_axes: Any, args: tuple, kwargs: dict, graph: Graph, what: str)
             raise errors.InconsistentAliasError(
                 f"{what}: one object is passed twice, with in_axes {axes[node_index]} and "
                 f"{axis}; it has one value, so it cannot be both.",
-                path=node.prefix, **errors.where(),
+                path=node.prefix or None, **errors.where(),
                 fix="pass it once, or with the same axis in both places")
     return [axes[i] for i in range(len(graph.nodes))]
 
