@@ -841,8 +841,26 @@ def test_module_errors(case):
     _run(case)
 
 
+def _alias_with_two_axes():
+    c = vj.Variable(jnp.zeros(3), collection="counts")
+    vj.vmap(lambda a, b: a.value, in_axes=(0, None))(c, c)
+
+
+OTHERS = {
+    "object passed at two vmap axes": Case(_alias_with_two_axes, errors.InconsistentAliasError),
+    "a Linen name varjax does not provide": Case(
+        lambda: nn.partitioning.param_with_axes("w", nn.initializers.ones, (3,)),
+        errors.NotProvidedError),
+}
+
+
+@pytest.mark.parametrize("case", list(OTHERS.values()), ids=list(OTHERS))
+def test_other_errors(case):
+    _run(case)
+
+
 def test_every_error_class_has_a_case():
-    raised = {c.error for table in (TRACE_TIME, PASS_TIME, PIPELINE, MODULES)
+    raised = {c.error for table in (TRACE_TIME, PASS_TIME, PIPELINE, MODULES, OTHERS)
               for c in table.values()}
     defined = {getattr(errors, n) for n in errors.__all__
                if isinstance(getattr(errors, n), type) and getattr(errors, n) is not errors.VarjaxError}

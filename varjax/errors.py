@@ -35,6 +35,16 @@ Use ``where(eqn.source_info)`` for ``source=`` and ``module=`` at every raise si
 that has an equation, and ``where()`` (or ``context.site()``, which adds the
 running module) while tracing.
 
+Tracebacks.  A ``VarjaxError`` that leaves a public entry point (``init``,
+``apply``, ``jaxpr``, ... of ``vj.functionalize`` and of ``varjax.nn`` modules;
+see ``api_boundary``) has varjax's own frames (``varjax/``, ``passes/``) removed
+from its traceback, as JAX removes its frames: what is left is the user's code
+and the innermost frame, the line that raised it.  A note on the exception says
+so.  ``VARJAX_TRACEBACK_FILTERING=off`` keeps every frame (read when an error
+is raised, so it can be set at any time); JAX's own filtering is
+``JAX_TRACEBACK_FILTERING``.  Only varjax errors are filtered: any other
+exception (a bug, an error in user code) keeps its whole traceback.
+
 Sharp edges:
   * The source line is the first frame outside JAX and varjax.  Code called
     through a library you wrote yourself points at that library.
@@ -47,9 +57,12 @@ Sharp edges:
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import sys
 import threading
-from typing import Any, Iterator, Sequence
+import types
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from varjax import _jax
 
@@ -60,7 +73,8 @@ __all__ = [
     "VariableStructureError", "TransformError", "UnsupportedPrimitiveError",
     "PipelineError", "PassError", "VerificationError", "ModuleError", "NameInUseError",
     "AssignSubModuleError", "UnboundModuleError", "InvalidScopeError", "FrozenModuleError",
-    "ConfigError",
+    "ConfigError", "InconsistentAliasError", "NotProvidedError",
+    "TRACEBACK_FILTERING_ENV", "api_boundary",
     "format_path", "source_text", "module_text", "where", "enclosing", "call_site",
 ]
 
@@ -153,6 +167,62 @@ def where(source_info: _jax.SourceInfo | None = None, module: str | None = None)
     ``module`` (a trace-time ``Module._label()``) wins over the name stack."""
     return {"source": source_text(source_info),
             "module": module if module is not None else module_text(source_info)}
+
+
+TRACEBACK_FILTERING_ENV = "VARJAX_TRACEBACK_FILTERING"
+_OFF = ("off", "0", "false", "no")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# varjax/ and passes/ (installed as varjax/passes/, a checkout has it beside varjax/).
+_INTERNAL = (_HERE + os.sep, os.path.join(os.path.dirname(_HERE), "passes") + os.sep)
+_FILTERED_NOTE = (f"--------------------\nvarjax removed its internal frames from this traceback;"
+                  f" set {TRACEBACK_FILTERING_ENV}=off to keep them.")
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _is_internal(filename: str) -> bool:
+    return filename.startswith(_INTERNAL) or (
+        not os.path.isabs(filename) and os.path.abspath(filename).startswith(_INTERNAL))
+
+
+def hide_internal_frames(exc: BaseException) -> None:
+    """Removes varjax's frames from ``exc``'s traceback, except the innermost one (the
+    raise site), and notes it on ``exc``; nothing when filtering is off."""
+    if os.environ.get(TRACEBACK_FILTERING_ENV, "").strip().lower() in _OFF:
+        return
+    entries = []
+    tb = exc.__traceback__
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    keep = [t for i, t in enumerate(entries)
+            if i == len(entries) - 1 or not _is_internal(t.tb_frame.f_code.co_filename)]
+    if len(keep) == len(entries):
+        return
+    rebuilt = None
+    for t in reversed(keep):
+        rebuilt = types.TracebackType(rebuilt, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    exc.__traceback__ = rebuilt
+    if _FILTERED_NOTE not in getattr(exc, "__notes__", ()):
+        exc.add_note(_FILTERED_NOTE)
+
+
+def api_boundary(fn: _F) -> _F:
+    """Marks a public entry point: a ``VarjaxError`` leaving it has varjax's frames
+    removed from its traceback (see the module docstring).
+
+    Every boundary filters (it is idempotent), so entry points that varjax itself calls
+    (``Module.apply`` calls ``Functionalized.apply``) need not know which one the user
+    called.  The call path pays one wrapper call; the filtering runs only on the error
+    path."""
+    @functools.wraps(fn)
+    def entry_point(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except VarjaxError as e:
+            hide_internal_frames(e)
+            raise
+    return entry_point  # type: ignore[return-value]
 
 
 class VarjaxError(Exception):
