@@ -259,12 +259,14 @@ class Functionalized:
         # (varjax.outputs): Linen's apply returns whatever the method returns.
         self.static_outputs = StaticOutputs()
 
+    @errors.api_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Inside another functionalized function, just run the code (same variables)."""
         current(f"{self.__name__}()")
         return self.fn(*args, **kwargs)
 
     # -- public API -----------------------------------------------------------------
+    @errors.api_boundary
     def init(self, rngs: Any, *args: Any, mutable: Any = True, **kwargs: Any) -> dict[str, Any]:
         """Create every variable: ``apply({}, *args, rngs=rngs, mutable=True)[1]``.
 
@@ -272,16 +274,19 @@ class Functionalized:
         default of everything but ``intermediates``)."""
         return self._apply({}, args, kwargs, rngs, mutable, initializing=True)[1]
 
+    @errors.api_boundary
     def init_with_output(self, rngs: Any, *args: Any, mutable: Any = True,
                          **kwargs: Any) -> tuple[Any, dict]:
         return self._apply({}, args, kwargs, rngs, mutable, initializing=True)
 
+    @errors.api_boundary
     def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None,
               mutable: Any = False, **kwargs: Any) -> Any:
         """Run with ``variables``; returns ``out``, or ``(out, updated)`` if anything is mutable."""
         out, updated = self._apply(variables, args, kwargs, rngs, mutable, initializing=False)
         return (out, updated) if mutable is not False else out
 
+    @errors.api_boundary
     def jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
               mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
         """The effectful jaxpr, as traced; no pass runs, so this works even when one fails."""
@@ -293,11 +298,13 @@ class Functionalized:
         key, _, _, _ = self._key(flat_vars, args, kwargs, rngs, mutable, initializing)
         return self._effectful(key).jaxpr
 
+    @errors.api_boundary
     def functional_jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None,
                          rngs: Any = None, mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
         """The pure jaxpr after the pass pipeline: ``(var inputs, args) -> (outs, var outputs)``."""
         return self.traced(*args, variables=variables, rngs=rngs, mutable=mutable, **kwargs).pure
 
+    @errors.api_boundary
     def traced(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
                mutable: Any = False, **kwargs: Any) -> Traced:
         """The whole cache entry (jaxprs, signature, pass statistics) for these arguments."""
@@ -361,6 +368,7 @@ class Functionalized:
                 raise
         return _Effectful(jaxpr, out_tree_box[-1], ctx, key)
 
+    @errors.api_boundary
     def run_pipeline(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
                      mutable: Any = False, pipeline: Pipeline | None = None,
                      **kwargs: Any) -> tuple[_jax.ClosedJaxpr, PassContext]:
@@ -492,6 +500,7 @@ def _fresh_context(key: _Key) -> TraceContext:
     return ctx
 
 
+@errors.api_boundary
 def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),
                   dump_dir: str | None = None, verify: bool | None = None) -> Any:
     """Decorator: ``@vj.functionalize`` or ``@vj.functionalize(passes="cast-params{...}")``."""
