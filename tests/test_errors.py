@@ -1,10 +1,14 @@
 """Every varjax error path: the message names the collection, the variable and this file's line."""
+import os
+import traceback
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import varjax as vj
+import varjax.nn as nn
 from varjax import errors
 
 X = jnp.ones((3,), jnp.float32)
@@ -193,3 +197,96 @@ def test_reserved_collection_names_are_rejected():
     with pytest.raises(errors.ScopeError, match="reserved") as info:
         f.init(jax.random.key(0), X)
     assert HERE in str(info.value)
+
+
+# --- tracebacks: varjax's frames are hidden, as JAX hides its own ---------------------------
+
+_VARJAX_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
+                     + os.sep for d in ("varjax", "passes"))
+
+
+def _frames(exc: BaseException) -> tuple[int, int, int]:
+    """(varjax frames, JAX frames, frames in this file) of ``exc``'s traceback."""
+    files = [f.filename for f in traceback.extract_tb(exc.__traceback__)]
+    return (sum(f.startswith(_VARJAX_DIRS) for f in files),
+            sum(f"{os.sep}jax{os.sep}" in f for f in files),
+            sum(f == __file__ for f in files))
+
+
+class _Dense(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(2)(x)
+
+
+def _missing_variable():
+    _Dense().apply({"params": {}}, X)
+
+
+def _missing_param():
+    @vj.functionalize
+    def f(x):
+        return x * vj.param("w", jax.nn.initializers.ones, (3,))
+    f.apply({}, X)
+
+
+def _bad_pipeline():
+    vj.functionalize(lambda x: x, passes="no-such-pass")
+
+
+def _missing_rng():
+    class Drop(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dropout(0.5, deterministic=False)(x)
+    Drop().apply({}, X)
+
+
+@pytest.mark.parametrize("trigger", [_missing_variable, _missing_param, _bad_pipeline, _missing_rng])
+def test_traceback_hides_varjax_frames(trigger, monkeypatch):
+    monkeypatch.delenv(errors.TRACEBACK_FILTERING_ENV, raising=False)
+    with pytest.raises(errors.VarjaxError) as info:
+        trigger()
+    filtered = _frames(info.value)
+    monkeypatch.setenv(errors.TRACEBACK_FILTERING_ENV, "off")
+    with pytest.raises(errors.VarjaxError) as info_off:
+        trigger()
+    full = _frames(info_off.value)
+    # Before filtering: 5 to 23 varjax frames; now the entry point that did not filter its
+    # own frame, if any, and the raise site.
+    assert filtered[0] <= 2 < full[0], (filtered, full)
+    assert filtered[2] == full[2]          # every frame of the user's code is kept
+    assert filtered[1] <= full[1]          # and no JAX frame comes back
+    tb = traceback.extract_tb(info.value.__traceback__)
+    assert tb[-1].filename.startswith(_VARJAX_DIRS) and "raise" in tb[-1].line
+    assert any("VARJAX_TRACEBACK_FILTERING=off" in n for n in info.value.__notes__)
+    assert not any("VARJAX_TRACEBACK" in n for n in getattr(info_off.value, "__notes__", ()))
+
+
+def test_traceback_under_jax_jit_keeps_jax_filtering(monkeypatch):
+    monkeypatch.delenv(errors.TRACEBACK_FILTERING_ENV, raising=False)
+    with pytest.raises(errors.VarjaxError) as info:
+        jax.jit(lambda x: _Dense().apply({"params": {}}, x))(X)
+    varjax_frames, jax_frames, own = _frames(info.value)
+    assert varjax_frames <= 2 and own >= 2
+    assert jax_frames == 0       # JAX's filtering of its own frames still applies
+
+
+def test_other_exceptions_keep_every_frame(monkeypatch):
+    """A bug or an error in user code is not varjax's to trim."""
+    monkeypatch.delenv(errors.TRACEBACK_FILTERING_ENV, raising=False)
+
+    class Bad(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            raise ValueError("user bug")
+
+    with pytest.raises(ValueError, match="user bug") as info:
+        Bad().init(jax.random.key(0), X)
+    assert _frames(info.value)[0] > 5
+
+
+def test_boundary_costs_one_call_and_keeps_the_signature():
+    import inspect
+    assert "variables" in inspect.signature(vj.functionalize(lambda x: x).apply).parameters
+    assert vj.functionalize.__name__ == "functionalize" and vj.functionalize.__doc__
