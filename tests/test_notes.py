@@ -34,6 +34,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTES = ("architecture.md", "ir.md", "writing-passes.md", "modules.md", "inspecting.md", "lifting.md",
          "transforms.md", "randomness.md", "object-mode.md", "linen-parity.md", "scale-out.md",
+         "pass-library.md",
          "../README.md")
 _FENCE = re.compile(r"^( *)```(\w*)\s*$")
 _LOCATION = re.compile(r"(notes/[\w.-]+\.md):\d+(?::\d+)?")

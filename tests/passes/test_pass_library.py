@@ -19,9 +19,13 @@ KEY = jax.random.key(0)
 normal = jax.nn.initializers.normal(1.0)
 
 
-def grads(fn, variables, *args):
-    """Gradient of the output's sum with respect to every variable."""
-    return jax.grad(lambda v: jnp.sum(fn(v, *args)))(variables)
+def run(fn, variables, *args):
+    """``(output, gradient of its sum with respect to every variable)``: one compiled call."""
+    def loss(v):
+        y = fn(v, *args)
+        return jnp.sum(y), y
+    (_, y), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(variables)
+    return y, g
 
 
 def assert_trees_close(a, b, **kw):
@@ -65,24 +69,25 @@ def test_fake_quant_equals_the_model_on_quantized_params_with_identity_gradients
          "b": quantized(p["b"], bits) if min_rank == 0 else p["b"]}   # vectors: per tensor
     assert np.array_equal(q["b"], p["b"]) == (min_rank == 2)
     assert not np.allclose(q["w"], p["w"], atol=1e-4)
-    want = plain.apply({"params": q}, X)
-    np.testing.assert_allclose(fq.apply(v, X), want, rtol=1e-6, atol=1e-6)
+    want, want_grads = run(plain.apply, {"params": q}, X)
+    got, got_grads = run(fq.apply, v, X)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(y0, want, rtol=1e-6, atol=1e-6)     # init computes as apply
     # Straight-through: d/dw f(q(w)) is f'(q(w)), the rounding's derivative taken as 1.
-    assert_trees_close(grads(fq.apply, v, X), grads(plain.apply, {"params": q}, X),
-                       rtol=1e-5, atol=1e-6)
+    assert_trees_close(got_grads, want_grads, rtol=1e-5, atol=1e-6)
 
 
 def test_fake_quant_grid_has_2_to_the_bits_minus_1_levels_and_keeps_zero_and_ints():
     w = jnp.linspace(-3.0, 5.0, 101, dtype=jnp.float32)
-    q = np.asarray(fake_quantize(w, 3))
+    q, zeros, g = jax.jit(lambda w: (fake_quantize(w, 3), fake_quantize(0 * w, 8),
+                                     jax.grad(lambda w: fake_quantize(w, 8).sum())(w)))(w)
     assert len(np.unique(q)) <= 7 and q.max() == 5.0 and np.isin(0.0, q)
-    np.testing.assert_array_equal(fake_quantize(jnp.zeros((2, 2)), 8), 0.0)   # no 0/0
+    np.testing.assert_array_equal(zeros, 0.0)      # an all-zero tensor: scale 1, not 0/0
+    assert g.tolist() == [1.0] * 101               # straight through
     ints = jnp.arange(-2, 3, dtype=jnp.int32)
     f = vj.functionalize(lambda: vj.param("i", lambda k: ints) * 1,
                          passes="fake-quant{min_rank=0}")
     np.testing.assert_array_equal(f.init_with_output(KEY)[0], ints)      # integers untouched
-    assert jax.grad(lambda w: fake_quantize(w, 8).sum())(w).tolist() == [1.0] * 101
 
 
 def test_fake_quant_rewrites_reads_inside_loop_bodies():
@@ -124,17 +129,16 @@ def test_stop_gradient_zeroes_exactly_the_frozen_variables_gradients():
     model = Scaled()
     fn = model.functionalize().fn
     v = model.init(KEY, X)
-    plain = grads(model.apply, v, X)
+    y, plain = run(model.apply, v, X)
     assert all(np.any(g != 0) for g in jax.tree.leaves(plain))
+    y0, _ = vj.functionalize(fn, passes="stop-gradient{collection=params}").init_with_output(KEY, X)
+    np.testing.assert_array_equal(y0, y)
     for spec, frozen in [("stop-gradient{collection=consts}", lambda c, path: c == "consts"),
                          ("stop-gradient{collection=params,under=Dense_0}",
                           lambda c, path: c == "params" and path[0] == "Dense_0"),
                          ("stop-gradient{collection=params}", lambda c, path: c == "params")]:
-        f = vj.functionalize(fn, passes=spec)
-        np.testing.assert_array_equal(f.apply(v, X), model.apply(v, X))
-        y0, _ = f.init_with_output(KEY, X)
-        np.testing.assert_array_equal(y0, model.apply(v, X))
-        got = grads(f.apply, v, X)
+        got_y, got = run(vj.functionalize(fn, passes=spec).apply, v, X)
+        np.testing.assert_array_equal(got_y, y)
         for c in v:
             for path, g in _flat(got[c]):
                 want = 0 * g if frozen(c, path) else _at(plain[c], path)
@@ -222,10 +226,11 @@ def test_tie_equals_the_hand_tied_model_in_init_and_apply_with_equal_gradients()
     assert jax.tree.map(jnp.shape, v) == jax.tree.map(jnp.shape, v_ref)   # no Dense_1 at all
     assert_trees_close(v, v_ref, rtol=0, atol=0)
     np.testing.assert_allclose(y, y_ref, rtol=1e-6)
-    np.testing.assert_allclose(tied.apply(with_dst(v), IDS), y_ref, rtol=1e-6)
-    g = grads(tied.apply, with_dst(v), IDS)
+    got, g = run(tied.apply, with_dst(v), IDS)
+    want, g_ref = run(Attend().apply, v_ref, IDS)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
     assert not np.any(g["params"].pop("Dense_1")["kernel"])   # the placeholder is no input
-    assert_trees_close(g, grads(Attend().apply, v_ref, IDS), rtol=1e-5, atol=1e-7)
+    assert_trees_close(g, g_ref, rtol=1e-5, atol=1e-7)
     signature = tied.traced(IDS, variables=with_dst(v)).signature
     assert ("params", ("Dense_1", "kernel")) not in [k for k, _ in signature.inputs]
 
