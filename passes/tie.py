@@ -18,6 +18,11 @@ earlier in the program (the embedding created before the unembedding is used).
 ``dst`` before ``src`` is created.  Writes of ``dst`` are dropped wherever they are, so
 an update of ``dst`` in a mutable collection is lost: update ``src``.
 
+**With other passes.**  ``tie`` runs before the passes that change the values read
+(``fake-quant``, ``stop-gradient``, ``cast-params``), whatever the written order: they
+see ``dst``'s reads as reads of ``src`` (``stop-gradient{under=Dense_1}`` then freezes
+nothing of the tied table).
+
 Use as ``vj.functionalize(fn, passes="tie{src=Embed_0/embedding,dst=Dense_1/kernel}")``;
 ``notes/pass-library.md`` shows the IR.
 
@@ -104,8 +109,9 @@ class Tie(Pass):
     name = "tie"
     summary = "variable `dst` is read as `src` (transposed when its shape is reversed) and never stored"
     # In init a parameter is read back after it is created; forward-stores would turn
-    # that read into the created value before this pass saw it.
-    before = ("forward-stores", "discharge")
+    # that read into the created value before this pass saw it.  Passes that change the
+    # values read run after it, so they see dst's reads as reads of src.
+    before = ("fake-quant", "stop-gradient", "cast-params", "forward-stores", "discharge")
     src: str
     dst: str
     collection: str = "params"

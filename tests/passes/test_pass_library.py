@@ -311,5 +311,7 @@ def test_tie_errors_name_the_variable_and_the_users_line():
     for spec in ["tie{src=a,dst=a/}", "tie{src=,dst=a}", "tie{dst=a}"]:
         with pytest.raises(errors.PipelineError):
             Pipeline.parse(spec)
+    order = Pipeline.parse("fake-quant,stop-gradient{collection=params},cast-params,tie{src=a,dst=b}")
+    assert [p.name for p in order.passes][:2] == ["tie", "fake-quant"]
     assert Tie(src="a", dst="b", transpose=True).spec() == \
         "tie{src=a,dst=b,collection=params,transpose=True}"
