@@ -15,6 +15,15 @@
   ``NO_COLOR`` is unset) variable reads, writes, RNG draws, effect sets and
   comments are coloured with ANSI escapes.
 
+Source lines in nested bodies are the ones JAX recorded.  JAX traces a nested body
+(``jit``, ``cond``, ``scan``...) under a fresh source context whose tracebacks stop at
+the body's boundary, and caches library bodies across traces: so a cached library body
+(``jax.nn.relu``'s ``jit``, ``jnp.linalg.norm``) holds no user line and shows none, even
+when it was first traced while a pass re-bound another program's equation under that
+equation's source info; a user's own jitted function shows its own lines, which are
+right for every caller.  The enclosing equation shows where this program calls it
+(``tests/passes/test_dump.py`` checks that no body claims another trace's line).
+
 JAX's own printer shows either annotation only for some equations (none for a
 ``var_set``, which has no outputs), on two lines.  So the printer gives each
 equation a unique token as its name stack, lets JAX print, and swaps every

@@ -235,3 +235,44 @@ def test_diff_shows_an_operand_change():
     assert [line for line in lines if line[:1] in "+-"] == [
         "-    c:f32[2] = sin a", "+    b:f32[2] = neg a", "+    c:f32[2] = sin b",
         "-  in (d, c) }", "+  in (d, b) }"]
+
+
+def _stale_a(x):
+    return jnp.cos(x)
+
+
+def _stale_b(x):
+    return jax.nn.relu(x) + jnp.linalg.norm(x) + jax.lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x)
+
+
+def test_pretty_shows_no_line_of_another_trace_in_a_cached_body():
+    """JAX caches library bodies (``relu``'s and ``norm``'s ``jit``, ``cond`` branches)
+    and reuses them in later traces.  One first traced while a pass re-binds an equation
+    of another program under that equation's source info (``_jax.source_info_of``) must
+    not show that program's line when a later program reuses it: JAX traces nested bodies
+    under their own source info, so their equations hold no user line at all."""
+    from varjax import _jax
+    from varjax.printing import pretty
+    x = jnp.ones((7, 5), jnp.float32)        # shapes no other test traces these with
+    a_eqn = jax.make_jaxpr(_stale_a)(x).eqns[0]
+
+    def rebind(y):
+        with _jax.source_info_of(a_eqn):
+            return _stale_b(y)
+    first = pretty(jax.make_jaxpr(rebind)(x), source=True, color=False)
+    assert "(_stale_a)" in first              # the re-bound top-level equations: A's line
+    text = pretty(jax.make_jaxpr(_stale_b)(x), source=True, color=False)
+    assert "(_stale_a)" not in text, text     # the shared bodies do not claim it
+    assert "(_stale_b)" in text
+
+
+def test_pretty_keeps_the_lines_of_a_jitted_helper():
+    """A jitted function's body has its own lines (JAX stops its traceback at the jit),
+    right for every caller."""
+    from varjax.printing import pretty
+
+    @jax.jit
+    def helper(y):
+        return jnp.sin(y)
+    text = pretty(jax.make_jaxpr(lambda x: helper(x) + 1.0)(jnp.ones(3)), source=True, color=False)
+    assert "(test_pretty_keeps_the_lines_of_a_jitted_helper.<locals>.helper)" in text
