@@ -7,8 +7,9 @@ headed by the pipeline string, so the run can be repeated), then
 ``(unchanged)``, and for each pass that changed the IR ``01-<pass>.diff``, a
 unified diff against the IR before it.  JAX renames every variable after an
 inserted equation; the diff is taken after matching the variables of the two
-texts (``rename_like``), so it shows only the equations the pass changed.  "Changed" is the identity check of the
-pass contract: a pass that changed nothing returned its input.
+texts (``rename_like``), so it shows only the equations the pass changed.
+"Changed" is the identity check of the pass contract: a pass that changed
+nothing returned its input.
 A pass that raises gets a file holding the IR it was given, so the crash can
 be reproduced from the dump alone.
 
