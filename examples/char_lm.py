@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from common import plot_losses
 
 import varjax.nn as nn
 
@@ -238,10 +239,12 @@ def sample(model: nn.Module, params: Any, corpus: Corpus, key: jax.Array) -> str
     return corpus.decode(ids)
 
 
-def train(name: str, model: nn.Module, corpus: Corpus, lr: float) -> tuple[float, float]:
+def train(name: str, model: nn.Module, corpus: Corpus, lr: float,
+          curves: dict[str, np.ndarray] | None = None) -> tuple[float, float]:
     """Trains ``model`` for ``STEPS`` steps, then evaluates and samples it.
 
-    Returns the validation perplexity and the training time (compiling included).
+    Returns the validation perplexity and the training time (compiling included); with
+    ``curves``, also puts the training loss of every step in ``curves[name]``.
     """
     key = jax.random.key(SEED)
     init_key, dropout_key, sample_key = jax.random.split(key, 3)
@@ -256,7 +259,7 @@ def train(name: str, model: nn.Module, corpus: Corpus, lr: float) -> tuple[float
           f"{np.exp(float(evaluate(params, val))):.2f}", flush=True)
 
     start = window_start = time.perf_counter()
-    losses = []
+    losses, history = [], []
     for step in range(1, STEPS + 1):
         params, opt_state, loss = train_step(params, opt_state, corpus.train_batch(batch_rng),
                                              jax.random.fold_in(dropout_key, step))
@@ -266,8 +269,11 @@ def train(name: str, model: nn.Module, corpus: Corpus, lr: float) -> tuple[float
             rate = LOG_EVERY * BATCH * SEQ_LEN / (time.perf_counter() - window_start)
             print(f"[{name}] step {step:4d}  loss {mean:.4f}  perplexity {np.exp(mean):7.2f}  "
                   f"{rate:,.0f} chars/s", flush=True)
+            history += losses
             losses, window_start = [], time.perf_counter()
     seconds = time.perf_counter() - start
+    if curves is not None:
+        curves[name] = np.asarray(jnp.stack(history + losses))
     val_ppl = float(np.exp(float(evaluate(params, val))))
     print(f"[{name}] validation perplexity {val_ppl:.2f} ({len(val)} windows)", flush=True)
     print(f"[{name}] sample:\n{sample(model, params, corpus, sample_key)}\n", flush=True)
@@ -279,12 +285,13 @@ def main() -> None:
     print(f"corpus: {corpus.size:,} bytes of {len(MODULES)} stdlib modules, vocabulary "
           f"{len(corpus.vocab)}, {len(corpus.train)} train / {len(corpus.val)} validation chunks "
           f"of {CHUNK}", flush=True)
-    results = {}
+    results, curves = {}, {}
     for name, model, lr in (("lstm", LSTMLM(len(corpus.vocab)), 3e-3),
                             ("transformer", TransformerLM(len(corpus.vocab)), 3e-3)):
-        results[name] = train(name, model, corpus, lr)
+        results[name] = train(name, model, corpus, lr, curves)
     for name, (val_ppl, seconds) in results.items():
         print(f"char_lm[{name}]: val perplexity {val_ppl:.2f} after {STEPS} steps in {seconds:.1f} s")
+    plot_losses("char_lm", curves)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import Progress, batches, digits
+from common import Progress, batches, digits, plot_losses
 
 import varjax.nn as nn
 
@@ -84,7 +84,8 @@ def make_steps(model: CNN, tx: optax.GradientTransformation) -> tuple[Callable, 
 
 
 def train(epochs: int = 15, seed: int = 0, quiet: bool = False) -> dict:
-    """Trains from scratch; returns ``{'test_acc', 'seconds', 'variables'}``.
+    """Trains from scratch; returns ``{'test_acc', 'seconds', 'variables', 'losses'}`` (the
+    training loss of every step).
 
     Everything random comes from ``seed`` (init, shuffling, dropout), so a run is
     reproducible.  Dropout keys are ``fold_in(dropout_key, step)``: one key per step
@@ -100,7 +101,7 @@ def train(epochs: int = 15, seed: int = 0, quiet: bool = False) -> dict:
     train_step, accuracy = make_steps(model, tx)
     shuffle = np.random.default_rng(seed)
     progress = Progress("digits")
-    step = 0
+    step, history = 0, []
     for epoch in range(1, epochs + 1):
         losses, correct, seen = [], 0, 0
         for idx in batches(len(y_train), BATCH_SIZE, shuffle):
@@ -111,16 +112,19 @@ def train(epochs: int = 15, seed: int = 0, quiet: bool = False) -> dict:
             correct += hits
             seen += len(idx)
             step += 1
+        history += losses
         test_acc = float(accuracy(variables, x_test, y_test))
         if not quiet:
             progress.epoch(epoch, float(jnp.mean(jnp.stack(losses))), seen,
                            train_acc=float(correct) / seen, test_acc=test_acc)
-    return {"test_acc": test_acc, "seconds": time.perf_counter() - start, "variables": variables}
+    return {"test_acc": test_acc, "seconds": time.perf_counter() - start, "variables": variables,
+            "losses": np.asarray(jnp.stack(history))}
 
 
 def main() -> None:
     result = train()
     print(f"digits: test accuracy {result['test_acc']:.2%} in {result['seconds']:.1f} s")
+    plot_losses("digits", {"CNN": result["losses"]}, log_y=True)
 
 
 if __name__ == "__main__":

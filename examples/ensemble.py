@@ -30,7 +30,7 @@ import time
 import jax
 import numpy as np
 import optax
-from common import Progress, batches, digits
+from common import Progress, batches, digits, plot_losses
 
 import varjax.nn as nn
 
@@ -83,7 +83,8 @@ def accuracies(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Arr
 
 def train(model: Ensemble = Ensemble(), epochs: int = 20, batch_size: int = 64,
           learning_rate: float = 1e-3, seed: int = 0) -> dict:
-    """Trains the ensemble jointly. Returns the final member and ensemble test accuracies."""
+    """Trains the ensemble jointly. Returns the final member and ensemble test accuracies and
+    ``losses``, the mean member loss of every step."""
     x_train, y_train, x_test, y_test = digits()
     x_train, x_test = x_train.reshape(len(x_train), -1), x_test.reshape(len(x_test), -1)
     init_key, dropout_key = jax.random.split(jax.random.key(seed))
@@ -111,7 +112,7 @@ def train(model: Ensemble = Ensemble(), epochs: int = 20, batch_size: int = 64,
         return accuracies(model.apply({"params": params}, x), y)
 
     progress = Progress("ensemble")
-    steps = 0
+    steps, history = 0, []
     for epoch in range(1, epochs + 1):
         losses = []
         for idx in batches(len(x_train), batch_size, np_rng):
@@ -120,11 +121,12 @@ def train(model: Ensemble = Ensemble(), epochs: int = 20, batch_size: int = 64,
                                            bootstrap[:, idx], key)
             losses.append(loss)
             steps += 1
+        history += losses
         members, ensemble = evaluate(params, x_test, y_test)
         progress.epoch(epoch, float(np.mean(losses)), len(losses) * batch_size,
                        member_acc=float(members.mean()), ensemble_acc=float(ensemble))
     return {"member_acc": [float(a) for a in members], "ensemble_acc": float(ensemble),
-            "seconds": progress.elapsed()}
+            "seconds": progress.elapsed(), "losses": np.asarray(jax.device_get(history))}
 
 
 def main() -> None:
@@ -136,6 +138,7 @@ def main() -> None:
     print(f"ensemble: members {min(members):.1%}..{max(members):.1%} (mean {mean:.1%}), "
           f"ensemble {ensemble:.1%} ({(ensemble - mean) * 100:+.1f} points) "
           f"in {time.perf_counter() - start:.1f} s")
+    plot_losses("ensemble", {"mean member loss": result["losses"]})
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from common import OUT, plot_losses
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -351,6 +352,8 @@ def main() -> None:
     parser.add_argument("--coordinator", default="", help="host:port of process 0's coordinator")
     parser.add_argument("--checkpoint-dir", type=Path, help="shared by all workers of one run")
     parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--plot", type=Path, default=OUT / "multihost_loss.png",
+                        help="the loss curves' PNG (needs matplotlib; default: %(default)s)")
     args = parser.parse_args()
     if args.process_id is not None:
         if args.checkpoint_dir is None:
@@ -377,6 +380,8 @@ def main() -> None:
         run["restored_bitwise"] and run["resumed"] == run["losses"][save_at:]
         for run in workers + [reference])
     print(f"multihost: {'OK' if ok else 'MISMATCH'} in {time.perf_counter() - start:.1f} s")
+    plot_losses("multihost", {"2 processes x 4 devices": workers[0]["losses"],
+                              "1 process x 8 devices": reference["losses"]}, args.plot)
     sys.exit(0 if ok else 1)
 
 

@@ -64,6 +64,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from char_lm import SEED, SEQ_LEN, Corpus, cross_entropy  # noqa: E402
+from common import OUT, plot_losses  # noqa: E402
 from jax.sharding import AxisType, Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -330,6 +331,8 @@ def main() -> None:
                         help="run only this mesh (default: both, and compare)")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--result-file", type=Path, help="write the runs' results here as JSON")
+    parser.add_argument("--plot", type=Path, default=OUT / "parallel_loss.png",
+                        help="the loss curves' PNG (needs matplotlib; default: %(default)s)")
     args = parser.parse_args()
     meshes = args.mesh or ["4x2", "1x1"]
     if jax.device_count() < 8 and "4x2" in meshes:
@@ -355,6 +358,8 @@ def main() -> None:
     if args.result_file:
         args.result_file.write_text(json.dumps(result))
     print(f"parallel: {'OK' if ok else 'MISMATCH'} in {time.perf_counter() - start:.1f} s")
+    labels = {"4x2": "8 devices, (data, model) = (4, 2)", "1x1": "1 device"}
+    plot_losses("parallel", {labels[name]: run["losses"] for name, run in runs.items()}, args.plot)
     sys.exit(0 if ok else 1)
 
 
