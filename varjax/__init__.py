@@ -94,6 +94,8 @@ def _load() -> None:
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:   # `from varjax import errors` in varjax's own modules: just that
+        return importlib.import_module(f"varjax.{name}")
     if name in _API and not _loading:
         _load()
         return globals()[name]
