@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar, ContextManager, Mapping
 import jax
 
 from varjax import _jax, errors, filters, streams
-from varjax.primitives import Key, VarType
+from varjax.primitives import Key, Path, VarType, rng_draw_p, var_get_p, var_set_p
 
 REGISTRY: dict[str, type["Pass"]] = {}
 
@@ -53,6 +53,8 @@ class PassContext:
     results: dict = dataclasses.field(default_factory=dict)
     stats: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     reenter: Callable[[Mapping[Key, VarType]], ContextManager[Any]] | None = None
+    # Enters module code at a module path (``in_module``); set by functionalize.
+    modules: Callable[[Path], ContextManager[Any]] | None = None
 
     @classmethod
     def for_inputs(cls, variables: Mapping[Key, VarType], mutable: Any = False,
@@ -81,11 +83,45 @@ class PassContext:
             return None
         return named | {collection for collection, _ in self.variables}
 
+    def in_module(self, where: Any) -> ContextManager[Any]:
+        """``with ctx.in_module(eqn):`` runs model code -- ``vj.param``, ``vj.variable``,
+        ``vj.make_rng`` -- as the module that traced ``eqn`` would: variables are created at
+        its path, read when they exist, and draw keys as that module's next draws.
+
+        This is how a pass creates variables (a LoRA adapter beside the kernel it adapts).
+        ``where`` is a ``var_get``/``var_set`` equation (its variable's module), an
+        ``rng_draw`` of a module, or a module path.  All calls in one pipeline run share one
+        view, so a module rewritten twice (called twice) finds its adapters made the first
+        time; in ``init`` they are created, in ``apply`` read from the given variables.  A
+        pass using it emits ``var_set`` and ``rng_draw``: declare it
+        ``before = ("lower-rng", ...)``, which lowers the draws."""
+        if self.modules is None:
+            raise errors.PassError(
+                "in_module needs the trace the program came from, and this pipeline was run "
+                "on a jaxpr that did not come from a varjax trace.", source=errors.source_text(),
+                fix="run the pass through vj.functionalize / Module.init / apply (passes=...)")
+        return self.modules(module_path(where))
+
     def count(self, pass_name: str, what: str, n: int = 1) -> None:
         self.stats[f"{pass_name}.{what}"] += n
 
 
 _SCALAR = jax.tree.structure(0)
+
+
+def module_path(where: Any) -> Path:
+    """The module path an equation belongs to (see ``PassContext.in_module``)."""
+    if isinstance(where, tuple) and all(isinstance(n, str) for n in where):
+        return where
+    primitive = getattr(where, "primitive", None)
+    if primitive is var_get_p or primitive is var_set_p:
+        return tuple(where.params["path"][:-1])
+    if primitive is rng_draw_p and where.params["path"] is not None:
+        return tuple(where.params["path"])
+    raise errors.PassError(
+        f"cannot tell which module {where!r} belongs to.", source=errors.source_text(),
+        fix="pass a var_get/var_set equation, a module's rng_draw, or the module path "
+            "as a tuple of names")
 
 
 def _named_collections(f: filters.Filter | None) -> frozenset[str] | None:
@@ -112,6 +148,9 @@ class Pass:
     before: ClassVar[tuple[str, ...]] = ()
     # True for passes after which no varjax primitive or effect may remain.
     discharges: ClassVar[bool] = False
+    # Effect classes this pass lowers (lower-rng: ``RngEffect``): a later pass that emits
+    # one is misordered, and the pipeline says which pass it must run before.
+    lowers: ClassVar[tuple[type, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -127,6 +166,13 @@ class Pass:
                 f"pass name '{cls.name}' is taken by {old.__module__}.{old.__qualname__}",
                 source=errors.source_text(), fix=f"give {cls.__qualname__} another `name`")
         REGISTRY[cls.name] = cls
+
+    def lifted_like(self) -> Mapping[str, str]:
+        """Collections this pass creates variables in, each mapped to the collection whose
+        lifting they follow: a lifted transform that names no filter for them lifts them as
+        that one (LoRA's ``lora`` adapters are scanned and vmapped as ``params`` are), so a
+        pass needs no change to the model's ``nn.scan``/``nn.vmap`` arguments."""
+        return {}
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         raise NotImplementedError(f"pass {self.name} does not implement run()")

@@ -61,7 +61,7 @@ class Autocast(Rewriter):
 class CastParams(Pass):
     name = "cast-params"
     summary = "compute with floating params cast to `dtype`"
-    before = ("discharge",)
+    before = ("forward-stores", "discharge")
     dtype: str = "bfloat16"
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from varjax import _jax, errors, filters, nested, streams
-from varjax.effects import streams_of
+from varjax.effects import RngEffect, streams_of
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
 from varjax.primitives import Path, bind_get, bind_set, rng_draw_p
@@ -279,6 +279,7 @@ class LowerRng(Pass):
     name = "lower-rng"
     summary = "lower rng_draw to fold_in over key/counter variables"
     after = ("check-mutability",)
+    lowers = (RngEffect,)
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         used = streams_of(jaxpr.effects)

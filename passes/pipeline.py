@@ -66,19 +66,7 @@ class Pipeline:
                  dump_dir: str | os.PathLike | None = None,
                  dump_after: str | Sequence[str] | None = None, dump_only_changed: bool | None = None,
                  instrumentations: Sequence[Instrumentation] = ()):
-        given: list[Pass] = []
-        for entry in passes:
-            if isinstance(entry, str):
-                given.extend(_parse(entry))
-            elif isinstance(entry, Pass):
-                given.append(entry)
-            else:
-                raise PipelineError(
-                    f"pipeline entries are Pass instances or pipeline strings, got {entry!r}",
-                    source=source_text(),
-                    fix="pass Pass instances (e.g. vj.passes.LowerRng()) or strings such as "
-                        "'lower-rng,discharge'")
-        self.passes: tuple[Pass, ...] = _ordered(tuple(given))
+        self.passes: tuple[Pass, ...] = _ordered(parse_entries(passes))
         self.verify = verify
         self.dump_dir = dump_dir
         self.dump_after = _known_passes(dump_after)
@@ -136,6 +124,7 @@ class Pipeline:
         for h in hooks:
             h.before_pipeline(jaxpr, ctx)
         done: list[str] = []
+        lowered: dict[type, Pass] = {}     # effect class -> the pass that lowered it
         for p in self.passes:
             for h in hooks:
                 h.before_pass(p, jaxpr, ctx)
@@ -143,6 +132,8 @@ class Pipeline:
                 out = p.run(jaxpr, ctx)
                 if not isinstance(out, _jax.ClosedJaxpr):
                     raise TypeError(f"run() returned {type(out).__name__}, not a ClosedJaxpr")
+                if out is not jaxpr:
+                    _check_not_lowered(p, jaxpr, out, lowered)
             except Exception as exc:
                 for h in reversed(hooks):
                     h.pass_failed(p, jaxpr, exc, ctx)
@@ -158,10 +149,45 @@ class Pipeline:
             for h in reversed(hooks):
                 h.after_pass(p, jaxpr, out, ctx)
             done.append(p.spec())
+            lowered.update((effect, p) for effect in p.lowers)
             jaxpr = out
         for h in reversed(hooks):
             h.after_pipeline(jaxpr, ctx)
         return jaxpr
+
+
+def parse_entries(entries: str | Sequence[Pass | str]) -> tuple[Pass, ...]:
+    """``Pass`` instances and pipeline strings as instances, in written order (not yet
+    ordered: ``Pipeline`` does that)."""
+    given: list[Pass] = []
+    for entry in [entries] if isinstance(entries, str) else entries:
+        if isinstance(entry, str):
+            given.extend(_parse(entry))
+        elif isinstance(entry, Pass):
+            given.append(entry)
+        else:
+            raise PipelineError(
+                f"pipeline entries are Pass instances or pipeline strings, got {entry!r}",
+                source=source_text(),
+                fix="pass Pass instances (e.g. vj.passes.LowerRng()) or strings such as "
+                    "'lower-rng,discharge'")
+    return tuple(given)
+
+
+def _check_not_lowered(p: Pass, before: _jax.ClosedJaxpr, out: _jax.ClosedJaxpr,
+                       lowered: dict[type, Pass]) -> None:
+    """A pass that emits an effect an earlier pass lowered (a draw after ``lower-rng``)
+    leaves it to nothing; JAX would later refuse it naming no pass.  Say which pass must
+    come first instead.  Only effects the pass added count: an untouched branch may keep
+    the effect set its ``cond`` joined before the lowering."""
+    for effect in out.effects - before.effects:
+        earlier = lowered.get(type(effect))
+        if earlier is not None:
+            raise PipelineError(
+                f"pass '{p.spec()}' emits {effect} after pass '{earlier.name}' lowered "
+                f"those effects, so nothing would lower it.", source=source_text(),
+                fix=f"declare before = ('{earlier.name}',) on {type(p).__name__} (a pass that "
+                    f"creates variables or draws keys runs before '{earlier.name}')")
 
 
 def _known_passes(names: str | Sequence[str] | None) -> tuple[str, ...] | None:

@@ -24,7 +24,7 @@ LAYERS = {
            "varjax.streams", "varjax.statics", "varjax.caches", "varjax.nested", "varjax.printing",
            "varjax.protocols", "varjax.axis_metadata"],
     "tracing": ["varjax.fingerprint", "varjax.context", "varjax.type_checks", "varjax.scope",
-                "varjax.rngs"],
+                "varjax.rngs", "varjax.variable_dicts", "varjax.pass_scopes"],
     "passes": ["varjax.passes.*"],
     "functionalize": ["varjax.outputs", "varjax.functionalize"],
     "lifting": ["varjax.lifted_body", "varjax.lifting"],

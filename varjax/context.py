@@ -117,6 +117,11 @@ class TraceContext:
         # The JAX trace the function runs in; a variable operation under any other trace
         # runs inside an inner transformation (see IRStore.observe).
         self.top_trace: Any = None
+        # The passes the program's pipeline adds to the defaults (``passes=``): lifted
+        # bodies traced under this context run them too.  ``lifted_like`` maps a collection
+        # such a pass creates to the one whose lifting it follows (``Pass.lifted_like``).
+        self.passes: tuple = ()
+        self.lifted_like: dict[str, str] = {}
         base = (filters.freeze(mutable), tuple(sorted(self.rng_streams.items())), initializing, policy)
         self._fingerprint = fingerprint.Fingerprint(base, initializing or mutable is not False,
                                                     self.variables)

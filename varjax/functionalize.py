@@ -52,11 +52,14 @@ from varjax import _jax, axis_metadata, errors, filters, streams
 from varjax.caches import LRU
 from varjax.context import TraceContext, activate, current
 from varjax.outputs import StaticOutputs
+from varjax.pass_scopes import PassScopes
 from varjax.passes import Pass, PassContext, Pipeline
 from varjax.passes.discharge import Signature
+from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, VarType
 from varjax.rngs import Rngs
 from varjax.statics import typed
+from varjax.variable_dicts import SCALAR, flatten_variables, unflatten_variables
 
 DEFAULT_PASSES = ("check-mutability", "lower-rng", "forward-stores", "dead-reads", "shard-variables",
                   "discharge")
@@ -68,73 +71,6 @@ _CONCRETIZATION_HINT = (
     "varjax: the function is traced once per argument shape/dtype, so Python control flow "
     "cannot depend on array values. Pass the value as a Python scalar (non-array arguments "
     "are static) or use jax.lax.cond / jax.lax.while_loop, which varjax discharges.")
-
-
-# --- variables dicts <-> flat (collection, path) entries ---------------------------------
-
-_SCALAR = jax.tree.structure(0)   # the treedef of a single leaf
-
-def flatten_variables(variables: Mapping[str, Any]) -> dict[Key, tuple[Any, list[Any]]]:
-    """``{collection: {scope: {name: value}}}`` -> ``{(collection, path): (tree, leaves)}``.
-
-    Dicts are scopes; anything else (array, tuple from ``sow``...) is a variable.
-    """
-    flat: dict[Key, tuple[Any, list[Any]]] = {}
-
-    def visit(col: str, path: tuple[str, ...], node: Any) -> None:
-        if isinstance(node, jax.Array):      # most variables; checked first: ABC checks are slow
-            flat[(col, path)] = (_SCALAR, [node])
-        elif isinstance(node, (dict, Mapping)):
-            for name in node:
-                visit(col, path + (str(name),), node[name])
-        else:
-            leaves, tree = jax.tree.flatten(node)
-            bad = next((x for x in leaves if not _is_value(x)), None) if leaves else node
-            if bad is not None or node is None:
-                raise errors.InvalidVariablesError(
-                    f"variable {errors.format_path(path)} of collection '{col}' is "
-                    f"{'None' if bad is None else f'a {type(bad).__name__} ({repr(bad)[:40]})'}, "
-                    "not an array.", collection=col, path=path, **errors.where(),
-                    fix="give every variable an array value (a jax or numpy array), as init "
-                        "returns them")
-            flat[(col, path)] = (tree, leaves)
-
-    if not isinstance(variables, (dict, Mapping)):
-        raise errors.InvalidVariablesError(
-            f"variables must be a dict of collections, {{collection: {{name: value}}}}, got "
-            f"{type(variables).__name__}.", **errors.where(),
-            fix="pass the dict that init returned (e.g. {'params': params})")
-    for col in variables:
-        node = variables[col]
-        if not isinstance(node, (dict, Mapping)):
-            raise errors.InvalidVariablesError(
-                f"collection '{col}' must be a dict of variables, got {type(node).__name__}.",
-                collection=str(col), **errors.where(),
-                fix=f"pass variables['{col}'] as the dict that init returned")
-        visit(col, (), node)
-    return flat
-
-
-def _is_value(x: Any) -> bool:
-    """A variable leaf JAX can take: an array or a Python/NumPy number (or, for the
-    tools that trace abstractly, a ``jax.ShapeDtypeStruct``)."""
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex,
-                          jax.ShapeDtypeStruct))
-
-
-def unflatten_variables(flat: Mapping[Key, Any]) -> dict[str, Any]:
-    """The inverse of ``flatten_variables``; a variable with an empty path is the whole
-    collection (a ``vj.Variable`` given alone to ``vj.split``)."""
-    out: dict[str, Any] = {}
-    for (col, path), value in flat.items():
-        if not path:
-            out[col] = value
-            continue
-        node = out.setdefault(col, {})
-        for name in path[:-1]:
-            node = node.setdefault(name, {})
-        node[path[-1]] = value
-    return out
 
 
 # --- arguments ---------------------------------------------------------------------------
@@ -182,8 +118,8 @@ def _inputs(variables: Mapping[str, Any] | None, rngs: Any, mutable: Any):
         return flat, normalize_rngs(rngs), mutable
     flat = {k: v for k, v in flat.items() if k[0] != streams.STATE}
     for stream, (key, count) in rngs._varjax_rng_state().items():
-        flat[streams.key_variable(stream)] = (_SCALAR, [key])
-        flat[streams.count_variable(stream)] = (_SCALAR, [count])
+        flat[streams.key_variable(stream)] = (SCALAR, [key])
+        flat[streams.count_variable(stream)] = (SCALAR, [count])
     return flat, {}, mutable if mutable is True else [mutable, streams.STATE]
 
 
@@ -246,10 +182,11 @@ class Functionalized:
         # for lifted regions, whose transform stages them anyway (a jit per region would be
         # re-batched by every enclosing vmap).
         self.inline = inline
-        extra = [passes] if isinstance(passes, str) else list(passes)
+        # The passes added to the defaults; lifted bodies traced inside run them too.
+        self.passes = parse_entries(passes)
         if verify is None:
             verify = os.environ.get(VERIFY_ENV, "") not in ("", "0")
-        self.pipeline = Pipeline([*DEFAULT_PASSES, *extra], verify=verify, dump_dir=dump_dir)
+        self.pipeline = Pipeline([*DEFAULT_PASSES, *self.passes], verify=verify, dump_dir=dump_dir)
         # Bounded, and released by jax.clear_caches() (see varjax.caches).
         self._traces: LRU = LRU()   # _Key -> _Effectful
         self._cache: LRU = LRU()    # _Key -> Traced
@@ -346,6 +283,8 @@ class Functionalized:
     def _trace(self, key: "_Key") -> _Effectful:
         self.trace_count += 1
         ctx = self.context(key)
+        ctx.passes = self.passes
+        ctx.lifted_like = {c: like for p in self.passes for c, like in p.lifted_like().items()}
         static = dict(key.static_values)
         positions = [i for i in range(key.tree.num_leaves) if i not in static]
         out_tree_box: list[Any] = []
@@ -383,6 +322,7 @@ class Functionalized:
         # trace's context, as at the rule's call site.
         pctx = PassContext.for_inputs(dict(key.variables), key.mutable, dict(key.rngs),
                                       reenter=lambda types: activate(traced.context.snapshot(types)))
+        pctx.modules = PassScopes(traced.context)   # passes that create variables
         return pipeline.run(traced.jaxpr, pctx, label=self.__name__), pctx
 
     def _compile(self, traced: _Effectful) -> Traced:

@@ -27,6 +27,16 @@ from varjax.primitives import Key, Path, VarType, is_internal
 from varjax.scope import immutable_error
 
 
+def lifted_as(groups: Sequence[filters.Filter], like: Mapping[str, str], collection: str) -> int | None:
+    """The group whose filter matches ``collection``, or else the collection a pass's
+    variables follow (``like``, from ``Pass.lifted_like``: LoRA adapters lift as ``params``)."""
+    def match(name: str) -> int | None:
+        return next((i for i, f in enumerate(groups) if filters.matches(f, name)), None)
+    found = match(collection)
+    alias = like.get(collection)
+    return found if found is not None or alias is None else match(alias)
+
+
 @dataclasses.dataclass(frozen=True)
 class Lifted:
     """The access policy of a lifted body: variables whose collection matches one of
@@ -58,7 +68,7 @@ class Lifted:
                 collection=collection, path=path, **site(ctx),
                 fix=f"give it that axis, or lift '{collection}' without one (variable_axes "
                     "None, variable_broadcast)")
-        if is_internal(collection) or any(filters.matches(f, collection) for f in self.groups):
+        if is_internal(collection) or lifted_as(self.groups, ctx.lifted_like, collection) is not None:
             return
         raise errors.TransformError(
             f"variable {errors.format_path(path)} of collection '{collection}' is used inside "

@@ -64,8 +64,9 @@ from varjax.context import IR_STORE, Store, TraceContext, activate, current, sit
 from varjax.effects import RngEffect
 from varjax.functionalize import Functionalized, flatten_variables
 from varjax.lifted_body import DerivedKeys as DerivedKeys  # part of vj.lift's API
-from varjax.lifted_body import DictStore, DirectFallback, Lifted, LiftRetry, key_avals
+from varjax.lifted_body import DictStore, DirectFallback, Lifted, LiftRetry, key_avals, lifted_as
 from varjax.passes.analysis import traffic as _traffic
+from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, VarType
 from varjax.protocols import LiftableModule
 
@@ -133,7 +134,8 @@ class LiftedRegion:
         linen = streams.linen_counts(self._lifted.outer.origin)
         start = () if linen is None else tuple(sorted(linen.counts.items()))
         if start not in self._fns:
-            self._fns[start] = (Functionalized(self.body, context=self._context, inline=True), {})
+            self._fns[start] = (Functionalized(self.body, context=self._context, inline=True,
+                                               passes=self._lifted.passes), {})
         fn, ends = self._fns[start]
         before = fn.trace_count
         result = trace(fn)
@@ -227,6 +229,11 @@ class _LiftedCall:
         self.lifted = lifted
         self.outer = outer
         self.direct = direct
+        # The body's pipeline adds the enclosing program's passes and the lift's own.
+        own = parse_entries(lifted.passes)
+        self.passes = (*outer.passes, *own)
+        self.lifted_like = {**outer.lifted_like,
+                            **{c: like for p in own for c, like in p.lifted_like().items()}}
         # Under Linen's convention, the keys a forking lift drew for its body (see Lift).
         self.forked = forked
         self.var_types: list[dict[Key, VarType]] = [{} for _ in lifted.variables]
@@ -263,8 +270,7 @@ class _LiftedCall:
         return next((i for i, f in enumerate(self.lifted.rngs) if filters.matches(f, stream)), None)
 
     def group_of(self, collection: str) -> int | None:
-        return next((i for i, f in enumerate(self.lifted.variables)
-                     if filters.matches(f, collection)), None)
+        return lifted_as(self.lifted.variables, self.lifted_like, collection)
 
     def check_groups(self, groups: Sequence[Group], rngs: Sequence[dict]) -> None:
         if len(groups) != len(self.var_types) or len(rngs) != len(self.stream_avals):
@@ -373,6 +379,8 @@ class Lift:
     # Under Linen's convention: draw one key per stream at the module's path before the
     # body runs, and hand it in (Linen's nn.jit / nn.fold_rngs fork the module's rngs).
     fork: bool = False
+    # Passes (or pipeline strings) the bodies' pipelines add, after the enclosing ones.
+    passes: tuple = ()
 
     def _fork(self, outer: TraceContext, path: tuple[str, ...]) -> dict[str, Any]:
         linen = streams.linen_counts(outer.origin)
@@ -389,7 +397,9 @@ class Lift:
             bodies = module._varjax_bodies(bodies)
             path = module.path
         extra: frozenset[Key] = frozenset()
-        direct = not isinstance(outer.store, DictStore) or _jax.current_trace() is outer.top_trace
+        # A body run directly has no IR for passes to rewrite.
+        direct = not (outer.passes or self.passes) and (
+            not isinstance(outer.store, DictStore) or _jax.current_trace() is outer.top_trace)
         linen = streams.linen_counts(outer.origin)
         start = linen.snapshot() if linen is not None else {}
         with errors.call_site(_jax.python_user_frame_text()):
@@ -460,7 +470,8 @@ def partition(args: tuple) -> tuple[list[Any], Callable[[Sequence[Any]], tuple]]
 
 def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
          variables: Sequence[filters.Filter] = (True,), rngs: Sequence[filters.Filter] = (True,),
-         name: str = "lift", fix: str | None = None, fork_rngs: bool = False) -> Lift:
+         name: str = "lift", fix: str | None = None, fork_rngs: bool = False,
+         passes: Sequence[Any] | str = ()) -> Lift:
     """Lift ``transform`` over ``bodies``: see the module docstring.
 
     ``variables`` and ``rngs`` are sequences of collection / stream filters, one per
@@ -468,9 +479,12 @@ def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
     ``fix`` is the advice given when a body touches a collection no filter matches
     (``{collection}`` is replaced by its name).  ``fork_rngs``: under Linen's RNG
     convention the body gets keys drawn at the module's path before it runs, and folds in
-    paths relative to it (Linen's ``nn.jit`` and ``nn.fold_rngs``)."""
+    paths relative to it (Linen's ``nn.jit`` and ``nn.fold_rngs``).  ``passes``: passes
+    (instances or pipeline strings) run on the bodies' IR, after any the enclosing program
+    runs there (``init``/``apply``'s ``passes=``)."""
     if not bodies:
         raise TypeError("vj.lift needs at least one body")
     fix = fix or (f"add '{{collection}}' to one of the variable filters of vj.{name}")
     return Lift(transform, tuple(bodies), tuple(filters.freeze(f) for f in variables),
-                tuple(filters.freeze(f) for f in rngs), name, fix, fork_rngs)
+                tuple(filters.freeze(f) for f in rngs), name, fix, fork_rngs,
+                (passes,) if isinstance(passes, str) else tuple(passes))

@@ -22,6 +22,7 @@ import functools
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence, TypeVar
 
 from varjax import _jax, errors, nested
+from varjax.effects import RngEffect, VariableEffect
 from varjax.effects import strip as strip_effects
 from varjax.passes.analysis import key_of, touches_variables, traffic
 from varjax.passes.base import Pass, PassContext
@@ -367,6 +368,7 @@ class Discharge(Pass):
     requires = ("lower-rng",)
     after = ("check-mutability", "forward-stores", "dead-reads")
     discharges = True
+    lowers = (VariableEffect, RngEffect)
 
     def run(self, jaxpr: ClosedJaxpr, ctx: PassContext) -> ClosedJaxpr:
         t = traffic(jaxpr)

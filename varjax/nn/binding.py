@@ -65,8 +65,9 @@ class BoundRoot(_Root):
 
     capture = None
 
-    def __init__(self, variables: Mapping[str, Any], rngs: Any, mutable: Any):
+    def __init__(self, variables: Mapping[str, Any], rngs: Any, mutable: Any, passes: tuple = ()):
         super().__init__()
+        self.passes = passes    # added to every call's pipeline (``bind(passes=...)``)
         self.variables = unflatten_variables(
             {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
         # A vj.Rngs is state: every call draws from it and advances it.  Keys are folded
@@ -84,7 +85,8 @@ class BoundRoot(_Root):
         self._fns: dict[Any, Functionalized] = {}
 
     @classmethod
-    def restore(cls, variables: dict[str, Any], rngs: Any, mutable: Any) -> "BoundRoot":
+    def restore(cls, variables: dict[str, Any], rngs: Any, mutable: Any,
+                passes: tuple = ()) -> "BoundRoot":
         """A root over ``variables`` as they are (a pytree's leaves, maybe not arrays: JAX
         unflattens with placeholders too), without the checks of ``bind``; ``rngs`` is an
         ``Rngs``, ``{}``, or ``(keys, calls)``."""
@@ -94,7 +96,7 @@ class BoundRoot(_Root):
         root.held = rngs if isinstance(rngs, Rngs) else None
         keys, calls = ({}, 0) if root.held is not None or rngs == {} else rngs
         root.rngs, root.calls = dict(keys), calls
-        root.mutable = mutable
+        root.mutable, root.passes = mutable, passes
         root.origin, root._fns, root.layout, root.cells, root.defs = None, {}, 0, {}, {}
         return root
 
@@ -130,7 +132,7 @@ class BoundRoot(_Root):
                 finally:
                     self.origin = None
             traced.__name__ = name
-            functionalized = Functionalized(traced)
+            functionalized = Functionalized(traced, passes=self.passes)
             if key is not None:
                 self._fns[key] = functionalized
         rngs = self._next_rngs()

@@ -48,16 +48,18 @@ _AXES_FIX = ("add '{collection}' to variable_axes: an axis to give each member i
 def vmap(target: Any = None, variable_axes: Mapping[Any, int | None] | None = None,
          split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
          axis_size: int | None = None, axis_name: Any = None, spmd_axis_name: Any = None,
-         metadata_params: Mapping[str, Any] | None = None, methods: Any = None) -> Any:
+         metadata_params: Mapping[str, Any] | None = None, methods: Any = None,
+         passes: Any = ()) -> Any:
     """Lifted ``jax.vmap`` (Linen's ``nn.vmap``).
 
     ``metadata_params={nn.PARTITION_NAME: name}`` inserts ``name`` into the partition
-    names of boxed variables at their mapped axis, as Linen does."""
+    names of boxed variables at their mapped axis, as Linen does.  ``passes``: passes run
+    on the body's IR, after those of the enclosing program (``vj.lift``)."""
     if target is None:       # @vj.vmap(in_axes=...)
         return functools.partial(vmap, variable_axes=variable_axes, split_rngs=split_rngs,
                                  in_axes=in_axes, out_axes=out_axes, axis_size=axis_size,
                                  axis_name=axis_name, spmd_axis_name=spmd_axis_name,
-                                 metadata_params=metadata_params, methods=methods)
+                                 metadata_params=metadata_params, methods=methods, passes=passes)
     axes = filter_items(variable_axes, "variable_axes")
     var_axes = tuple(a for _, a in axes)
     rng_filters, split = rng_groups(split_rngs)
@@ -95,11 +97,12 @@ def vmap(target: Any = None, variable_axes: Mapping[Any, int | None] | None = No
 
     return apply_to(target, "vmap", lambda fn: lift(
         transform, fn, variables=tuple(f for f, _ in axes), rngs=rng_filters, name="vmap",
-        fix=_AXES_FIX), methods, object_options(
+        fix=_AXES_FIX, passes=passes), methods, object_options(
             "vmap", lambda fn: objects.vmap(fn, in_axes=in_axes, out_axes=out_axes,
                                            axis_size=axis_size, axis_name=axis_name),
             variable_axes=(variable_axes, None), split_rngs=(split_rngs, None),
-            spmd_axis_name=(spmd_axis_name, None), metadata_params=(metadata_params, None)))
+            spmd_axis_name=(spmd_axis_name, None), metadata_params=(metadata_params, None),
+            passes=(passes, ())))
 
 
 def _shared_write(e: ValueError, region: Any, var_filters: list, var_axes: tuple) -> Any:

@@ -88,10 +88,11 @@ def _with_static(transform: str, make: Callable[[int, Callable], Callable], fn: 
 
 def jit(target: Any, variables: Any = True, rngs: Any = True, static_argnums: Any = (),
         static_argnames: Any = (), donate_argnums: Any = (), device: Any = None,
-        backend: Any = None, methods: Any = None) -> Any:
+        backend: Any = None, methods: Any = None, passes: Any = ()) -> Any:
     """Lifted ``jax.jit``.  Non-array arguments are static anyway (as in
     ``vj.functionalize``); ``static_argnums``/``argnames`` may mark more (NumPy values).
-    Argument positions count the module first, as in Linen."""
+    Argument positions count the module first, as in Linen.  ``passes``: passes run on the
+    body's IR, after those of the enclosing program (``vj.lift``)."""
     reject(device is not None or backend is not None, "jit", "device= and backend= are "
            "deprecated in JAX and not supported.", "place inputs with jax.device_put")
 
@@ -110,18 +111,21 @@ def jit(target: Any, variables: Any = True, rngs: Any = True, static_argnums: An
 
     return apply_to(target, "jit", lambda fn: _with_static("jit", lambda shift, body: lift(
         functools.partial(transform, shift), body, variables=(variables,), rngs=(rngs,),
-        name="jit", fork_rngs=True), fn, static_argnums, static_argnames), methods, object_options(
+        name="jit", fork_rngs=True, passes=passes), fn, static_argnums, static_argnames), methods,
+        object_options(
             "jit", lambda fn: objects.jit(fn, static_argnums=static_argnums,
                                          donate_argnums=donate_argnums),
-            variables=(variables, True), rngs=(rngs, True), static_argnames=(static_argnames, ())))
+            variables=(variables, True), rngs=(rngs, True), static_argnames=(static_argnames, ()),
+            passes=(passes, ())))
 
 
 def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: bool = False,
                prevent_cse: bool = True, static_argnums: Any = (), policy: Any = None,
-               methods: Any = None) -> Any:
+               methods: Any = None, passes: Any = ()) -> Any:
     """Lifted ``jax.checkpoint``: the body's activations are recomputed on the backward
     pass.  Non-array arguments are static; ``static_argnums`` may mark more (NumPy
-    values).  Argument positions count the module first, as in Linen."""
+    values).  Argument positions count the module first, as in Linen.  ``passes``: passes
+    run on the body's IR, after those of the enclosing program (``vj.lift``)."""
     reject(concrete, "remat", "concrete=True is deprecated in JAX and not supported.",
            "mark the argument static with static_argnums")
 
@@ -136,10 +140,11 @@ def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: b
 
     return apply_to(target, "checkpoint", lambda fn: _with_static(
         "remat", lambda shift, body: lift(transform, body, variables=(variables,), rngs=(rngs,),
-                                          name="remat"), fn, static_argnums, ()), methods,
+                                          name="remat", passes=passes), fn, static_argnums, ()),
+        methods,
         object_options("remat", lambda fn: objects.remat(
             fn, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy),
-            variables=(variables, True), rngs=(rngs, True)))
+            variables=(variables, True), rngs=(rngs, True), passes=(passes, ())))
 
 
 remat = checkpoint

@@ -57,7 +57,7 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
          split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
          length: int | None = None, reverse: bool = False, unroll: int = 1,
          data_transform: Any = None, metadata_params: Mapping[str, Any] | None = None,
-         methods: Any = None, check_constancy_invariants: bool = True) -> Any:
+         methods: Any = None, check_constancy_invariants: bool = True, passes: Any = ()) -> Any:
     """Lifted ``jax.lax.scan`` (Linen's ``nn.scan``): the body is
     ``fn(carry, *xs) -> (carry, ys)`` (after the module, if any).
 
@@ -68,7 +68,8 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
     (``check_constancy_invariants=False`` skips it, as in Linen).
     ``metadata_params={nn.PARTITION_NAME: name}`` inserts ``name`` into the partition
     names of boxed variables at their scanned axis, as Linen does (a kernel stacked over
-    layers reads ``P('layers', ...)``); ``data_transform`` is not supported."""
+    layers reads ``P('layers', ...)``); ``data_transform`` is not supported.  ``passes``:
+    passes run on the body's IR, after those of the enclosing program (``vj.lift``)."""
     reject(data_transform is not None, "scan", "data_transform is not supported.",
            "annotate shardings inside the body instead")
     axes = filter_items(variable_axes, "variable_axes")
@@ -141,13 +142,14 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
         return (carry, ys), (*var_out, bcast, carried)
 
     return apply_to(target, "scan", lambda fn: lift(
-        transform, fn, variables=var_filters, rngs=rng_filters, name="scan",
+        transform, fn, variables=var_filters, rngs=rng_filters, name="scan", passes=passes,
         fix="add '{collection}' to variable_axes, variable_broadcast or variable_carry"),
         methods, object_options(
             "scan", lambda fn: objects.scan(fn, length=length, reverse=reverse, unroll=unroll),
             variable_axes=(variable_axes, None), variable_broadcast=(variable_broadcast, False),
             variable_carry=(variable_carry, False), split_rngs=(split_rngs, None),
-            in_axes=(in_axes, 0), out_axes=(out_axes, 0), metadata_params=(metadata_params, None)))
+            in_axes=(in_axes, 0), out_axes=(out_axes, 0), metadata_params=(metadata_params, None),
+            passes=(passes, ())))
 
 
 def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, length: int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Any, Callable, Mapping, Self
+from typing import Any, Callable, Mapping, Self, Sequence, Union
 
 import jax
 
@@ -22,6 +22,9 @@ from varjax.nn.module.interception import cache_key
 from varjax.nn.module.lifecycle import Lifecycle
 from varjax.statics import typed
 
+# What ``passes=`` takes: a pipeline string or a sequence of ``Pass`` instances and strings.
+Passes = Union[str, Sequence[Any]]
+
 # Linen's default for init: sown intermediates are not part of the variables.
 DEFAULT_INIT_MUTABLE = filters.DenyList(["intermediates"])
 
@@ -30,9 +33,12 @@ class EntryPoints(Lifecycle):
     """How a template module is run: bound to a trace (``init``/``apply``) or to variables
     (``bind``)."""
 
-    def bind(self, variables: Mapping[str, Any], *, rngs: Any = None, mutable: Any = False) -> Self:
-        """A bound clone with unlimited lifetime; mutable collections are updated in place."""
-        return self.clone(parent=BoundRoot(variables, rngs, mutable), name=None)
+    @errors.api_boundary
+    def bind(self, variables: Mapping[str, Any], *, rngs: Any = None, mutable: Any = False,
+             passes: Passes = ()) -> Self:
+        """A bound clone with unlimited lifetime; mutable collections are updated in place.
+        ``passes`` run on every call of it (see ``apply``)."""
+        return self.clone(parent=BoundRoot(variables, rngs, mutable, _entries(passes)), name=None)
 
     def unbind(self) -> tuple[Self, dict[str, Any]]:
         """``(unbound clone, variables)`` of a module made by ``bind``."""
@@ -42,42 +48,51 @@ class EntryPoints(Lifecycle):
                 **site(about=self), fix="call unbind on the module that bind() returned")
         return self.clone(parent=None), self.scope.root.variables
 
-    def functionalize(self, method: Any = None, capture_intermediates: Any = False) -> Functionalized:
+    def functionalize(self, method: Any = None, capture_intermediates: Any = False,
+                      passes: Passes = ()) -> Functionalized:
         """The ``vj.functionalize`` object behind ``init``/``apply`` for ``method``: use it
         for ``.jaxpr(...)`` / ``.functional_jaxpr(...)`` / ``.traced(...)`` of a module call.
+        ``passes`` (a pipeline string or ``Pass`` instances) are added to the default
+        pipeline, and run in the bodies of the lifted transforms inside too.
 
         Cached on the module, so repeated ``apply`` calls reuse its traces."""
         capture = capture_intermediates
         fn = resolve_method(self, method)
         cache = self.__dict__.setdefault("_varjax_functionalized", {})
-        key = (fn, capture, cache_key())   # interceptors and named calls change the trace
+        # Interceptors and named calls change the trace; passes change the pipeline.
+        key = (fn, capture, cache_key(), _entries(passes))
         found = cache.get(key)
         if found is None:
             found = cache[key] = _shared_functionalized(self, key)
         return found
 
-    def _new_functionalized(self, fn: Callable, capture: Any) -> Functionalized:
+    def _new_functionalized(self, fn: Callable, capture: Any, passes: tuple = ()) -> Functionalized:
         capture_fn = _capture_filter(capture)
 
         def bound_call(*args: Any, **kwargs: Any) -> Any:
             root = TraceRoot(current(), capture_fn)
             return fn(self.clone(parent=root, name=None), *args, **kwargs)
         bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
-        return Functionalized(bound_call)
+        return Functionalized(bound_call, passes=passes)
 
+    @errors.api_boundary
     def init_with_output(self, rngs: Any, *args: Any, method: Any = None,
                          mutable: Any = DEFAULT_INIT_MUTABLE, capture_intermediates: Any = False,
-                         **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        fz = self.functionalize(method, capture_intermediates)
+                         passes: Passes = (), **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        fz = self.functionalize(method, capture_intermediates, passes)
         return fz.init_with_output(rngs, *args, mutable=mutable, **kwargs)
 
+    @errors.api_boundary
     def init(self, rngs: Any, *args: Any, method: Any = None, mutable: Any = DEFAULT_INIT_MUTABLE,
-             capture_intermediates: Any = False, **kwargs: Any) -> dict[str, Any]:
+             capture_intermediates: Any = False, passes: Passes = (), **kwargs: Any) -> dict[str, Any]:
         """All variables the method creates: ``apply({}, ..., mutable=True)[1]`` with the
-        ``params`` stream given, minus ``intermediates`` (Linen's default)."""
+        ``params`` stream given, minus ``intermediates`` (Linen's default).  Variables that
+        ``passes`` create (LoRA adapters) are created here too."""
         return self.init_with_output(rngs, *args, method=method, mutable=mutable,
-                                     capture_intermediates=capture_intermediates, **kwargs)[1]
+                                     capture_intermediates=capture_intermediates, passes=passes,
+                                     **kwargs)[1]
 
+    @errors.api_boundary
     def lazy_init(self, rngs: Any, *args: Any, method: Any = None,
                   mutable: Any = DEFAULT_INIT_MUTABLE, **kwargs: Any) -> dict[str, Any]:
         """``init`` with ``jax.ShapeDtypeStruct`` in place of inputs whose values the variables
@@ -99,11 +114,15 @@ class EntryPoints(Lifecycle):
         values = jax.jit(lambda *c: _jax.eval_jaxpr(pruned.jaxpr, (), *c))(*consts)
         return jax.tree.unflatten(jax.tree.structure(shapes), values)
 
+    @errors.api_boundary
     def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None, method: Any = None,
-              mutable: Any = False, capture_intermediates: Any = False, **kwargs: Any) -> Any:
+              mutable: Any = False, capture_intermediates: Any = False, passes: Passes = (),
+              **kwargs: Any) -> Any:
         """Runs ``method`` (default ``__call__``) of a bound clone; returns ``out`` or
-        ``(out, updated_collections)`` when anything is mutable."""
-        fz = self.functionalize(method, capture_intermediates)
+        ``(out, updated_collections)`` when anything is mutable.  ``passes`` (a pipeline
+        string such as ``"lora{rank=4}"`` or ``Pass`` instances) rewrite the call's IR after
+        the default passes that they do not declare to follow, in lifted bodies too."""
+        fz = self.functionalize(method, capture_intermediates, passes)
         return fz.apply(variables, *args, rngs=rngs, mutable=mutable, **kwargs)
 
 
@@ -129,10 +148,17 @@ def _shared_functionalized(module: EntryPoints, key: tuple) -> Functionalized:
         shared_key = typed((module, *key))
         found = _SHARED.get(shared_key)
     except TypeError:                 # a field is unhashable: this instance only
-        return module._new_functionalized(*key[:2])
+        return module._new_functionalized(key[0], key[1], key[3])
     if found is None:
-        found = _SHARED[shared_key] = module._new_functionalized(*key[:2])
+        found = _SHARED[shared_key] = module._new_functionalized(key[0], key[1], key[3])
     return found
+
+
+def _entries(passes: Passes) -> tuple:
+    """``passes=`` as a hashable tuple (a cache key; ``Functionalized`` parses it)."""
+    if isinstance(passes, str):
+        return (passes,) if passes.strip() else ()
+    return tuple(passes)
 
 
 def _raise_lazy(module: EntryPoints, closed: Any, shapes: dict[str, Any]) -> None:

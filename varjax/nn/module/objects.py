@@ -278,9 +278,10 @@ class _BoundDef:
     template: _Template
     keys: tuple[tuple[str, Path], ...]
     mutable: Any
+    passes: tuple = ()      # bind(passes=...): the calls of the rebuilt module run them
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.template, self.keys, self.mutable)))
+        object.__setattr__(self, "_hash", hash((self.template, self.keys, self.mutable, self.passes)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -300,7 +301,7 @@ def _bound_def(module: Any, root: Any, cells: list[Cell]) -> _BoundDef:
         if found is not None and found[0] == root.layout:
             return found[1]
     made = _BoundDef(_template(module), tuple((c.collection, c.path) for c in cells),
-                     filters.freeze(root.mutable))
+                     filters.freeze(root.mutable), getattr(root, "passes", ()))
     if isinstance(root, BoundRoot):
         root.defs[base] = (root.layout, made)
     return made
@@ -334,7 +335,7 @@ def unflatten_module(aux: Any, children: tuple) -> Any:
     variables: dict[str, Any] = {}
     for (col, path), value in zip(aux.keys, values):
         nested_set(variables.setdefault(col, {}), path, value)
-    root = BoundRoot.restore(variables, rng_part, aux.mutable)
+    root = BoundRoot.restore(variables, rng_part, aux.mutable, aux.passes)
     return aux.template.module.clone(parent=root, name=aux.template.module.name)
 
 

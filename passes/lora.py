@@ -1,0 +1,200 @@
+"""lora: low-rank adapters on chosen kernels, trained while ``params`` stay frozen.
+
+LoRA (Hu et al., 2021) fine-tunes a matrix ``W`` as ``W + scale * A @ B`` with ``A`` of shape
+``(in, rank)`` and ``B`` of shape ``(rank, out)``, training only ``A`` and ``B``.  Written into
+a model, that is a change to every layer class; written as a pass, the model's source does
+not change: ``net.init(key, x, passes="lora{rank=4}")`` returns the adapters in a ``lora``
+collection beside ``params``, and ``net.apply(variables, x, passes="lora{rank=4}")`` uses
+them.  ``jax.grad`` with respect to ``variables['lora']`` alone trains only the adapters.
+
+Which reads are adapted: a ``params`` read whose path matches ``targets`` (a regular
+expression searched in ``Dense_0/kernel``) and whose value is an unbatched operand of a
+``dot_general`` in the same jaxpr -- the kernel of a matmul -- possibly through dtype
+casts.  Reading the consumer, not the name alone, gives the factorisation (the kernel's
+contracted axes are ``in``, the others ``out``, so an attention kernel ``(embed, heads,
+head_dim)`` gets ``A: (embed, r)`` and ``B: (r, heads * head_dim)``), and skips reads that
+are not matmul operands: the stacked kernel a lifted ``nn.scan`` reads around its body is
+adapted inside the body, per layer, where the body's own pipeline runs this pass.  A
+kernel handed into a ``jit`` body (``jnp.einsum``, ``nn.Einsum``) is not adapted; the
+counter ``lora.adapted`` in the pipeline statistics says how many reads were.
+
+Each adapter is made by ``PassContext.in_module``: at the kernel's module
+(``lora:Dense_0/kernel/a`` and ``.../b``), created in ``init`` and read in ``apply``.  ``A``
+is drawn with ``lecun_normal`` from the ``params`` stream as that module's next draw, ``B``
+is zeros, so the adapted model computes exactly what the base model does until trained.
+``lifted_like`` makes the ``lora`` collection follow ``params`` through lifted transforms
+(stacked by ``nn.scan``'s ``variable_axes={'params': 0}``, split keys included).
+
+``merge(variables, ...)`` folds trained adapters into the kernels for inference: the
+merged ``params`` without the pass compute what the adapted model computes with it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from varjax import _jax, errors, nested, scope
+from varjax.context import current, run_init
+from varjax.passes.base import Pass, PassContext
+from varjax.passes.rewrite import Region, Rewriter, Rule
+from varjax.primitives import var_get_p
+
+_CASTS = ("convert_element_type",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lora(Pass):
+    name = "lora"
+    summary = "add scale * A @ B low-rank adapters (collection `collection`) to matmul kernels"
+    # It creates variables and draws keys (lowered by lower-rng), and rewrites reads, which
+    # forward-stores would otherwise have removed from init.
+    before = ("lower-rng", "forward-stores", "discharge")
+    rank: int = 4
+    targets: str = "kernel$"
+    scale: float = 1.0
+    collection: str = "lora"
+
+    def lifted_like(self) -> Mapping[str, str]:
+        return {self.collection: "params"}
+
+    def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
+        kernels = _matmul_kernels(jaxpr, re.compile(self.targets))
+        if not kernels:
+            return jaxpr
+        ctx.count(self.name, "adapted", len(kernels))
+        return Rewriter([_Adapt(self, ctx, kernels)]).run(jaxpr)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Adapt(Rule):
+    primitive = var_get_p
+    lora: Lora
+    ctx: PassContext = dataclasses.field(compare=False)
+    kernels: Mapping[int, tuple[int, ...]] = dataclasses.field(compare=False)
+
+    def match(self, eqn: _jax.JaxprEqn) -> bool:
+        return id(eqn) in self.kernels
+
+    def rewrite(self, eqn: _jax.JaxprEqn, invals: list, region: Region) -> list:
+        (w,) = region.bind(eqn, invals)
+        contracted = self.kernels[id(eqn)]
+        n_in, n_out = factor(w.shape, contracted)
+        kernel = eqn.params["path"][-1]
+        with self.ctx.in_module(eqn):
+            a = _adapter(self.lora, eqn, (kernel, "a"), jax.nn.initializers.lecun_normal(),
+                         (n_in, self.lora.rank), w.dtype)
+            b = _adapter(self.lora, eqn, (kernel, "b"), jax.nn.initializers.zeros,
+                         (self.lora.rank, n_out), w.dtype)
+        return [w + delta(a, b, w.shape, contracted, self.lora.scale).astype(w.dtype)]
+
+
+def _adapter(lora: Lora, eqn: _jax.JaxprEqn, name: tuple[str, str], init: Any,
+             shape: tuple[int, int], dtype: Any) -> jax.Array:
+    """The adapter ``name`` of the module the scope stands in: read, or created from the
+    module's next ``params`` draw."""
+    ctx = current("lora")
+    path = ctx.full_path(name)
+    if scope.has_at(ctx, lora.collection, path):
+        return scope.read_at(ctx, lora.collection, path)
+    if not ctx.is_mutable(lora.collection):
+        raise errors.MissingVariableError(
+            f"LoRA adapter {errors.format_path(path)} of collection '{lora.collection}' was not "
+            f"given, and '{lora.collection}' is not mutable, so it cannot be created.",
+            collection=lora.collection, path=path, source=errors.source_text(eqn.source_info),
+            fix=f"pass the variables that init returned with passes='{lora.spec()}' (they "
+                f"include the '{lora.collection}' collection), or apply with "
+                f"mutable=['{lora.collection}'] to create them")
+    key = scope.make_rng("params")
+    scope.write_at(ctx, lora.collection, path, run_init(init, key, shape, dtype))
+    return scope.read_at(ctx, lora.collection, path)
+
+
+def factor(shape: tuple[int, ...], contracted: tuple[int, ...]) -> tuple[int, int]:
+    """``(in, out)``: the sizes of the kernel's contracted axes and of the others."""
+    n_in = math.prod(shape[i] for i in contracted)
+    return n_in, math.prod(shape) // n_in
+
+
+def delta(a: jax.Array, b: jax.Array, shape: tuple[int, ...], contracted: tuple[int, ...],
+          scale: float) -> jax.Array:
+    """``scale * A @ B`` laid out as the kernel: contracted axes, then the others, moved
+    back to the kernel's axis order."""
+    free = [i for i in range(len(shape)) if i not in contracted]
+    order = [*contracted, *free]
+    d = (scale * (a @ b)).reshape([shape[i] for i in order])
+    return jnp.transpose(d, [order.index(i) for i in range(len(shape))])
+
+
+def _matmul_kernels(closed: _jax.ClosedJaxpr, targets: re.Pattern) -> dict[int, tuple[int, ...]]:
+    """``id(var_get equation) -> contracted axes`` of each matching ``params`` read used as
+    an unbatched ``dot_general`` operand (directly or through casts), at any depth."""
+    producer: dict[Any, _jax.JaxprEqn] = {}
+    found: dict[int, tuple[int, ...]] = {}
+    for eqn, _ in nested.walk_eqns(closed):
+        for v in eqn.outvars:
+            producer[v] = eqn
+        if eqn.primitive.name != "dot_general":
+            continue
+        (contracting, batch) = eqn.params["dimension_numbers"]
+        for operand, axes, batched in zip(eqn.invars, contracting, batch):
+            read = _source_read(operand, producer)
+            if read is None or batched or not targets.search("/".join(read.params["path"])):
+                continue
+            found[id(read)] = tuple(sorted(axes))
+    return found
+
+
+def _source_read(v: Any, producer: Mapping[Any, _jax.JaxprEqn]) -> _jax.JaxprEqn | None:
+    """The ``params`` read ``v`` comes from, through dtype casts; None otherwise."""
+    while isinstance(v, _jax.Var) and v in producer:
+        eqn = producer[v]
+        if eqn.primitive is var_get_p:
+            floating = jnp.issubdtype(eqn.outvars[0].aval.dtype, jnp.floating)
+            return eqn if eqn.params["collection"] == "params" and floating else None
+        if eqn.primitive.name not in _CASTS:
+            return None
+        v = eqn.invars[0]
+    return None
+
+
+def merge(variables: Mapping[str, Any], *, scale: float = 1.0, collection: str = "lora",
+          contracted: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
+    """``variables`` with each adapted kernel replaced by ``W + scale * A @ B`` and the
+    ``collection`` of adapters dropped: apply without the pass then computes what apply
+    with it did.  ``contracted`` maps a kernel path (``'Dense_0/kernel'``) to its
+    contracted axes when they are not just the first (an attention output kernel:
+    ``(0, 1)``); ``scale`` must be the pass's."""
+    adapters = variables.get(collection)
+    if adapters is None:
+        raise errors.MissingVariableError(
+            f"there is no '{collection}' collection to merge.", collection=collection,
+            **errors.where(), fix="pass the variables that init/training returned with the lora pass")
+    params = dict(variables["params"])
+    for path, ab in _adapter_pairs(adapters):
+        node = params
+        for name in path[:-1]:
+            node[name] = dict(node[name])
+            node = node[name]
+        w = node[path[-1]]
+        axes = (contracted or {}).get("/".join(path), (0,))
+        lead = ab["a"].ndim - 2          # layer axes a lifted nn.scan / nn.vmap stacked
+        fn = lambda a, b, w: delta(a, b, w.shape, axes, scale)  # noqa: E731
+        for _ in range(lead):
+            fn = jax.vmap(fn)
+        node[path[-1]] = w + fn(ab["a"], ab["b"], w).astype(w.dtype)
+    return {k: v for k, v in {**variables, "params": params}.items() if k != collection}
+
+
+def _adapter_pairs(tree: Mapping[str, Any], path: tuple[str, ...] = ()):
+    """``(kernel path, {'a': A, 'b': B})`` for every adapter pair in a ``lora`` tree (an
+    ``nn.scan``-stacked pair has a leading layer axis; ``delta`` maps over it)."""
+    for name, node in tree.items():
+        if isinstance(node, Mapping) and set(node) == {"a", "b"} and not isinstance(node["a"], Mapping):
+            yield path + (name,), node
+        elif isinstance(node, Mapping):
+            yield from _adapter_pairs(node, path + (name,))
