@@ -55,6 +55,14 @@ class PassContext:
     reenter: Callable[[Mapping[Key, VarType]], ContextManager[Any]] | None = None
     # Enters module code at a module path (``in_module``); set by functionalize.
     modules: Callable[[Path], ContextManager[Any]] | None = None
+    # True when the program is the body of a lifted transform (``nn.scan``, ``nn.remat``):
+    # its variables are the part of the whole program's that the transform handed in, so
+    # a pass must not report a variable it is about as missing from the program.
+    region: bool = False
+    # The variables a pass supplies (``Pass.supplies``) that the model code asked for
+    # anywhere in the program, lifted bodies included: one used only inside a body, whose
+    # own pipeline replaced its reads, appears nowhere in the program but is used.
+    asked: frozenset = frozenset()
 
     @classmethod
     def for_inputs(cls, variables: Mapping[Key, VarType], mutable: Any = False,
@@ -75,13 +83,14 @@ class PassContext:
         """The collections a program run in this context may touch: those of the given
         variables and those ``mutable`` names (new variables may be created there); None
         when ``mutable`` admits collections it does not name (``True``, a ``DenyList``),
-        so any collection may be created.  varjax's own ``__*`` collections are always
+        so any collection may be created.  Those of the variables passes supply (``asked``)
+        are read without being given.  varjax's own ``__*`` collections are always
         allowed, listed or not.  The pipeline gives this to its verifier, so a misspelt
         collection fails at the pipeline input."""
         named = _named_collections(self.mutable)
         if named is None:
             return None
-        return named | {collection for collection, _ in self.variables}
+        return named | {collection for collection, _ in (*self.variables, *self.asked)}
 
     def in_module(self, where: Any) -> ContextManager[Any]:
         """``with ctx.in_module(eqn):`` runs model code -- ``vj.param``, ``vj.variable``,
@@ -173,6 +182,16 @@ class Pass:
         that one (LoRA's ``lora`` adapters are scanned and vmapped as ``params`` are), so a
         pass needs no change to the model's ``nn.scan``/``nn.vmap`` arguments."""
         return {}
+
+    def supplies(self) -> frozenset[Key]:
+        """Variables ``(collection, path)`` this pass provides itself: it replaces every
+        read of them, so a call need not give them (``tie``'s ``dst``, which ``init`` never
+        returns).  Tracing runs the model code before any pass, and the code's ``param``
+        of a missing variable would fail there; for these, outside ``init``, the trace
+        emits a read of the type the initializer would make instead, for the pass to
+        replace.  In ``init`` they are created as usual (their initializers draw their
+        keys).  A read that no pass replaces fails the call (``MissingVariableError``)."""
+        return frozenset()
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         raise NotImplementedError(f"pass {self.name} does not implement run()")

@@ -15,8 +15,16 @@ other pair raises ``VariableShapeError`` at ``dst``'s use.
 **Order.**  ``src`` must exist where ``dst`` is first read: given to the call, or created
 earlier in the program (the embedding created before the unembedding is used).
 ``src`` or ``dst`` appearing nowhere is a ``MissingVariableError``, as is a read of
-``dst`` before ``src`` is created.  Writes of ``dst`` are dropped wherever they are, so
-an update of ``dst`` in a mutable collection is lost: update ``src``.
+``dst`` before ``src`` is created.  The body of a lifted transform (``nn.scan``) runs the
+program's passes too: a body that does not use ``dst`` is left as it is, a ``dst`` used
+only in bodies is tied there, and one in a body that is not handed ``src`` is a
+``MissingVariableError``.  Writes of ``dst`` are dropped wherever they are, so an update
+of ``dst`` in a mutable collection is lost: update ``src``.
+
+**Apply.**  ``apply`` takes the variables ``init`` returned, without ``dst``: the pass
+supplies ``dst`` (``Pass.supplies``), so the trace reads it where the model code asks
+for it, with the type its initializer would make, and this pass makes that a read of
+``src``.
 
 **With other passes.**  ``tie`` runs before the passes that change the values read
 (``fake-quant``, ``stop-gradient``, ``cast-params``), whatever the written order: they
@@ -27,11 +35,6 @@ Use as ``vj.functionalize(fn, passes="tie{src=Embed_0/embedding,dst=Dense_1/kern
 ``notes/pass-library.md`` shows the IR.
 
 Sharp edges:
-  * The pass runs after tracing, and tracing ``apply`` reads ``dst``: a call that gives
-    no ``dst`` fails in the model code (``MissingVariableError``) before the pass can
-    replace the read.  Give ``apply`` a value of ``dst``'s shape (any value: it is not an
-    input of the compiled function) until the trace learns which variables a pass
-    supplies.
   * Random keys: ``dst``'s initializer still draws its key in ``init`` (draws are never
     dropped), so the other parameters' values equal those of the untied model.
 """
@@ -123,18 +126,28 @@ class Tie(Pass):
         if split_path(self.src) == split_path(self.dst):
             raise ValueError(f"src and dst are the same variable {self.src!r}")
 
+    def supplies(self) -> frozenset[Key]:
+        # Every read of dst becomes a read of src: apply needs no dst.
+        return frozenset({(self.collection, split_path(self.dst))})
+
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         src: Key = (self.collection, split_path(self.src))
         dst: Key = (self.collection, split_path(self.dst))
-        src_type, transpose = self._check(jaxpr, ctx, src, dst)
+        checked = self._check(jaxpr, ctx, src, dst)
+        if checked is None:       # a lifted body that does not use dst
+            return jaxpr
+        src_type, transpose = checked
         ctx.count(self.name, "tied")
         return ReadRewriter([TiedRead(dst, src, src_type, transpose),
                              DroppedWrite(dst)]).run(jaxpr)
 
     def _check(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext, src: Key, dst: Key
-               ) -> tuple[VarType, bool]:
+               ) -> tuple[VarType, bool] | None:
         """``src``'s type and whether ``dst`` reads it transposed; raises on a program
-        where the tie cannot hold (see the module docstring)."""
+        where the tie cannot hold (see the module docstring).  None where this jaxpr does
+        not use ``dst`` but the program may: a lifted transform's body sees only the
+        variables handed in, and a program whose bodies alone use ``dst`` had them tie it
+        in their own pipelines."""
         src_type: VarType | None = ctx.variables.get(src)
         created = src_type is not None
         uses: list[_jax.JaxprEqn] = []
@@ -150,6 +163,14 @@ class Tie(Pass):
                 uses.append(eqn)
                 if eqn.primitive is var_get_p and not created and early is None:
                     early = eqn
+        if not uses and (ctx.region or dst in ctx.asked):   # used only in lifted bodies,
+            return None                                       # which tied it themselves
+        if src_type is None and ctx.region:
+            raise errors.MissingVariableError(
+                f"tie: {self.dst} is used in the body of a lifted transform that its source "
+                f"{self.src} is not handed to, so the tied read would find no value.",
+                collection=self.collection, path=src[1], **self._where(jaxpr, uses[0]),
+                fix="tie variables that both live inside the lifted module, or both outside it")
         if src_type is None:
             raise errors.MissingVariableError(
                 f"tie: source variable {self.src} of collection '{self.collection}' is neither "

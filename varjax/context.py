@@ -122,6 +122,13 @@ class TraceContext:
         # such a pass creates to the one whose lifting it follows (``Pass.lifted_like``).
         self.passes: tuple = ()
         self.lifted_like: dict[str, str] = {}
+        # Variables those passes provide themselves (``Pass.supplies``): outside init, the
+        # model code's ``param``/``variable`` of a missing one reads it, for the pass to
+        # replace the read, instead of failing.
+        self.supplied: frozenset[Key] = frozenset()
+        # On the origin: the supplied variables the code asked for, lifted bodies included
+        # (whose own pipelines replace their reads), for ``PassContext.asked``.
+        self.asked: set[Key] = set()
         base = (filters.freeze(mutable), tuple(sorted(self.rng_streams.items())), initializing, policy)
         self._fingerprint = fingerprint.Fingerprint(base, initializing or mutable is not False,
                                                     self.variables)

@@ -285,6 +285,7 @@ class Functionalized:
         ctx = self.context(key)
         ctx.passes = self.passes
         ctx.lifted_like = {c: like for p in self.passes for c, like in p.lifted_like().items()}
+        ctx.supplied = frozenset().union(*(p.supplies() for p in self.passes))
         static = dict(key.static_values)
         positions = [i for i in range(key.tree.num_leaves) if i not in static]
         out_tree_box: list[Any] = []
@@ -323,6 +324,8 @@ class Functionalized:
         pctx = PassContext.for_inputs(dict(key.variables), key.mutable, dict(key.rngs),
                                       reenter=lambda types: activate(traced.context.snapshot(types)))
         pctx.modules = PassScopes(traced.context)   # passes that create variables
+        pctx.region = self.inline                   # a lifted transform's body
+        pctx.asked = frozenset(traced.context.origin.asked)
         return pipeline.run(traced.jaxpr, pctx, label=self.__name__), pctx
 
     def _compile(self, traced: _Effectful) -> Traced:

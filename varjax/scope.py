@@ -197,11 +197,14 @@ def param(name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
 
 def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_args: tuple) -> Any:
     ctx.guard("params", path)
+    _ask(ctx, "params", path)
     if _exists(ctx, "params", path):
         value = _read(ctx, "params", path)
         check_type("params", path, VarType.of(value), expected_type(init_fn, init_args, True),
                    ctx.module)
         return value
+    if _supplied(ctx, "params", path, init_fn, init_args, True):
+        return _read(ctx, "params", path)
     if not ctx.is_mutable("params"):
         raise _missing(ctx, "params", path, "collection 'params' is immutable, so it cannot be created")
     if not any(s in ctx.rng_streams for s in streams.candidates(streams.PARAMS)):
@@ -215,6 +218,23 @@ def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_ar
     # apply, so a pass that rewrites reads (cast, quantize, adapt) changes both alike;
     # forward-stores turns the read back into the stored value.
     return _read(ctx, "params", path)
+
+
+def _ask(ctx: TraceContext, collection: str, path: Path) -> None:
+    if (collection, path) in ctx.supplied:
+        ctx.origin.asked.add((collection, path))
+
+
+def _supplied(ctx: TraceContext, collection: str, path: Path, init_fn: Callable[..., Any],
+              init_args: tuple, needs_key: bool) -> bool:
+    """Whether a missing variable is one a pass provides (``Pass.supplies``) and is not
+    created here (only ``init`` creates it, so that its initializer draws its key); if
+    so it now exists, with the type ``init_fn`` would make, and reads of it are emitted
+    for the pass to replace."""
+    if (collection, path) not in ctx.supplied or (ctx.initializing and ctx.is_mutable(collection)):
+        return False
+    ctx.set_type((collection, path), expected_type(init_fn, init_args, needs_key))
+    return True
 
 
 class Variable:
@@ -345,9 +365,12 @@ def variable_at(ctx: TraceContext, collection: str, path: Path, init_fn: Callabl
     the handle reads and writes through boxes, see ``Variable``)."""
     _check_collection(ctx, collection, path)
     ctx.guard(collection, path)
+    _ask(ctx, collection, path)
     if not _exists(ctx, collection, path):
         if init_fn is None:
             raise _missing(ctx, collection, path, "no init_fn was given to create it")
+        if _supplied(ctx, collection, path, init_fn, init_args, False):
+            return Variable.at(collection, path, unbox=unbox)
         if not ctx.is_mutable(collection):
             raise _missing(ctx, collection, path,
                            f"collection '{collection}' is immutable, so it cannot be created")

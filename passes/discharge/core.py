@@ -359,6 +359,20 @@ def discharge_flat(closed: ClosedJaxpr, in_types: Sequence[tuple[Key, VarType]],
     return ClosedJaxpr(new, closed.consts), [_atom_type(env[k]) for k in out_keys]
 
 
+def _check_supplied(jaxpr: ClosedJaxpr, ctx: PassContext, needs: Any) -> None:
+    """A variable a pass supplies (``Pass.supplies``) is read by the trace when the call
+    does not give it, for that pass to replace the read: one still read here was not."""
+    for key in sorted(k for k in needs if k not in ctx.variables and k in ctx.asked):
+        eqn = next((e for e, _ in nested.walk_eqns(jaxpr)
+                    if e.primitive is var_get_p and key_of(e) == key), None)
+        raise errors.MissingVariableError(
+            f"variable {errors.format_path(key[1])} of collection '{key[0]}' is not given, "
+            "and its reads are still in the program: a pass of this call supplies it "
+            "(Pass.supplies), but none replaced them.", collection=key[0], path=key[1],
+            **errors.where(eqn.source_info if eqn is not None else None),
+            fix="give the variable, or fix the pass that supplies it to replace every read")
+
+
 @dataclasses.dataclass(frozen=True)
 class Discharge(Pass):
     """Reads become inputs and writes become outputs; the result is pure."""
@@ -372,6 +386,7 @@ class Discharge(Pass):
 
     def run(self, jaxpr: ClosedJaxpr, ctx: PassContext) -> ClosedJaxpr:
         t = traffic(jaxpr)
+        _check_supplied(jaxpr, ctx, t.needs)
         in_keys = sorted(k for k in t.needs if k in ctx.variables)
         out_keys = sorted(t.may_write)
         in_types = [(k, ctx.variables[k]) for k in in_keys]

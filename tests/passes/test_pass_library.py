@@ -4,6 +4,8 @@ Each pass is compared with a model that does by hand what the pass does to the I
 outputs in init and apply, same gradients; every error path is triggered.  Shapes are tiny
 so each call compiles little.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 import varjax as vj
 from golden import assert_ir, run_pass
 from varjax import errors, nn
-from varjax.passes import FakeQuant, Pipeline, StopGradient, Tie
+from varjax.passes import FakeQuant, Pass, Pipeline, StopGradient, Tie
 from varjax.passes.fake_quant import fake_quantize
 
 KEY = jax.random.key(0)
@@ -212,13 +214,6 @@ class Attend(nn.Module):
 TIE = "tie{src=Embed_0/embedding,dst=Dense_1/kernel}"
 
 
-def with_dst(v, dst_shape=(D_, V_)):
-    """``v`` plus a value for the tied-away ``Dense_1/kernel``, which tracing apply reads
-    (see tie.py's sharp edges); it is no input of the compiled function."""
-    params = dict(v["params"], Dense_1={"kernel": jnp.full(dst_shape, jnp.nan)})
-    return {**v, "params": params}
-
-
 def test_tie_equals_the_hand_tied_model_in_init_and_apply_with_equal_gradients():
     tied = vj.functionalize(Untied().functionalize().fn, passes=TIE)
     y, v = tied.init_with_output(KEY, IDS)
@@ -226,22 +221,114 @@ def test_tie_equals_the_hand_tied_model_in_init_and_apply_with_equal_gradients()
     assert jax.tree.map(jnp.shape, v) == jax.tree.map(jnp.shape, v_ref)   # no Dense_1 at all
     assert_trees_close(v, v_ref, rtol=0, atol=0)
     np.testing.assert_allclose(y, y_ref, rtol=1e-6)
-    got, g = run(tied.apply, with_dst(v), IDS)
+    got, g = run(tied.apply, v, IDS)           # init's variables: no dst
     want, g_ref = run(Attend().apply, v_ref, IDS)
     np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert not np.any(g["params"].pop("Dense_1")["kernel"])   # the placeholder is no input
     assert_trees_close(g, g_ref, rtol=1e-5, atol=1e-7)
-    signature = tied.traced(IDS, variables=with_dst(v)).signature
+    signature = tied.traced(IDS, variables=v).signature
     assert ("params", ("Dense_1", "kernel")) not in [k for k, _ in signature.inputs]
 
 
-@pytest.mark.xfail(strict=True, raises=errors.MissingVariableError,
-                   reason="tracing apply reads dst before the pass runs: needs the trace to "
-                          "know which variables a pass supplies (framework hook)")
 def test_tie_apply_needs_no_dst():
-    tied = vj.functionalize(Untied().functionalize().fn, passes=TIE)
-    v = tied.init(KEY, IDS)
-    tied.apply(v, IDS)
+    """Module.init then Module.apply, both with the pass: apply gets init's variables,
+    which have no dst (the pass supplies it); a dst given anyway is no input."""
+    v = Untied().init(KEY, IDS, passes=TIE)
+    assert "Dense_1" not in v["params"]
+    want = Attend().apply(v, IDS)
+    np.testing.assert_allclose(Untied().apply(v, IDS, passes=TIE), want, rtol=1e-6)
+    given = {"params": {**v["params"], "Dense_1": {"kernel": jnp.full((D_, V_), jnp.nan)}}}
+    np.testing.assert_allclose(Untied().apply(given, IDS, passes=TIE), want, rtol=1e-6)
+    with pytest.raises(errors.MissingVariableError, match="Dense_1/kernel"):   # untied: needed
+        Untied().apply(v, IDS)
+
+
+def test_tie_of_variables_made_by_vj_variable():
+    def tables(x):
+        a = vj.variable("consts", "a", jnp.full, (2,), 2.0)
+        b = vj.variable("consts", "b", jnp.zeros, (2,))
+        return x * a.value + b.value
+
+    tied = vj.functionalize(tables, passes="tie{src=a,dst=b,collection=consts}")
+    v = tied.init(KEY, X[0, :2])
+    assert v == {"consts": {"a": v["consts"]["a"]}}
+    np.testing.assert_allclose(tied.apply(v, X[0, :2]), X[0, :2] * 2 + 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class SuppliesOnly(Pass):
+    """Claims a variable and leaves its reads: the call must say the variable is missing."""
+    name = "test-supplies-only"
+
+    def supplies(self):
+        return frozenset({("params", ("b",))})
+
+    def run(self, jaxpr, ctx):
+        return jaxpr
+
+
+def test_a_supplied_variable_no_pass_replaced_is_missing():
+    def f(x):
+        return x @ vj.param("b", normal, (3, 4))
+
+    g = vj.functionalize(f, passes=[SuppliesOnly()])
+    v = g.init(KEY, X[:1, :3])                 # created in init as usual
+    assert jax.tree.map(jnp.shape, v) == {"params": {"b": (3, 4)}}
+    np.testing.assert_allclose(g.apply(v, X[:1, :3]), X[:1, :3] @ v["params"]["b"])
+    with pytest.raises(errors.MissingVariableError, match="none replaced them") as e:
+        g.apply({}, X[:1, :3])
+    assert e.value.path == ("b",) and e.value.collection == "params"
+    assert "test_pass_library.py" in e.value.source
+
+
+class Block(nn.Module):
+    @nn.compact
+    def __call__(self, h, _):
+        return jnp.tanh(nn.Dense(D_)(h)), None
+
+
+class ScanLM(nn.Module):
+    """The untied LM with an nn.scan of blocks that do not touch the tied variables."""
+    cls: type = Block
+
+    @nn.compact
+    def __call__(self, ids):
+        h = nn.Embed(V_, D_)(ids)
+        h, _ = nn.scan(self.cls, variable_axes={"params": 0}, split_rngs={"params": True},
+                       length=2)()(h, None)
+        return nn.Dense(V_, use_bias=False)(h)
+
+
+def test_tie_outside_a_scanned_body_leaves_the_body_alone():
+    tie = "tie{src=Embed_0/embedding,dst=Dense_0/kernel}"
+    v = ScanLM().init(KEY, IDS, passes=tie)
+    assert sorted(v["params"]) == ["Embed_0", "ScanBlock_0"]
+    untied = ScanLM().init(KEY, IDS)
+    assert_trees_close(v["params"]["ScanBlock_0"], untied["params"]["ScanBlock_0"], rtol=0, atol=0)
+    tied_by_hand = {"params": {**v["params"], "Dense_0": {"kernel": v["params"]["Embed_0"]["embedding"].T}}}
+    np.testing.assert_allclose(ScanLM().apply(v, IDS, passes=tie),
+                               ScanLM().apply(tied_by_hand, IDS), rtol=1e-6)
+
+
+class TiedBlock(nn.Module):
+    """Two square Dense layers per block: the second's kernel is tied to the first's."""
+    @nn.compact
+    def __call__(self, h, _):
+        first = nn.Dense(D_, name="first")
+        return jnp.tanh(nn.Dense(D_, use_bias=False, name="second")(first(h))), None
+
+
+def test_tie_inside_a_scanned_body_ties_each_layer():
+    tie = "tie{src=ScanTiedBlock_0/first/kernel,dst=ScanTiedBlock_0/second/kernel,transpose=true}"
+    v = ScanLM(TiedBlock).init(KEY, IDS, passes=tie)   # dst is used in the body alone
+    block = v["params"]["ScanTiedBlock_0"]
+    assert list(block) == ["first"]
+    second = {"kernel": jnp.swapaxes(block["first"]["kernel"], 1, 2)}
+    by_hand = {"params": {**v["params"], "ScanTiedBlock_0": {**block, "second": second}}}
+    np.testing.assert_allclose(ScanLM(TiedBlock).apply(v, IDS, passes=tie),
+                               ScanLM(TiedBlock).apply(by_hand, IDS), rtol=1e-6)
+    with pytest.raises(errors.MissingVariableError, match="lifted transform that its source"):
+        ScanLM(TiedBlock).init(KEY, IDS, passes="tie{src=Embed_0/embedding,"
+                                                "dst=ScanTiedBlock_0/second/kernel}")
 
 
 def test_tie_same_shape_and_forced_transpose():
