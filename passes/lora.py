@@ -166,9 +166,10 @@ def merge(variables: Mapping[str, Any], *, scale: float = 1.0, collection: str =
           contracted: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
     """``variables`` with each adapted kernel replaced by ``W + scale * A @ B`` and the
     ``collection`` of adapters dropped: apply without the pass then computes what apply
-    with it did.  ``contracted`` maps a kernel path (``'Dense_0/kernel'``) to its
-    contracted axes when they are not just the first (an attention output kernel:
-    ``(0, 1)``); ``scale`` must be the pass's."""
+    with it did.  A kernel's contracted axes are its leading axes whose sizes multiply to
+    ``A``'s rows (right for ``Dense`` and ``DenseGeneral``); ``contracted`` maps a kernel
+    path (``'Dense_0/kernel'``) to them when they are not leading.  ``scale`` must be the
+    pass's."""
     adapters = variables.get(collection)
     if adapters is None:
         raise errors.MissingVariableError(
@@ -181,13 +182,33 @@ def merge(variables: Mapping[str, Any], *, scale: float = 1.0, collection: str =
             node[name] = dict(node[name])
             node = node[name]
         w = node[path[-1]]
-        axes = (contracted or {}).get("/".join(path), (0,))
         lead = ab["a"].ndim - 2          # layer axes a lifted nn.scan / nn.vmap stacked
+        axes = _contracted(path, w.shape[lead:], ab["a"].shape[-2], contracted)
         fn = lambda a, b, w: delta(a, b, w.shape, axes, scale)  # noqa: E731
         for _ in range(lead):
             fn = jax.vmap(fn)
         node[path[-1]] = w + fn(ab["a"], ab["b"], w).astype(w.dtype)
     return {k: v for k, v in {**variables, "params": params}.items() if k != collection}
+
+
+def _contracted(path: tuple[str, ...], shape: tuple[int, ...], rows: int,
+                contracted: Mapping[str, tuple[int, ...]] | None) -> tuple[int, ...]:
+    """The kernel's contracted axes: as given, else its leading axes whose sizes multiply to
+    ``A``'s rows (a ``Dense``/``DenseGeneral`` kernel is ``in_axes + out_axes``).  A given
+    or inferred choice that does not fit ``A`` is an error, not a wrong kernel."""
+    name = "/".join(path)
+    given = (contracted or {}).get(name)
+    if given is None:
+        given = next((tuple(range(k)) for k in range(1, len(shape))
+                      if math.prod(shape[:k]) == rows), None)
+    if given is None or math.prod(shape[i] for i in given) != rows:
+        raise errors.VariableShapeError(
+            f"cannot merge the LoRA adapter of {name}: its A has {rows} rows, which "
+            f"{'no leading axes' if given is None else f'axes {given}'} of the kernel's "
+            f"shape {tuple(shape)} multiply to.", collection="params", path=path,
+            **errors.where(), fix=f"pass contracted={{'{name}': <the kernel axes its matmul "
+                                  "contracts>}} to merge")
+    return given
 
 
 def _adapter_pairs(tree: Mapping[str, Any], path: tuple[str, ...] = ()):

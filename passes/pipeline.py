@@ -156,11 +156,11 @@ class Pipeline:
         return jaxpr
 
 
-def parse_entries(entries: str | Sequence[Pass | str]) -> tuple[Pass, ...]:
+def parse_entries(entries: str | Sequence[Pass | str] | None) -> tuple[Pass, ...]:
     """``Pass`` instances and pipeline strings as instances, in written order (not yet
-    ordered: ``Pipeline`` does that)."""
+    ordered: ``Pipeline`` does that); None is no pass."""
     given: list[Pass] = []
-    for entry in [entries] if isinstance(entries, str) else entries:
+    for entry in [entries] if isinstance(entries, str) else entries or ():
         if isinstance(entry, str):
             given.extend(_parse(entry))
         elif isinstance(entry, Pass):

@@ -176,3 +176,23 @@ def test_object_mode_refuses_passes():
     model = vj.Variable(jnp.ones((4,)))
     with pytest.raises(errors.TransformError, match="passes"):
         vj.vmap(lambda m, x: m.value * x, passes=LORA)(model, X)
+
+
+def test_passes_none_means_no_pass():
+    base = MLP().init(KEY, X, passes=None)
+    assert set(base) == {"params"}
+    np.testing.assert_array_equal(MLP().apply(base, X, passes=None), MLP().apply(base, X))
+
+
+def test_merge_infers_an_attention_kernels_leading_contracted_axes():
+    att = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4)
+    x = jnp.linspace(-1.0, 1.0, 18).reshape(1, 3, 6)
+    trained = perturbed(att.init(KEY, x, passes=LORA))
+    np.testing.assert_allclose(att.apply(merge(trained), x), att.apply(trained, x, passes=LORA),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_merge_refuses_contracted_axes_that_do_not_fit_the_adapter():
+    v = MLP().init(KEY, X, passes=LORA)
+    with pytest.raises(errors.VariableShapeError, match="cannot merge the LoRA adapter of Dense_1/kernel"):
+        merge(v, contracted={"Dense_1/kernel": (1,)})

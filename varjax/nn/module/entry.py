@@ -156,6 +156,8 @@ def _shared_functionalized(module: EntryPoints, key: tuple) -> Functionalized:
 
 def _entries(passes: Passes) -> tuple:
     """``passes=`` as a hashable tuple (a cache key; ``Functionalized`` parses it)."""
+    if passes is None:
+        return ()
     if isinstance(passes, str):
         return (passes,) if passes.strip() else ()
     return tuple(passes)
