@@ -227,11 +227,12 @@ def make_next_token(model: nn.Module) -> Callable:
     return next_token
 
 
-def sample(model: nn.Module, params: Any, corpus: Corpus, key: jax.Array) -> str:
-    """``PROMPT`` continued by ``SAMPLE_CHARS`` bytes, each drawn at ``TEMPERATURE``."""
+def sample(model: nn.Module, params: Any, corpus: Corpus, key: jax.Array,
+           chars: int = SAMPLE_CHARS, prompt: str = PROMPT) -> str:
+    """``prompt`` continued by ``chars`` bytes, each drawn at ``TEMPERATURE``."""
     next_token = make_next_token(model)
-    ids = corpus.encode(PROMPT)
-    for step_key in jax.random.split(key, SAMPLE_CHARS):
+    ids = corpus.encode(prompt)
+    for step_key in jax.random.split(key, chars):
         context = ids[-SEQ_LEN:]
         window = np.zeros(SEQ_LEN, np.int32)
         window[: len(context)] = context

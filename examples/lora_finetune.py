@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from char_lm import CHUNK, SEQ_LEN, VAL_FRACTION, TransformerLM
+from char_lm import CHUNK, VAL_FRACTION, TransformerLM
 from common import OUT, plot_losses
 
 from varjax.passes.lora import merge
@@ -154,18 +154,6 @@ def run_steps(name: str, steps: int, step: Callable, state: Any, opt_state: Any,
     return state, [float(v) for v in losses], time.perf_counter() - start
 
 
-def sample(model: TransformerLM, params: Any, corpus: Slice, key: jax.Array, chars: int) -> str:
-    """``PROMPT`` continued by ``chars`` bytes from the plain model (no pass) with ``params``."""
-    next_token = char_lm.make_next_token(model)
-    ids = corpus.encode(PROMPT)
-    for step_key in jax.random.split(key, chars):
-        context = ids[-SEQ_LEN:]
-        window = np.zeros(SEQ_LEN, np.int32)
-        window[: len(context)] = context
-        ids.append(int(next_token(params, window, len(context) - 1, step_key)))
-    return corpus.decode(ids)
-
-
 def count(tree: Any) -> int:
     return sum(x.size for x in jax.tree.leaves(tree))
 
@@ -210,8 +198,8 @@ def main() -> None:
     print(f"[pretrain] {args.pretrain_steps} steps in {pre_seconds:.1f} s; validation loss: "
           f"code {base_old:.4f}, prose {base_new:.4f}", flush=True)
     if args.sample_chars:
-        print(f"[pretrain] sample:\n{sample(model, params, new, sample_key, args.sample_chars)}\n",
-              flush=True)
+        text = char_lm.sample(model, params, new, sample_key, args.sample_chars, PROMPT)
+        print(f"[pretrain] sample:\n{text}\n", flush=True)
 
     # ---- 2. fine-tune adapters only, on prose, through the pass
     # A fresh init with the pass: the adapters, beside new params that go unused.
@@ -245,8 +233,8 @@ def main() -> None:
     print(f"merged (no pass) prose validation loss {merged_new:.6f} vs adapted {lora_new:.6f}: "
           f"difference {merge_diff:.2g} (tolerance {TOLERANCE:g})", flush=True)
     if args.sample_chars:
-        print(f"[lora] sample (merged model):\n"
-              f"{sample(model, merged['params'], new, sample_key, args.sample_chars)}\n", flush=True)
+        text = char_lm.sample(model, merged["params"], new, sample_key, args.sample_chars, PROMPT)
+        print(f"[lora] sample (merged model):\n{text}\n", flush=True)
 
     seconds = time.perf_counter() - start
     ok = unchanged and merge_diff <= TOLERANCE and identity_diff <= TOLERANCE
