@@ -196,3 +196,26 @@ def test_merge_refuses_contracted_axes_that_do_not_fit_the_adapter():
     v = MLP().init(KEY, X, passes=LORA)
     with pytest.raises(errors.VariableShapeError, match="cannot merge the LoRA adapter of Dense_1/kernel"):
         merge(v, contracted={"Dense_1/kernel": (1,)})
+
+
+def test_cond_and_while_loop_run_their_passes_in_their_bodies():
+    class Branchy(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            dense = nn.Dense(4)
+            h = nn.cond(x.sum() > 0, lambda m, x: m(x), lambda m, x: -m(x), dense, x,
+                        passes=LORA)
+            step = nn.Dense(4)
+            h = step(h)                   # created before the loop, which may run zero times
+            return nn.while_loop(lambda m, c: c[0] < 2, lambda m, c: (c[0] + 1, m(c[1])),
+                                 step, (0, h), passes="cast-params{dtype=bfloat16}")[1]
+    v = Branchy().init(KEY, X)
+    assert jax.tree.map(jnp.shape, v["lora"]) == {"Dense_0": {"kernel": {"a": (4, 2), "b": (2, 4)}}}
+    out = Branchy().apply(perturbed(v), X)
+    assert out.dtype == jnp.float32 and out.shape == (2, 4)
+
+
+def test_object_mode_cond_refuses_passes():
+    model = vj.Variable(jnp.ones((4,)))
+    with pytest.raises(errors.TransformError, match="passes"):
+        vj.cond(True, lambda m, x: m.value * x, lambda m, x: x, model, X, passes=LORA)

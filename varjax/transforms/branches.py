@@ -22,31 +22,33 @@ from varjax.transforms.common import call_direct, object_call, object_options
 
 
 def cond(pred: Any, true_fun: Callable, false_fun: Callable, mdl: Any, *operands: Any,
-         variables: Any = True, rngs: Any = True) -> Any:
+         variables: Any = True, rngs: Any = True, passes: Any = ()) -> Any:
     """Lifted ``jax.lax.cond``: ``true_fun(mdl, *operands)`` if ``pred`` else
     ``false_fun(mdl, *operands)`` (without ``mdl`` when it is None).  In object mode
-    (``object_call``) JAX's ``cond(pred, true_fun, false_fun, *operands)``."""
+    (``object_call``) JAX's ``cond(pred, true_fun, false_fun, *operands)``.  ``passes``:
+    passes run on the branches' IR (``vj.lift``)."""
     if object_call("cond", (mdl, *operands), {}):
-        _object_options("cond", variables, rngs)
+        _object_options("cond", variables, rngs, passes)
         return objects.cond(pred, true_fun, false_fun, mdl, *operands)
     index = jnp.asarray(pred).astype(jnp.int32)
     return _branches("cond", index, [false_fun, true_fun], ["false_fun", "true_fun"], mdl,
-                     operands, variables, rngs)
+                     operands, variables, rngs, passes)
 
 
 def switch(index: Any, branches: Sequence[Callable], mdl: Any, *operands: Any,
-           variables: Any = True, rngs: Any = True) -> Any:
+           variables: Any = True, rngs: Any = True, passes: Any = ()) -> Any:
     """Lifted ``jax.lax.switch``: ``branches[index](mdl, *operands)``; in object mode JAX's
-    ``switch(index, branches, *operands)``."""
+    ``switch(index, branches, *operands)``.  ``passes``: as for ``cond``."""
     if object_call("switch", (mdl, *operands), {}):
-        _object_options("switch", variables, rngs)
+        _object_options("switch", variables, rngs, passes)
         return objects.switch(index, branches, mdl, *operands)
     return _branches("switch", index, list(branches), [f"branch {i}" for i in range(len(branches))],
-                     mdl, operands, variables, rngs)
+                     mdl, operands, variables, rngs, passes)
 
 
-def _object_options(name: str, variables: Any, rngs: Any) -> None:
-    object_options(name, lambda f: f, variables=(variables, True), rngs=(rngs, True))(None)
+def _object_options(name: str, variables: Any, rngs: Any, passes: Any) -> None:
+    object_options(name, lambda f: f, variables=(variables, True), rngs=(rngs, True),
+                   passes=(passes, ()))(None)
 
 
 def _check_creations(name: str, labels: list[str], created: list[set]) -> None:
@@ -63,7 +65,7 @@ def _check_creations(name: str, labels: list[str], created: list[set]) -> None:
 
 
 def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl: Any,
-              operands: tuple, variables: Any, rngs: Any) -> Any:
+              operands: tuple, variables: Any, rngs: Any, passes: Any) -> Any:
     def transform(*regions_and_rest: Any) -> Any:
         regions = regions_and_rest[:len(fns)]
         groups, rng_groups, index, *ops = regions_and_rest[len(fns):]
@@ -87,5 +89,5 @@ def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl
                                 rng_groups, *leaves)
         return jax.lax.switch(index, [branch(r) for r in regions], groups, rng_groups, *leaves)
 
-    lifted = lift(transform, *fns, variables=(variables,), rngs=(rngs,), name=name)
+    lifted = lift(transform, *fns, variables=(variables,), rngs=(rngs,), name=name, passes=passes)
     return call_direct(lifted, mdl, index, *operands)

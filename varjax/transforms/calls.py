@@ -205,12 +205,13 @@ def map_variables(target: Any, mapped_collections: Any = True,
                   trans_in_fn: Callable[[Any], Any] = _identity,
                   trans_out_fn: Callable[[Any], Any] = _identity, init: bool = False,
                   mutable: bool = False, rngs: Any = True, variables: Any = True,
-                  methods: Any = None) -> Any:
+                  methods: Any = None, passes: Any = ()) -> Any:
     """Lifted variable mapping (Linen's ``nn.map_variables``): the body sees
     ``trans_in_fn(vars)`` of the mapped collections, as Linen's nested dict relative to
     the module; with ``mutable`` (or ``init``) what it writes is stored as
     ``trans_out_fn(vars)``.  With ``init``, variables missing at init are first created
-    by running the body unmapped (the body is traced twice then)."""
+    by running the body unmapped (the body is traced twice then).  ``passes``: passes run
+    on the body's IR (``vj.lift``)."""
     def transform(region: Callable, groups: tuple, rngs_: tuple, *args: Any, **kwargs: Any) -> Any:
         mapped, rest = groups
         path = region.path
@@ -230,4 +231,4 @@ def map_variables(target: Any, mapped_collections: Any = True,
 
     return apply_to(target, "map_variables", lambda fn: lift(
         transform, fn, variables=(mapped_collections, variables), rngs=(rngs,),
-        name="map_variables"), methods)
+        name="map_variables", passes=passes), methods)

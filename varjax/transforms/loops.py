@@ -222,17 +222,18 @@ def remat_scan(target: Any, lengths: Sequence[int] = (), policy: Any = None,
 
 def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any = NO_INIT,
                carry_variables: Any = False, broadcast_variables: Any = True,
-               split_rngs: Mapping[Any, bool] | None = None) -> Any:
+               split_rngs: Mapping[Any, bool] | None = None, passes: Any = ()) -> Any:
     """Lifted ``jax.lax.while_loop``: ``cond_fn(mdl, c) -> bool``, ``body_fn(mdl, c) -> c``
     (without ``mdl`` when it is None).  Carry variables are threaded through the loop,
     broadcast ones are read-only; a split stream draws a fresh key per iteration.
+    ``passes``: passes run on ``cond_fn``'s and ``body_fn``'s IR (``vj.lift``).
 
     Without ``init``, JAX's signature in object mode: ``while_loop(cond_fun, body_fun,
     init_val)``, objects in ``init_val`` carried (``varjax.objects.transforms``)."""
     if init is NO_INIT:
         object_options("while_loop", lambda f: f, carry_variables=(carry_variables, False),
                        broadcast_variables=(broadcast_variables, True),
-                       split_rngs=(split_rngs, None))(cond_fn)
+                       split_rngs=(split_rngs, None), passes=(passes, ()))(cond_fn)
         return objects.while_loop(cond_fn, body_fn, mdl)
     rng_filters, split = rng_groups(split_rngs)
     var_filters = (filters.freeze(carry_variables), filters.freeze(broadcast_variables))
@@ -266,7 +267,7 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any = NO_IN
         return out, (carried, bcast)
 
     lifted = lift(transform, cond_fn, body_fn, variables=var_filters, rngs=rng_filters,
-                  name="while_loop",
+                  name="while_loop", passes=passes,
                   fix="add '{collection}' to carry_variables (mutable) or broadcast_variables")
     return call_direct(lifted, mdl, init)
 
@@ -292,14 +293,14 @@ def _check_loop_step(what: str, given: tuple[Group, Group], returned: tuple[Grou
 
 def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any = NO_INIT,
               carry_variables: Any = False, broadcast_variables: Any = True,
-              split_rngs: Mapping[Any, bool] | None = None) -> Any:
+              split_rngs: Mapping[Any, bool] | None = None, passes: Any = ()) -> Any:
     """Lifted ``jax.lax.fori_loop``: ``body_fn(mdl, i, c) -> c`` for ``lower <= i < upper``
     (``body_fn(i, c)`` when ``mdl`` is None); built on ``while_loop``.  Without ``init``,
     JAX's ``fori_loop(lower, upper, body_fun, init_val)`` in object mode."""
     if init is NO_INIT:
         object_options("fori_loop", lambda f: f, carry_variables=(carry_variables, False),
                        broadcast_variables=(broadcast_variables, True),
-                       split_rngs=(split_rngs, None))(body_fn)
+                       split_rngs=(split_rngs, None), passes=(passes, ()))(body_fn)
         return objects.fori_loop(lower, upper, body_fn, mdl)
     # The bounds travel in the loop state, not in closures: a traced ``upper`` is an
     # array of the enclosing trace, and the bodies are traced on their own.
@@ -312,6 +313,6 @@ def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any = N
         return i + 1, end, body_fn(*a[:-1], i, c)
     _, _, out = while_loop(cond, body, mdl, (jnp.asarray(lower, jnp.int32),
                                              jnp.asarray(upper, jnp.int32), init),
-                           carry_variables, broadcast_variables, split_rngs)
+                           carry_variables, broadcast_variables, split_rngs, passes)
     return out
 
