@@ -81,6 +81,9 @@ DIFFERENT = {
 METHOD_DIFFERENT = {
     "Module.bind": "no extra positional arguments (Linen passes them to the scope and ignores them)",
     "Module.clone": "Linen's private _deep_clone and _reset_names are not taken",
+    "Module.init": "passes= adds passes to the call's pipeline (issue 21)",
+    "Module.init_with_output": "passes= adds passes to the call's pipeline (issue 21)",
+    "Module.apply": "passes= adds passes to the call's pipeline (issue 21)",
 }
 
 # What Linen model code imports from flax.linen's submodules, by module path.
