@@ -66,16 +66,18 @@ MODULES = ("abc", "argparse", "ast", "base64", "bisect", "calendar", "colorsys",
 # --------------------------------------------------------------------------- data
 
 class Corpus:
-    """Bytes of stdlib sources as token ids, split by chunk into train and validation.
+    """Bytes of stdlib sources (or of ``text``) as token ids, split by chunk into train and
+    validation.
 
     Bytes rather than characters keep the vocabulary small and every file decodable;
     the vocabulary is only the byte values that occur.
     """
 
-    def __init__(self, seed: int = SEED):
-        stdlib = Path(os.__file__).parent
-        text = b"".join((stdlib / f"{name}.py").read_bytes() for name in sorted(MODULES))[:CORPUS_BYTES]
-        self.vocab = np.array(sorted(set(text)), np.uint8)
+    def __init__(self, seed: int = SEED, text: bytes | None = None, vocab: np.ndarray | None = None):
+        if text is None:         # the stdlib modules; other text (another slice) may be given
+            stdlib = Path(os.__file__).parent
+            text = b"".join((stdlib / f"{name}.py").read_bytes() for name in sorted(MODULES))[:CORPUS_BYTES]
+        self.vocab = np.array(sorted(set(text)), np.uint8) if vocab is None else vocab
         lookup = np.zeros(256, np.int32)
         lookup[self.vocab] = np.arange(len(self.vocab))
         ids = lookup[np.frombuffer(text, np.uint8)]

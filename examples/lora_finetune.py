@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from char_lm import CHUNK, VAL_FRACTION, TransformerLM
+from char_lm import TransformerLM
 from common import OUT, plot_losses
 
 from varjax.passes.lora import merge
@@ -93,19 +93,11 @@ def prose_text() -> bytes:
 class Slice(char_lm.Corpus):
     """``char_lm.Corpus`` of given bytes over a given vocabulary (shared by both slices).
 
-    Split by chunk into train and validation as ``Corpus`` does; its batch, window,
-    encode and decode helpers are used as they are."""
+    ``Corpus`` splits it by chunk into train and validation; its batch, window, encode and
+    decode helpers are used as they are."""
 
     def __init__(self, text: bytes, vocab: np.ndarray, seed: int = SEED):
-        self.vocab = vocab
-        lookup = np.zeros(256, np.int32)
-        lookup[vocab] = np.arange(len(vocab))
-        ids = lookup[np.frombuffer(text, np.uint8)]
-        chunks = ids[: len(ids) // CHUNK * CHUNK].reshape(-1, CHUNK)
-        order = np.random.default_rng(seed).permutation(len(chunks))
-        n_val = int(round(len(chunks) * VAL_FRACTION))
-        self.val, self.train = chunks[order[:n_val]], chunks[order[n_val:]]
-        self.size = len(text)
+        super().__init__(seed, text, vocab)
 
     def val_windows(self) -> np.ndarray:
         return super().val_windows()[:VAL_WINDOWS]

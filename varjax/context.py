@@ -117,15 +117,9 @@ class TraceContext:
         # The JAX trace the function runs in; a variable operation under any other trace
         # runs inside an inner transformation (see IRStore.observe).
         self.top_trace: Any = None
-        # The passes the program's pipeline adds to the defaults (``passes=``): lifted
-        # bodies traced under this context run them too.  ``lifted_like`` maps a collection
-        # such a pass creates to the one whose lifting it follows (``Pass.lifted_like``).
-        self.passes: tuple = ()
-        self.lifted_like: dict[str, str] = {}
-        # Variables those passes provide themselves (``Pass.supplies``): outside init, the
-        # model code's ``param``/``variable`` of a missing one reads it, for the pass to
-        # replace the read, instead of failing.
-        self.supplied: frozenset[Key] = frozenset()
+        # The passes the program's pipeline adds to the defaults, and what they declare
+        # (see ``use_passes``).
+        self.use_passes(())
         # On the origin: the supplied variables the code asked for, lifted bodies included
         # (whose own pipelines replace their reads), for ``PassContext.asked``.
         self.asked: set[Key] = set()
@@ -169,6 +163,18 @@ class TraceContext:
         ctx.module = self.module
         return ctx
 
+    def use_passes(self, passes: tuple) -> None:
+        """The passes the program's pipeline adds to the defaults (``passes=``): lifted
+        bodies traced under this context run them too.  What they declare is kept beside
+        them, since variable accesses consult it: ``lifted_like`` maps a collection such a
+        pass creates to the one whose lifting it follows (``Pass.lifted_like``), and
+        ``supplied`` names the variables they provide themselves (``Pass.supplies``):
+        outside init, the model code's ``param``/``variable`` of a missing one reads it,
+        for the pass to replace the read, instead of failing."""
+        self.passes = tuple(passes)
+        self.lifted_like: dict[str, str] = lifted_like(self.passes)
+        self.supplied: frozenset[Key] = frozenset().union(*(p.supplies() for p in self.passes))
+
     def set_type(self, key: Key, vt: VarType) -> None:
         """Record a variable's new type; inner jit traces made before must not be reused."""
         old = self.variables.get(key)
@@ -183,6 +189,11 @@ class TraceContext:
     def full_path(self, name: str | Sequence[str]) -> Path:
         tail = (name,) if isinstance(name, str) else tuple(name)
         return self.path_prefix + tail
+
+
+def lifted_like(passes: tuple) -> dict[str, str]:
+    """The collections ``passes`` create, each with the collection whose lifting it follows."""
+    return {c: like for p in passes for c, like in p.lifted_like().items()}
 
 
 # --- the active context -----------------------------------------------------------------

@@ -283,9 +283,7 @@ class Functionalized:
     def _trace(self, key: "_Key") -> _Effectful:
         self.trace_count += 1
         ctx = self.context(key)
-        ctx.passes = self.passes
-        ctx.lifted_like = {c: like for p in self.passes for c, like in p.lifted_like().items()}
-        ctx.supplied = frozenset().union(*(p.supplies() for p in self.passes))
+        ctx.use_passes(self.passes)
         static = dict(key.static_values)
         positions = [i for i in range(key.tree.num_leaves) if i not in static]
         out_tree_box: list[Any] = []

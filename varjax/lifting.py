@@ -60,7 +60,7 @@ import jax
 import numpy as np
 
 from varjax import _jax, errors, filters, scope, streams
-from varjax.context import IR_STORE, Store, TraceContext, activate, current, site
+from varjax.context import IR_STORE, Store, TraceContext, activate, current, lifted_like, site
 from varjax.effects import RngEffect
 from varjax.functionalize import Functionalized, flatten_variables
 from varjax.lifted_body import DerivedKeys as DerivedKeys  # part of vj.lift's API
@@ -230,10 +230,8 @@ class _LiftedCall:
         self.outer = outer
         self.direct = direct
         # The body's pipeline adds the enclosing program's passes and the lift's own.
-        own = parse_entries(lifted.passes)
-        self.passes = (*outer.passes, *own)
-        self.lifted_like = {**outer.lifted_like,
-                            **{c: like for p in own for c, like in p.lifted_like().items()}}
+        self.passes = (*outer.passes, *lifted.passes)
+        self.lifted_like = lifted_like(self.passes)
         # Under Linen's convention, the keys a forking lift drew for its body (see Lift).
         self.forked = forked
         self.var_types: list[dict[Key, VarType]] = [{} for _ in lifted.variables]
@@ -379,7 +377,7 @@ class Lift:
     # Under Linen's convention: draw one key per stream at the module's path before the
     # body runs, and hand it in (Linen's nn.jit / nn.fold_rngs fork the module's rngs).
     fork: bool = False
-    # Passes (or pipeline strings) the bodies' pipelines add, after the enclosing ones.
+    # Passes the bodies' pipelines add, after the enclosing ones.
     passes: tuple = ()
 
     def _fork(self, outer: TraceContext, path: tuple[str, ...]) -> dict[str, Any]:
@@ -487,4 +485,4 @@ def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
     fix = fix or (f"add '{{collection}}' to one of the variable filters of vj.{name}")
     return Lift(transform, tuple(bodies), tuple(filters.freeze(f) for f in variables),
                 tuple(filters.freeze(f) for f in rngs), name, fix, fork_rngs,
-                (passes,) if isinstance(passes, str) else tuple(passes))
+                parse_entries(passes))

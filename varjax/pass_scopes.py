@@ -40,7 +40,7 @@ class PassScopes:
             ctx = TraceContext(t.given, t.mutable, t.rng_streams, t.initializing, t.policy, IR_STORE)
             for key, vt in t.variables.items():
                 ctx.set_type(key, vt)
-            ctx.passes, ctx.lifted_like, ctx.supplied = t.passes, t.lifted_like, t.supplied
+            ctx.use_passes(t.passes)
             linen = streams.linen_counts(t.origin)
             if linen is not None:
                 streams.start_linen(ctx, linen.streams)
