@@ -1,6 +1,9 @@
 """Cache keys tell static values apart by type and value, recursively (``1``, ``1.0`` and
 ``True`` are three programs, as under ``jax.jit(static_argnums=...)``); the per-function
 caches are bounded LRUs that ``jax.clear_caches()`` / ``vj.clear_caches()`` release."""
+import gc
+import weakref
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -117,3 +120,46 @@ def test_lru_drops_the_least_recently_used_entry():
 def test_cache_size_must_be_a_positive_int(bad):
     with pytest.raises(ValueError, match="positive int"):
         caches.set_cache_size(bad)
+
+
+class _Token:
+    """Pytree metadata that can be watched: a weak reference tells when it is freed."""
+
+    def __eq__(self, other):
+        return isinstance(other, _Token)
+
+    def __hash__(self):
+        return 0
+
+
+@jax.tree_util.register_pytree_node_class
+class _Tagged:
+    def __init__(self, value, token):
+        self.value, self.token = value, token
+
+    def tree_flatten(self):
+        return (self.value,), self.token
+
+    @classmethod
+    def tree_unflatten(cls, token, children):
+        return cls(children[0], token)
+
+
+def _trace_a_model_reading(token: _Token) -> None:
+    class Model(nn.Module):
+        def __call__(self, x):
+            return x * self.get_variable("stats", "tagged").value
+
+    v = {"stats": {"tagged": _Tagged(jnp.ones(()), token)}}
+    jax.make_jaxpr(lambda x: Model().apply(v, x))(jnp.ones(()))   # v is no input of this trace
+
+
+def test_a_variables_treedef_is_freed_with_the_model_not_kept_by_jax_caches():
+    """Variable equations carry the variable's treedef; JAX's abstract-evaluation cache
+    (bounded, but at 2,048 entries) would keep it, and every path, alive after the model."""
+    token = _Token()
+    alive = weakref.ref(token)
+    _trace_a_model_reading(token)
+    del token
+    gc.collect()
+    assert alive() is None

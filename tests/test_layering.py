@@ -27,7 +27,7 @@ LAYERS = {
                 "varjax.rngs", "varjax.variable_dicts", "varjax.pass_scopes"],
     "passes": ["varjax.passes.*"],
     "functionalize": ["varjax.outputs", "varjax.functionalize"],
-    "lifting": ["varjax.lifted_body", "varjax.lifting"],
+    "lifting": ["varjax.lifted_body", "varjax.lift_groups", "varjax.lifting"],
     "objects": ["varjax.objects.*"],
     "transforms": ["varjax.transforms.*"],
     "modules": ["varjax.nn.*"],

@@ -29,9 +29,9 @@ _API: dict[str, str] = {
     "DenyList": "varjax.filters",
     "Functionalized": "varjax.functionalize",
     "functionalize": "varjax.functionalize",
-    "from_tree": "varjax.lifting",
+    "from_tree": "varjax.lift_groups",
     "lift": "varjax.lifting",
-    "to_tree": "varjax.lifting",
+    "to_tree": "varjax.lift_groups",
     "capture": "varjax.objects.capture",
     "transform_metadata": "varjax.objects.metadata",
     "GraphDef": "varjax.objects.state",
@@ -129,9 +129,9 @@ if TYPE_CHECKING:
     from varjax.filters import DenyList as DenyList
     from varjax.functionalize import Functionalized as Functionalized
     from varjax.functionalize import functionalize as functionalize
-    from varjax.lifting import from_tree as from_tree
+    from varjax.lift_groups import from_tree as from_tree
+    from varjax.lift_groups import to_tree as to_tree
     from varjax.lifting import lift as lift
-    from varjax.lifting import to_tree as to_tree
     from varjax.objects.capture import capture as capture
     from varjax.objects.metadata import transform_metadata as transform_metadata
     from varjax.objects.state import GraphDef as GraphDef

@@ -72,6 +72,21 @@ def register_effect_type(effect_type: type) -> None:
     effects.remat_allowed_effects.add_type(effect_type)
 
 
+def stage_uncached(prim: Primitive) -> None:
+    """Stage ``prim`` without JAX's abstract-evaluation cache.  That cache keys on the
+    parameters, and a variable primitive's name one variable (its path, its tree): every
+    variable of every model would hold an entry, alive after the model is gone, and the
+    lookup hashes the tree, which costs more than the rule it saves."""
+    def stage(trace: Any, source_info: Any, *tracers: Any, **params: Any) -> Any:
+        out_avals, effs = prim.abstract_eval(*(t.aval for t in tracers), **params)
+        outs = out_avals if prim.multiple_results else [out_avals]
+        eqn, out_tracers = trace.make_eqn(tracers, outs, prim, params, effs,
+                                          source_info=source_info)
+        trace.frame.add_eqn(eqn)
+        return out_tracers if prim.multiple_results else out_tracers[0]
+    pe.custom_staging_rules[prim] = stage
+
+
 def exclude_from_user_frames(path: str) -> None:
     """Frames under ``path`` are library frames: source lines skip them."""
     source_info_util.register_exclusion(path)

@@ -319,8 +319,9 @@ class Functionalized:
         key = traced.key
         # Passes may trace user code late (custom_jvp/vjp rules): under a snapshot of this
         # trace's context, as at the rule's call site.
+        context = traced.context    # not ``traced``: the result may keep this closure alive
         pctx = PassContext.for_inputs(dict(key.variables), key.mutable, dict(key.rngs),
-                                      reenter=lambda types: activate(traced.context.snapshot(types)))
+                                      reenter=lambda types: activate(context.snapshot(types)))
         pctx.modules = PassScopes(traced.context)   # passes that create variables
         pctx.region = self.inline                   # a lifted transform's body
         pctx.asked = frozenset(traced.context.origin.asked)

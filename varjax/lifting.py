@@ -35,7 +35,9 @@ Around the transform, ``lift`` re-emits effects in the enclosing trace: a
 ``rng_draw`` for each stream it uses, the transform itself as one ``jit``
 equation, and a ``var_set`` for each variable a region wrote.  So lifted
 transforms nest: an inner one is ordinary variable effects to the outer one,
-and each body is traced once per level.
+and each body is traced once per level.  Nested in a body that runs directly,
+where a variable is a dictionary entry, a lift instead hands in everything and
+runs the transform in the enclosing trace (``_LiftedCall._inlines``).
 
 Rules:
   * a variable touched in the body whose collection matches no filter raises
@@ -57,20 +59,18 @@ from collections import ChainMap
 from typing import Any, Callable, Mapping, Sequence, TypeGuard
 
 import jax
-import numpy as np
 
 from varjax import _jax, errors, filters, scope, streams
 from varjax.context import IR_STORE, Store, TraceContext, activate, current, lifted_like, site
 from varjax.effects import RngEffect
-from varjax.functionalize import Functionalized, flatten_variables
+from varjax.functionalize import Functionalized
+from varjax.lift_groups import Group, is_array
 from varjax.lifted_body import DerivedKeys as DerivedKeys  # part of vj.lift's API
 from varjax.lifted_body import DictStore, DirectFallback, Lifted, LiftRetry, key_avals, lifted_as
 from varjax.passes.analysis import traffic as _traffic
 from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, VarType
 from varjax.protocols import LiftableModule
-
-Group = dict  # {(collection, path): value}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +87,6 @@ def is_module(x: Any) -> TypeGuard[LiftableModule]:
     """Whether ``x`` is a varjax.nn Module (``protocols.LiftableModule``: this layer sits
     below varjax.nn, so it tests the class marker instead of importing the class)."""
     return getattr(type(x), "_varjax_module", False)
-
-
-def is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
 
 class LiftedRegion:
@@ -278,6 +274,46 @@ class _LiftedCall:
                 f"{len(self.stream_avals)}.", **site(self.outer),
                 fix="pass the groups the transform received, in the same order")
 
+    def _inlines(self, streams: list) -> bool:
+        """Whether the transform can run in the enclosing trace as it is, with every
+        variable and key handed in: when the enclosing body runs directly (its variables are
+        values in a dictionary, so handing one that the body never uses costs no read) and
+        handing a key draws nothing.  This is the usual case of nested lifted transforms,
+        and it spares each level tracing its transform to a jaxpr and replaying it."""
+        outer = self.outer
+        return (outer.policy is not None and isinstance(outer.store, DictStore)
+                and _jax.current_trace() is outer.top_trace
+                and all(s in self.forked or scope.hands_as_is(outer, s) for _, s, _ in streams))
+
+    def _key(self, stream: str) -> Any:
+        return (self.forked[stream] if stream in self.forked else
+                scope.hand_key_at(self.outer, stream, self.outer.path_prefix))
+
+    def _staged(self, transformed: Callable, var_specs: list, streams: list, args: list,
+                name: str) -> list:
+        """Trace ``transformed`` to a jaxpr, prune it, and hand in only what it uses: the
+        variables it reads and the keys it draws from (a handed key may cost a draw)."""
+        in_avals = [a for _, _, vt in var_specs for a in vt.avals]
+        in_avals += [aval for _, _, aval in streams]
+        in_avals += [_jax.get_aval(x) for x in args]
+        closed = _jax.trace_to_jaxpr(transformed, in_avals, name=self.lifted.name)
+        pruned, consts, used = _jax.prune(closed)
+        inputs, pos = [], 0
+        for _, (col, path), vt in var_specs:
+            n = len(vt.avals)
+            if any(used[pos:pos + n]):
+                value = jax.tree.leaves(scope.read_at(self.outer, col, path))
+                inputs += [x for x, u in zip(value, used[pos:pos + n]) if u]
+            pos += n
+        for _, stream, _ in streams:
+            if used[pos]:
+                inputs.append(self._key(stream))
+            pos += 1
+        inputs += [x for x, u in zip(args, used[pos:]) if u]
+        if self.outer.policy is None:   # outermost: one jit equation named after the transform
+            return _jax.jit_call(pruned, name)(*consts, *inputs)
+        return _jax.eval_jaxpr(pruned.jaxpr, (), *consts, *inputs)   # the enclosing trace stages it
+
     def run(self, bodies: Sequence[Callable], path: tuple[str, ...], args: tuple,
             kwargs: dict) -> Any:
         name = self.lifted.name
@@ -288,9 +324,6 @@ class _LiftedCall:
                    for s, aval in avals.items()]
         leaves, arg_tree = jax.tree.flatten((args, kwargs))
         traced_at = [j for j, x in enumerate(leaves) if is_array(x)]
-        in_avals = [a for _, _, vt in var_specs for a in vt.avals]
-        in_avals += [aval for _, _, aval in streams]
-        in_avals += [_jax.get_aval(leaves[j]) for j in traced_at]
         result: dict[str, Any] = {}
 
         def transformed(*flat):
@@ -326,26 +359,16 @@ class _LiftedCall:
                 outs += v_leaves
             return outs
 
-        closed = _jax.trace_to_jaxpr(transformed, in_avals, name=name)
-        pruned, consts, used = _jax.prune(closed)
-        inputs, pos = [], 0
-        for _, (col, path), vt in var_specs:
-            n = len(vt.avals)
-            if any(used[pos:pos + n]):
-                value = jax.tree.leaves(scope.read_at(self.outer, col, path))
-                inputs += [x for x, u in zip(value, used[pos:pos + n]) if u]
-            pos += n
-        for _, stream, _ in streams:
-            if used[pos]:
-                inputs.append(self.forked[stream] if stream in self.forked else
-                              scope.hand_key_at(self.outer, stream, self.outer.path_prefix))
-            pos += 1
-        inputs += [leaves[j] for j, u in zip(traced_at, used[pos:]) if u]
-        if self.outer.policy is None:   # outermost: one jit equation named after the transform
-            outs = _jax.jit_call(pruned, f"{name}({'/'.join(r.__name__ for r in regions)})")(
-                *consts, *inputs)
-        else:                         # nested: inline, the enclosing transform stages it
-            outs = _jax.eval_jaxpr(pruned.jaxpr, (), *consts, *inputs)
+        if self._inlines(streams):
+            # Every input is handed: unused ones leave dead equations, which the outermost
+            # lift's pruning removes with the rest.
+            inputs = [x for _, (col, path), _ in var_specs
+                      for x in jax.tree.leaves(scope.read_at(self.outer, col, path))]
+            inputs += [self._key(stream) for _, stream, _ in streams]
+            outs = transformed(*inputs, *(leaves[j] for j in traced_at))
+        else:
+            outs = self._staged(transformed, var_specs, streams, [leaves[j] for j in traced_at],
+                                f"{name}({'/'.join(r.__name__ for r in regions)})")
         n_out = result["out_tree"].num_leaves
         out = jax.tree.unflatten(result["out_tree"], outs[:n_out])
         pos = n_out
@@ -415,55 +438,6 @@ class Lift:
                     if not direct:
                         raise          # from an enclosing direct body: its fallback
                     direct = False
-
-
-def to_tree(group: Group, path: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A group as Linen's nested ``{collection: {name: ...}}`` dict, relative to ``path``
-    (variables outside ``path`` keep their full path)."""
-    tree: dict[str, Any] = {}
-    for (col, full), value in sorted(group.items()):
-        rel = full[len(path):] if full[:len(path)] == path else full
-        node = tree.setdefault(col, {})
-        for name in rel[:-1]:
-            node = node.setdefault(name, {})
-        node[rel[-1]] = value
-    return tree
-
-
-def from_tree(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Group:
-    """The inverse of ``to_tree``: a nested dict relative to ``path`` as a group."""
-    return {(col, path + rel): jax.tree.unflatten(t, leaves)
-            for (col, rel), (t, leaves) in flatten_variables(tree).items()}
-
-
-def set_aside(groups: Sequence[Group], fits: Callable[[int, Any], bool]
-              ) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
-    """Each group split into the variables whose every leaf ``fits(group_index, leaf)`` and
-    the rest.  A transform hands the first to the region and returns the rest unchanged; a
-    body that touches a withheld variable raises ``TransformError``.  (A group holds every
-    variable of its collections that the body may use, which for a plain function is every
-    variable of the enclosing trace, so some may not fit the transform.)"""
-    kept, aside = [], []
-    for i, group in enumerate(groups):
-        ok = {k: v for k, v in group.items() if all(fits(i, x) for x in jax.tree.leaves(v))}
-        kept.append(ok)
-        aside.append({k: v for k, v in group.items() if k not in ok})
-    return tuple(kept), tuple(aside)
-
-
-def partition(args: tuple) -> tuple[list[Any], Callable[[Sequence[Any]], tuple]]:
-    """Split ``args`` into its array leaves and a function rebuilding ``args`` from new
-    ones: transforms that only take arrays (``jax.checkpoint``, ``lax.cond``) pass the
-    arrays through and close over everything else (Python scalars, modules, None)."""
-    leaves, tree = jax.tree.flatten(args)
-    at = [i for i, x in enumerate(leaves) if is_array(x)]
-
-    def rebuild(arrays: Sequence[Any]) -> tuple:
-        full = list(leaves)
-        for i, x in zip(at, arrays):
-            full[i] = x
-        return jax.tree.unflatten(tree, full)
-    return [leaves[i] for i in at], rebuild
 
 
 def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],

@@ -206,6 +206,7 @@ def partition_names(tree: Any) -> list[tuple]:
 
 for _p in VARJAX_PRIMITIVES:
     _jax.register_print_name(_p, _pp_name)
+    _jax.stage_uncached(_p)
 
 
 def bind_get(collection: str, path: Path, tree: Any, avals: Sequence[Any]) -> list[Any]:

@@ -166,12 +166,18 @@ def draw_at(ctx: TraceContext, name: str, where_: Path,
                        count)
 
 
+def hands_as_is(ctx: TraceContext, stream: str) -> bool:
+    """Whether ``hand_key_at`` hands ``stream``'s key itself (Linen's convention), so that
+    handing it draws nothing: a lift may then hand it to a body that never uses it."""
+    linen = streams.linen_counts(ctx.origin)
+    return linen is not None and stream in linen.streams and stream in ctx.rng_streams
+
+
 def hand_key_at(ctx: TraceContext, stream: str, where_: Path) -> jax.Array:
     """The key a lifted transform hands its body for ``stream``: under Linen's
     convention the stream's key itself (the body folds in its own paths and counts, which
     continue the enclosing trace's), else one draw."""
-    linen = streams.linen_counts(ctx.origin)
-    if linen is None or stream not in linen.streams or stream not in ctx.rng_streams:
+    if not hands_as_is(ctx, stream):
         return draw_at(ctx, stream, where_)
     if ctx.policy is not None:
         ctx.policy.check_stream(ctx, stream, where_)

@@ -223,6 +223,39 @@ def test_nested_lifted_transforms_trace_each_body_once_per_level():
     assert runs == {"body": 2, "middle": 2, "outer": 2}
 
 
+def test_nested_lifts_in_a_direct_body_run_their_transform_inline(monkeypatch):
+    """Inside a body that runs directly, a nested lift hands every variable and key in and
+    runs its transform in the enclosing trace: only the outermost lift stages a jaxpr of
+    its own, whatever the depth; unused inputs leave nothing in the result."""
+    from varjax import _jax
+    staged = []
+    trace = _jax.trace_to_jaxpr
+    monkeypatch.setattr(_jax, "trace_to_jaxpr",
+                        lambda fun, avals, name="varjax": staged.append(name) or
+                        trace(fun, avals, name=name))
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            self.variable("stats", "unused", jnp.zeros, ())
+            return nn.Dense(2)(x)
+
+    model = Block
+    for _ in range(3):
+        model = nn.vmap(model, variable_axes={"params": 0, "stats": 0},
+                        split_rngs={"params": True})
+    x = jnp.ones((2, 2, 2, 3))
+    v = model().init(jax.random.key(0), x)
+    assert staged.count("vmap") == 1
+    staged.clear()
+    out = model().apply(v, x)
+    assert staged.count("vmap") == 1
+    kernel, bias = v["params"]["Dense_0"]["kernel"], v["params"]["Dense_0"]["bias"]
+    _close(out, jnp.einsum("abcd,abcde->abce", x, kernel) + bias)
+    (eqn,) = jax.make_jaxpr(model().apply)(v, x).jaxpr.eqns   # one jit equation
+    assert [a.aval.shape for a in eqn.invars] == [(2, 2, 2, 2), (2, 2, 2, 3, 2), (2, 2, 2, 3)]
+
+
 def test_region_path_and_to_tree_from_tree_round_trip_relative_to_the_module():
     seen = {}
 

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from varjax.lifting import from_tree, is_array, lift, partition, to_tree
+from varjax.lift_groups import from_tree, is_array, partition, to_tree
+from varjax.lifting import lift
 from varjax.objects import transforms as objects
 from varjax.transforms.common import NO_INIT, call_direct, object_options, reject
 

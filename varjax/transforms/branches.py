@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from varjax import errors
 from varjax.context import site
-from varjax.lifting import lift, partition
+from varjax.lift_groups import partition
+from varjax.lifting import lift
 from varjax.objects import transforms as objects
 from varjax.transforms.common import call_direct, object_call, object_options
 

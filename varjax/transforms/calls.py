@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from varjax.lifting import from_tree, is_array, is_module, lift, partition, to_tree
+from varjax.lift_groups import from_tree, is_array, partition, to_tree
+from varjax.lifting import is_module, lift
 from varjax.objects import transforms as objects
 from varjax.scope import is_initializing
 from varjax.transforms.common import apply_to, object_options, reject

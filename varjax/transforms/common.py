@@ -16,7 +16,8 @@ import jax
 
 from varjax import axis_metadata, errors
 from varjax.context import active, site
-from varjax.lifting import is_array, is_module
+from varjax.lift_groups import is_array
+from varjax.lifting import is_module
 from varjax.objects.nodes import is_node
 from varjax.protocols import LiftableModuleClass
 

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from varjax import errors, filters
 from varjax.context import site
-from varjax.lifting import DerivedKeys, Group, lift, set_aside
+from varjax.lift_groups import Group, set_aside
+from varjax.lifting import DerivedKeys, lift
 from varjax.objects import transforms as objects
 from varjax.transforms.calls import checkpoint
 from varjax.transforms.common import (
