@@ -75,8 +75,8 @@ def register_effect_type(effect_type: type) -> None:
 def stage_uncached(prim: Primitive) -> None:
     """Stage ``prim`` without JAX's abstract-evaluation cache.  That cache keys on the
     parameters, and a variable primitive's name one variable (its path, its tree): every
-    variable of every model would hold an entry, alive after the model is gone, and the
-    lookup hashes the tree, which costs more than the rule it saves."""
+    variable of every model would hold an entry, alive after the model is gone.  The rules
+    are trivial, so the cache saves nothing (measured: no difference in trace time)."""
     def stage(trace: Any, source_info: Any, *tracers: Any, **params: Any) -> Any:
         out_avals, effs = prim.abstract_eval(*(t.aval for t in tracers), **params)
         outs = out_avals if prim.multiple_results else [out_avals]

@@ -274,7 +274,7 @@ class _LiftedCall:
                 f"{len(self.stream_avals)}.", **site(self.outer),
                 fix="pass the groups the transform received, in the same order")
 
-    def _inlines(self, streams: list) -> bool:
+    def _inlines(self) -> bool:
         """Whether the transform can run in the enclosing trace as it is, with every
         variable and key handed in: when the enclosing body runs directly (its variables are
         values in a dictionary, so handing one that the body never uses costs no read) and
@@ -283,7 +283,8 @@ class _LiftedCall:
         outer = self.outer
         return (outer.policy is not None and isinstance(outer.store, DictStore)
                 and _jax.current_trace() is outer.top_trace
-                and all(s in self.forked or scope.hands_as_is(outer, s) for _, s, _ in streams))
+                and all(s in self.forked or scope.hands_as_is(outer, s)
+                        for avals in self.stream_avals for s in avals))
 
     def _key(self, stream: str) -> Any:
         return (self.forked[stream] if stream in self.forked else
@@ -359,7 +360,7 @@ class _LiftedCall:
                 outs += v_leaves
             return outs
 
-        if self._inlines(streams):
+        if self._inlines():
             # Every input is handed: unused ones leave dead equations, which the outermost
             # lift's pruning removes with the rest.
             inputs = [x for _, (col, path), _ in var_specs
