@@ -57,6 +57,7 @@ primitive_jvps = ad.primitive_jvps
 primitive_batchers = batching.primitive_batchers
 dce_rules = pe.dce_rules
 dce_jaxpr = pe.dce_jaxpr
+has_effects = pe.has_effects   # what DCE's default rule keeps
 Zero = ad.Zero
 
 

@@ -51,3 +51,37 @@ def test_optional_pass_preserves_results(extra):
         _same(_run(program, []), _run(program, [extra]))
 
     check()
+
+
+def test_dead_reads_counts_exactly_what_jax_dce_removes():
+    """dead-reads skips DCE when its counting walk finds nothing to remove, so the
+    count must be exact: on random nested programs (init, where forward-stores leaves
+    dead reads, and apply, where usually nothing is dead) its ``removed`` statistic
+    equals the equations JAX's DCE removes, and the pass returns DCE's jaxpr."""
+    from varjax import _jax
+    from varjax.nested import walk_eqns
+
+    def size(jaxpr):
+        return sum(1 for _ in walk_eqns(jaxpr))
+
+    @settings(max_examples=15, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(P.programs(max_depth=2, max_top=4))
+    def check(program):
+        f = vj.functionalize(P.build_varjax_fn(program))
+        x, sel = P.make_args(program.shape, 0, 1)
+        rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+        variables = f.init(rngs, x, sel)
+        for kwargs in ({"variables": {}, "rngs": rngs, "mutable": True},
+                       {"variables": variables, "rngs": rngs, "mutable": False}):
+            before, _ = f.run_pipeline(x, sel, pipeline=Pipeline(["lower-rng", "forward-stores"]),
+                                       **kwargs)
+            after, ctx = f.run_pipeline(x, sel, pipeline=Pipeline(["lower-rng", "forward-stores",
+                                                                   "dead-reads"]), **kwargs)
+            pruned, _ = _jax.dce_jaxpr(before.jaxpr, [True] * len(before.jaxpr.outvars),
+                                       instantiate=True)
+            removed = size(before) - size(pruned)
+            assert ctx.stats.get("dead-reads.removed", 0) == removed
+            assert size(after) == size(pruned)
+
+    check()
