@@ -126,9 +126,11 @@ class Rewriter:
 
     # -- matching ------------------------------------------------------------------
     def rule_for(self, eqn: _jax.JaxprEqn) -> Rule | None:
-        for r in self.by_primitive.get(eqn.primitive, []) + self.by_primitive.get(None, []):
-            if r.match(eqn):
-                return r
+        # Asked of every equation at every level: no list built per call.
+        for key in (eqn.primitive, None):
+            for r in self.by_primitive.get(key, ()):
+                if r.match(eqn):
+                    return r
         return None
 
     def wants(self, eqn: _jax.JaxprEqn) -> bool:
@@ -137,7 +139,11 @@ class Rewriter:
 
     def needs_rewrite(self, jaxpr: _jax.Jaxpr) -> bool:
         """Override to decide per jaxpr; by default, any equation a rule wants."""
-        return any(self.wants(e) for e in jaxpr.eqns)
+        rules, hops = self.by_primitive, nested.TABLE
+        if None in rules:
+            return any(self.wants(e) for e in jaxpr.eqns)
+        # Most equations have neither a rule nor a body: skipped on two dict lookups.
+        return any(self.wants(e) for e in jaxpr.eqns if e.primitive in rules or e.primitive in hops)
 
     def rewrites(self, eqn: _jax.JaxprEqn) -> bool:
         """Does ``eqn`` itself (not its bodies) get rewritten?  Override with ``eqn``."""

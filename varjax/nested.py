@@ -310,10 +310,10 @@ class Renamer:
 
     def eqn(self, eqn: _jax.JaxprEqn) -> _jax.JaxprEqn:
         """``eqn`` reading renamed inputs; ``eqn`` itself when none of them is renamed."""
-        if not self.map:
-            return eqn
-        invars = self.atoms(eqn.invars)
-        return eqn if invars == list(eqn.invars) else eqn.replace(invars=invars)
+        renamed = self.map
+        if renamed and any(isinstance(a, _jax.Var) and a in renamed for a in eqn.invars):
+            return eqn.replace(invars=self.atoms(eqn.invars))
+        return eqn
 
 
 # --- memo per jaxpr ---------------------------------------------------------------------

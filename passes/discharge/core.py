@@ -308,7 +308,8 @@ def _reject_hidden(eqn: _jax.JaxprEqn) -> None:
 
 def _atom_type(value: tuple) -> VarType:
     tree, atoms = value
-    return VarType(tree, tuple(a.aval.update(weak_type=False) for a in atoms))
+    return VarType(tree, tuple(a.aval.update(weak_type=False) if a.aval.weak_type else a.aval
+                               for a in atoms))
 
 
 def _is_flat(jaxpr: _jax.Jaxpr, closures: Closures) -> bool:
