@@ -10,10 +10,16 @@ one place that turns a static value into such a key.
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any, Mapping
+
+import numpy as np
 
 # Types whose ``==`` is exact once the type is fixed: keyed as ``(type, value)``.
 _ATOMS = (int, float, complex, bool, str, bytes, type(None), type(Ellipsis))
+# Types keyed by their own ``==`` with no container or dataclass check to make: dtypes and
+# classes (captured by initializers), functions.
+_OPAQUE = (type, np.dtype, types.FunctionType, types.BuiltinFunctionType)
 
 
 def typed(value: Any) -> Any:
@@ -24,6 +30,10 @@ def typed(value: Any) -> Any:
     raises ``TypeError`` when the key is hashed, as the bare value would."""
     t = type(value)
     if t in _ATOMS:
+        return (t, value)
+    if t is tuple:          # shapes, closure cells: the common containers, without the ABCs
+        return (t, tuple(typed(v) for v in value))
+    if isinstance(value, _OPAQUE):
         return (t, value)
     if isinstance(value, (tuple, list)):
         return (t, tuple(typed(v) for v in value))

@@ -91,7 +91,8 @@ def _compute_stats(x: jax.Array, axes: Axes, dtype: Any, axis_name: str | None =
         if where is not None:
             return jnp.mean(v, axes, where=where)
         # jnp.mean's arithmetic in lax: layers trace this per call, and jnp's checks cost.
-        return lax.div(lax.reduce_sum(v, axes), lax.convert_element_type(count, v.dtype))
+        # The count as a numpy scalar: a literal, where lax.convert_element_type binds.
+        return lax.div(lax.reduce_sum(v, axes), np.asarray(count, v.dtype))
 
     def mean(*xs: jax.Array) -> list[jax.Array]:
         mus = [one_mean(v) for v in xs]

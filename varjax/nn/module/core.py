@@ -47,6 +47,9 @@ class Module(VariableAPI, LiftHooks, Tabulation):
                 spec.compare, spec.hash, spec.repr = False, False, False
         dataclasses.dataclass(cls, repr=False, eq=True, unsafe_hash="__hash__" not in cls.__dict__)
         register_pytree(cls)
+        # What setup adopts submodules from, per class: fields() rebuilds its tuple per call.
+        cls._varjax_adoptable_fields = tuple(
+            f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("parent", "name"))
         cls._varjax_name_scope_methods = tuple(
             n for n in dir(cls) if hasattr(getattr(cls, n, None), "varjax_name_scope"))
         for attr, fn in list(cls.__dict__.items()):

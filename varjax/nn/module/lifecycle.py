@@ -126,12 +126,11 @@ class Lifecycle(Naming):
         stack = module_stack()
         stack.append(self)
         try:
-            for field in dataclasses.fields(self):
-                if field.init and field.name not in ("parent", "name"):
-                    value = getattr(self, field.name)
-                    adopted = adopt_submodules(value, self._adopt, field.name)
-                    if adopted is not value:
-                        object.__setattr__(self, field.name, adopted)
+            for name in type(self)._varjax_adoptable_fields:
+                value = getattr(self, name)
+                adopted = adopt_submodules(value, self._adopt, name)
+                if adopted is not value:
+                    object.__setattr__(self, name, adopted)
             # Errors name this module while its setup runs (also when a parent's attribute
             # access runs it lazily).
             ctx = active()

@@ -8,6 +8,8 @@ raises ``NameInUseError`` instead of letting one definition silently win.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 from typing import TYPE_CHECKING, Any, Callable
 
 from varjax import errors
@@ -135,10 +137,17 @@ class Naming:
         return clone
 
 
+# Field values that cannot hold a module (initializers are functions, dtypes classes).
+_LEAVES = frozenset({int, float, bool, str, type(None), type, types.FunctionType,
+                     functools.partial})
+
+
 def adopt_submodules(value: Any, adopt: Callable[[Naming, str], Naming], name: str) -> Any:
     """``value`` (a field or a setup attribute named ``name``) with every module in it,
     down through lists, tuples and dicts, replaced by ``adopt(module, its name)``:
     ``layers_0``, ``layers_1`` in a list, ``layers_key`` in a dict."""
+    if type(value) in _LEAVES:     # most fields: asked of every field at every setup
+        return value
     if isinstance(value, Naming):
         return adopt(value, name)
     if isinstance(value, (list, tuple)):
