@@ -264,6 +264,21 @@ class _Lowerer(Rewriter):
         return nested.with_bodies(eqn, lambda body: self.run(body, Region(self, state=dict(inner))))
 
 
+@nested.per_jaxpr
+def _linen_streams(jaxpr: _jax.Jaxpr) -> frozenset[str]:
+    """The streams drawn from under Linen's convention, here or nested.  Only equations
+    with an RNG effect are entered: an init's many initializer bodies are not walked."""
+    found: set[str] = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is rng_draw_p:
+            if eqn.params["path"] is not None:
+                found.add(eqn.params["stream"])
+        elif streams_of(eqn.effects):
+            for sub in nested.subjaxprs(eqn):
+                found |= _linen_streams(sub)
+    return frozenset(found)
+
+
 def _linen_counts(body: Any) -> dict:
     """The counts of the Linen draws in ``body``, per (stream, path), in program order."""
     found: dict = {}
@@ -286,16 +301,17 @@ class LowerRng(Pass):
         if not used:
             return jaxpr
         state = {s: stream_state(jaxpr, s, ctx) for s in sorted(used)}
-        for eqn, _ in nested.walk_eqns(jaxpr):
-            if eqn.primitive is rng_draw_p and eqn.params["path"] is not None:
-                st = state[eqn.params["stream"]]
-                if not isinstance(st, _Static):
-                    raise errors.PassError(
-                        f"a draw of RNG stream '{eqn.params['stream']}' follows Linen's "
-                        "convention, but the stream is kept as state.",
-                        collection=eqn.params["stream"], **errors.where(eqn.source_info),
-                        fix="give the stream as a key (rngs={...}) for Linen's keys")
-                st.linen = True
+        for stream in _linen_streams(jaxpr):
+            st = state[stream]
+            if not isinstance(st, _Static):
+                eqn = next(e for e, _ in nested.walk_eqns(jaxpr) if e.primitive is rng_draw_p
+                           and e.params["stream"] == stream and e.params["path"] is not None)
+                raise errors.PassError(
+                    f"a draw of RNG stream '{stream}' follows Linen's "
+                    "convention, but the stream is kept as state.",
+                    collection=stream, **errors.where(eqn.source_info),
+                    fix="give the stream as a key (rngs={...}) for Linen's keys")
+            st.linen = True
         lowerer = _Lowerer()
         ctx.count(self.name, "streams", len(used))
         return lowerer.run(jaxpr, Region(lowerer, state=state))

@@ -311,8 +311,10 @@ class Renamer:
     def eqn(self, eqn: _jax.JaxprEqn) -> _jax.JaxprEqn:
         """``eqn`` reading renamed inputs; ``eqn`` itself when none of them is renamed."""
         renamed = self.map
-        if renamed and any(isinstance(a, _jax.Var) and a in renamed for a in eqn.invars):
-            return eqn.replace(invars=self.atoms(eqn.invars))
+        if renamed:
+            for a in eqn.invars:     # a loop, not any(): asked of every equation by the passes
+                if not isinstance(a, _jax.Literal) and a in renamed:
+                    return eqn.replace(invars=self.atoms(eqn.invars))
         return eqn
 
 
