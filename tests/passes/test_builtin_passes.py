@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import varjax as vj
-from golden import assert_ir, run_pass
+from golden import assert_ir, context, run_pass
 from varjax import errors, streams
+from varjax.passes import get_pass
 
 V = {"s": {"a": jnp.zeros((), jnp.float32)}}
 ONE = jnp.float32(1)
@@ -101,6 +102,21 @@ def test_lower_rng_lowers_a_stream_kept_as_state_implicitly_in_the_rngs_collecti
     _, after = run_pass("lower-rng", f, ONE, variables=state, mutable=["rngs"])
     text = str(after)
     assert "var_get[rngs:dropout/key]" in text and "var_set[rngs:dropout/count]" in text
+
+
+def test_lower_rng_rejects_a_linen_draw_of_a_stream_kept_as_state():
+    """A draw traced under Linen's convention (the call gave a key) names its module path
+    and count; lowered where the stream is state in ``rngs`` instead (NNX's convention),
+    it has no key to fold them into, which is an error naming the stream and the line."""
+    def f(x):
+        return jax.lax.cond(x > 0, lambda: vj.make_rng("dropout"), lambda: vj.make_rng("dropout"))
+
+    linen = vj.functionalize(f).jaxpr(ONE, variables={}, rngs={"dropout": jax.random.key(0)},
+                                      mutable=True)
+    state = {"rngs": {"dropout": {"key": jax.random.key(0), "count": jnp.uint32(0)}}}
+    with pytest.raises(vj.errors.PassError, match="'dropout' follows Linen's convention") as e:
+        get_pass("lower-rng")().run(linen, context(state, None, ["rngs"]))
+    assert "test_builtin_passes.py" in str(e.value)
 
 
 def test_lower_rng_linen_counts_run_on_across_branches():
