@@ -6,6 +6,7 @@ import weakref
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import varjax as vj
@@ -90,7 +91,11 @@ def test_caches_are_bounded_lrus_released_by_jax_clear_caches():
         for n in range(1, 8):
             jax.jit(f.apply)({}, jnp.ones(n))   # the keyed (traced) path
             f.apply({}, jnp.ones(n))            # the eager dispatch path
-        assert len(f._traces) == len(f._cache) == 4
+        # A compiled entry keeps the pure jaxpr only: the effectful trace went with it.
+        assert len(f._cache) == 4 and len(f._traces) == 0
+        for n in range(1, 8):
+            f.jaxpr(jnp.ones(n), variables={})  # inspection keeps effectful traces, bounded
+        assert len(f._traces) == 4
         f.apply({}, jnp.ones(4))                # a hit moves the entry to the front
         jax.jit(f.apply)({}, jnp.ones(8))
         assert len(f._cache) == 4
@@ -163,3 +168,21 @@ def test_a_variables_treedef_is_freed_with_the_model_not_kept_by_jax_caches():
     del token
     gc.collect()
     assert alive() is None
+
+
+def test_a_compiled_function_lets_its_effectful_trace_go():
+    """After the pipeline has run, the cache keeps the pure jaxpr only: the effectful
+    trace (its reads, their source lines) is freed, also when discharge wrapped custom
+    rules (relu's custom_jvp) that JAX traces later."""
+    @vj.functionalize
+    def f(x):
+        return jax.nn.relu(x @ vj.param("w", jax.nn.initializers.ones, (3, 3)))
+
+    v = f.init(jax.random.key(0), jnp.ones(3))
+    traced = weakref.ref(f.jaxpr(jnp.ones(3), variables=v).jaxpr)
+    f.apply(v, jnp.ones(3))           # compiled from that trace, which it then lets go
+    gc.collect()
+    assert traced() is None
+    assert f.trace_count == 2         # init and apply: the apply reused the inspected trace
+    g = jax.grad(lambda v: f.apply(v, jnp.ones(3)).sum())(v)   # relu's rule, traced now
+    np.testing.assert_allclose(g["params"]["w"], np.ones((3, 3)))

@@ -62,6 +62,10 @@ class LRU:
         while len(self._data) > _size[0]:
             self._data.popitem(last=False)
 
+    def pop(self, key: Hashable) -> Any:
+        """Remove ``key``'s entry and return it (None if absent)."""
+        return self._data.pop(key, None)
+
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
 

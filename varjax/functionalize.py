@@ -25,7 +25,10 @@ The cache key is everything the trace depended on: argument structure,
 avals and static values; the given variables' paths and types; the mutable
 filter; the RNG stream names and key types; whether this is ``init``.  On a
 hit nothing is traced and no pass runs.  Tracing and compiling are cached
-separately, so ``.jaxpr()`` never runs a pass.
+separately, so ``.jaxpr()`` never runs a pass.  A compiled entry keeps only the pure
+jaxpr: a top-level function lets the effectful trace go once the pipeline has run (a
+model alive holds one jaxpr, not two), so ``.jaxpr()`` after a call of the same types
+traces again.
 
 ``init(rngs, *args)`` is ``apply({}, *args, rngs=rngs, mutable=True)[1]``
 (with ``is_initializing()`` true) and produces bitwise the same variables in every
@@ -156,9 +159,13 @@ class _Effectful:
 
 @dataclasses.dataclass
 class Traced:
-    """One cache entry: both jaxprs, the variable layout, and the compiled call."""
+    """One cache entry: the pure jaxpr, the variable layout, and the compiled call.
 
-    effectful: _jax.ClosedJaxpr
+    ``effectful`` is the trace it came from for a lifted body (``inline``), whose lift
+    keys Linen's draw counts on it, and None for a top-level function, which lets the
+    trace go (see the module docstring)."""
+
+    effectful: _jax.ClosedJaxpr | None
     pure: _jax.ClosedJaxpr
     signature: Signature
     out_tree: Any
@@ -278,6 +285,8 @@ class Functionalized:
         if found is None:
             with errors.call_site(_jax.python_user_frame_text()):
                 found = self._cache[key] = self._compile(self._effectful(key))
+            if not self.inline:
+                self._traces.pop(key)   # the pure jaxpr runs from now on (module docstring)
         return found
 
     def _trace(self, key: "_Key") -> _Effectful:
@@ -346,8 +355,8 @@ class Functionalized:
         def call(*flat):
             # Eagerly: jax.jit's compiled fast path; under a trace: staged.
             return compiled(*flat) if _jax.is_top_level() else staged(*flat)
-        return Traced(traced.jaxpr, pure, pctx.results["signature"], traced.out_tree, call,
-                      dict(pctx.stats))
+        return Traced(traced.jaxpr if self.inline else None, pure, pctx.results["signature"],
+                      traced.out_tree, call, dict(pctx.stats))
 
     def _apply(self, variables, args, kwargs, rngs, mutable, *, initializing: bool):
         out, updated = self._run(variables, args, kwargs, rngs, mutable, initializing)

@@ -29,6 +29,7 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from typing import Any, Sequence
 
@@ -69,16 +70,23 @@ def is_internal(collection: str) -> bool:
     return collection.startswith("__")
 
 
+@functools.cache
+def _effects(kind: type, name: str) -> frozenset:
+    """One effect set per collection or stream, shared by its equations: a model's
+    thousands of reads would otherwise each hold an effect object and a set of its own."""
+    return frozenset({kind(name)})
+
+
 def _get_abstract_eval(*, collection, path, tree, avals):
-    return list(avals), {VariableEffect(collection)}
+    return list(avals), _effects(VariableEffect, collection)
 
 
 def _set_abstract_eval(*leaves, collection, path, tree):
-    return [], {VariableEffect(collection)}
+    return [], _effects(VariableEffect, collection)
 
 
 def _draw_abstract_eval(*, stream, aval, path, count):
-    return aval, {RngEffect(stream)}
+    return aval, _effects(RngEffect, stream)
 
 
 var_get_p.def_effectful_abstract_eval(_get_abstract_eval)

@@ -83,6 +83,7 @@ class Closures:
         self._vars: set | None = None
         self._any: bool | None = None
         self._holds = self._new_memo()
+        self.asked_later = False   # a rule was wrapped or rebuilt: asked after the pass
 
     def _new_memo(self) -> nested.per_jaxpr:
         return nested.per_jaxpr(lambda j: any(self.holds(e) for e in j.eqns))
@@ -90,7 +91,9 @@ class Closures:
     def add(self, source: ClosedJaxpr) -> None:
         if not any(s.jaxpr is source.jaxpr for s in self.sources):
             self.sources.append(source)
-            self._vars = self._any = None
+            if self._vars is not None:
+                self._vars |= _traced_vars(source)
+            self._any = None
             self._holds = self._new_memo()
 
     def _update(self) -> None:
@@ -123,6 +126,7 @@ class Closures:
 
     def closure(self, eqn) -> list[frozenset]:
         """Per closed-over leading operand of the custom call ``eqn``, its names as traced."""
+        self.asked_later = True    # asked when rebuilding the call, whose rules run later
         self._update()
         n = eqn.params["num_consts"]
         counts, found = self._table.get(_thunk_key(eqn.params[nested.TABLE[eqn.primitive].thunk]),
@@ -144,19 +148,31 @@ class Closures:
             return True
         return any(self._holds(body) for body in nested.bodies(eqn))
 
+    def detach(self) -> None:
+        """Let the jaxprs go when the pass is done (a compiled function would otherwise
+        hold its effectful trace).  What outlives the pass is the custom rules it wrapped
+        or rebuilt, which JAX traces later: they ask ``traced``, whose variables are kept,
+        and ``add`` the rules' own jaxprs, walked from the start."""
+        if self.asked_later:
+            self.traced(None)
+        self.sources, self._walked = [], 0
+
     def traced(self, var) -> bool:
         """Is ``var`` a variable of a jaxpr as traced (a value of the function's trace)?"""
         if self._vars is None:
-            found: set = set()
-            for closed in self.sources:
-                found.update(v for v in map(_jax.staged_var, closed.consts) if v is not None)
-                found.update(closed.jaxpr.invars)
-                found.update(closed.jaxpr.constvars)
-                for e, holder in nested.walk_eqns(closed):
-                    found.update(v for v in e.outvars if isinstance(v, _jax.Var))
-                    found.update(holder.invars)
-            self._vars = found
+            self._vars = set().union(*map(_traced_vars, self.sources))
         return var in self._vars
+
+
+def _traced_vars(closed: ClosedJaxpr) -> set:
+    """Every variable of ``closed`` and its bodies, and the variables its constants stand for."""
+    found = {v for v in map(_jax.staged_var, closed.consts) if v is not None}
+    found.update(closed.jaxpr.invars)
+    found.update(closed.jaxpr.constvars)
+    for e, holder in nested.walk_eqns(closed):
+        found.update(v for v in e.outvars if isinstance(v, _jax.Var))
+        found.update(holder.invars)
+    return found
 
 
 def _thunk_key(thunk) -> Any:
@@ -215,6 +231,7 @@ def guarded_params(eqn: _jax.JaxprEqn, enter: Callable[[], ContextManager[Any]],
     spec = nested.TABLE[eqn.primitive]
     if spec.thunk is None:
         return nested.with_bodies(eqn, lambda body: _guarded_body(body, enter, closures))
+    closures.asked_later = True
 
     def around(call):
         with enter():

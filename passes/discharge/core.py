@@ -397,6 +397,7 @@ class Discharge(Pass):
             new, out_types = discharge_flat(jaxpr, in_types, out_keys, d)
         else:
             new, out_types = d.body(jaxpr, in_types, out_keys)
+        d.closures.detach()
         ctx.results["signature"] = Signature(tuple(in_types), tuple(zip(out_keys, out_types)))
         ctx.count(self.name, "inputs", len(in_keys))
         ctx.count(self.name, "outputs", len(out_keys))
