@@ -173,10 +173,18 @@ def test_a_variables_treedef_is_freed_with_the_model_not_kept_by_jax_caches():
 def test_a_compiled_function_lets_its_effectful_trace_go():
     """After the pipeline has run, the cache keeps the pure jaxpr only: the effectful
     trace (its reads, their source lines) is freed, also when discharge wrapped custom
-    rules (relu's custom_jvp) that JAX traces later."""
+    rules that JAX traces later: a library one (relu's) and a user's."""
+    @jax.custom_jvp
+    def double(x):
+        return 2 * x
+
+    @double.defjvp
+    def double_jvp(primals, tangents):
+        return double(primals[0]), 2 * tangents[0]
+
     @vj.functionalize
     def f(x):
-        return jax.nn.relu(x @ vj.param("w", jax.nn.initializers.ones, (3, 3)))
+        return double(jax.nn.relu(x @ vj.param("w", jax.nn.initializers.ones, (3, 3))))
 
     v = f.init(jax.random.key(0), jnp.ones(3))
     traced = weakref.ref(f.jaxpr(jnp.ones(3), variables=v).jaxpr)
@@ -185,4 +193,4 @@ def test_a_compiled_function_lets_its_effectful_trace_go():
     assert traced() is None
     assert f.trace_count == 2         # init and apply: the apply reused the inspected trace
     g = jax.grad(lambda v: f.apply(v, jnp.ones(3)).sum())(v)   # relu's rule, traced now
-    np.testing.assert_allclose(g["params"]["w"], np.ones((3, 3)))
+    np.testing.assert_allclose(g["params"]["w"], 2 * np.ones((3, 3)))

@@ -323,6 +323,14 @@ def thunk_identity(thunk: Any) -> Any:
     return thunk.debug_info
 
 
+def is_library_thunk(thunk: Any) -> bool:
+    """Whether a rule thunk's function is library code (JAX's, varjax's) rather than the
+    user's, by the file its debug info names (``jax.nn.relu``'s rule is JAX's)."""
+    where = (getattr(thunk.debug_info, "func_src_info", None) or "").rpartition(" at ")[2]
+    path = where.rsplit(":", 1)[0]
+    return bool(path) and not source_info_util.is_user_filename(path)
+
+
 def staged_var(x: Any) -> Var | None:
     """The jaxpr variable a staging tracer stands for (also after its trace ended), or
     None for any other value."""

@@ -78,6 +78,11 @@ class Closures:
 
     def __init__(self, sources: Sequence[ClosedJaxpr]):
         self.sources = [s for s in sources if s is not None]
+        # ``traced`` asks about values of the function's trace: the first source is the
+        # jaxpr as traced; the later ones given here are it after passes, which add no
+        # value user code could have held (only their constants count).
+        self._rewritten = {id(s.jaxpr) for s in self.sources[1:]} - {
+            id(s.jaxpr) for s in self.sources[:1]}
         self._walked = 0
         self._table: dict[Any, tuple[frozenset, list[frozenset]]] = {}   # (counts, names)
         self._vars: set | None = None
@@ -92,7 +97,7 @@ class Closures:
         if not any(s.jaxpr is source.jaxpr for s in self.sources):
             self.sources.append(source)
             if self._vars is not None:
-                self._vars |= _traced_vars(source)
+                self._vars |= _traced_vars(source)   # a rule's jaxpr: a whole source
             self._any = None
             self._holds = self._new_memo()
 
@@ -160,18 +165,23 @@ class Closures:
     def traced(self, var) -> bool:
         """Is ``var`` a variable of a jaxpr as traced (a value of the function's trace)?"""
         if self._vars is None:
-            self._vars = set().union(*map(_traced_vars, self.sources))
+            self._vars = set().union(*(
+                _traced_vars(s, whole=id(s.jaxpr) not in self._rewritten) for s in self.sources))
         return var in self._vars
 
 
-def _traced_vars(closed: ClosedJaxpr) -> set:
-    """Every variable of ``closed`` and its bodies, and the variables its constants stand for."""
+def _traced_vars(closed: ClosedJaxpr, whole: bool = True) -> set:
+    """The variables its constants stand for and, if ``whole``, every variable of
+    ``closed`` and its bodies."""
     found = {v for v in map(_jax.staged_var, closed.consts) if v is not None}
-    found.update(closed.jaxpr.invars)
-    found.update(closed.jaxpr.constvars)
-    for e, holder in nested.walk_eqns(closed):
-        found.update(v for v in e.outvars if isinstance(v, _jax.Var))
-        found.update(holder.invars)
+    todo = [closed.jaxpr] if whole else []
+    while todo:               # a loop, not walk_eqns: every equation of the model is visited
+        jaxpr = todo.pop()
+        found.update(jaxpr.invars)
+        found.update(jaxpr.constvars)
+        for e in jaxpr.eqns:
+            found.update(e.outvars)
+            todo.extend(map(nested.open_jaxpr, nested.subjaxprs(e)))
     return found
 
 
@@ -231,7 +241,9 @@ def guarded_params(eqn: _jax.JaxprEqn, enter: Callable[[], ContextManager[Any]],
     spec = nested.TABLE[eqn.primitive]
     if spec.thunk is None:
         return nested.with_bodies(eqn, lambda body: _guarded_body(body, enter, closures))
-    closures.asked_later = True
+    # A library rule (jax.nn.relu's) closes over no value of the user's trace: only a
+    # user's rule keeps the traced variables alive for the check below.
+    closures.asked_later |= not _jax.is_library_thunk(eqn.params[spec.thunk])
 
     def around(call):
         with enter():
