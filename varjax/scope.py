@@ -206,8 +206,8 @@ def param_at(ctx: TraceContext, path: Path, init_fn: Callable[..., Any], init_ar
     _ask(ctx, "params", path)
     if _exists(ctx, "params", path):
         value = _read(ctx, "params", path)
-        check_type("params", path, VarType.of(value), expected_type(init_fn, init_args, True),
-                   ctx.module)
+        have = ctx.variables.get(("params", path)) or VarType.of(value)   # known: no flatten
+        check_type("params", path, have, expected_type(init_fn, init_args, True), ctx.module)
         return value
     if _supplied(ctx, "params", path, init_fn, init_args, True):
         return _read(ctx, "params", path)

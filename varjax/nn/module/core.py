@@ -80,6 +80,9 @@ class Module(VariableAPI, LiftHooks, Tabulation):
                     "setup() and outside an @compact method.", **site(about=parent),
                     fix="construct submodules in setup(), or decorate the method with @nn.compact")
 
+    def _has_setup(self) -> bool:
+        return super()._has_setup() or bool(type(self)._varjax_name_scope_methods)
+
     def _run_setup(self) -> None:
         super()._run_setup()
         names = type(self)._varjax_name_scope_methods

@@ -131,6 +131,8 @@ class Lifecycle(Naming):
                 adopted = adopt_submodules(value, self._adopt, name)
                 if adopted is not value:
                     object.__setattr__(self, name, adopted)
+            if not self._has_setup():
+                return                # nothing to run: no scope to enter for it
             # Errors name this module while its setup runs (also when a parent's attribute
             # access runs it lazily).
             ctx = active()
@@ -156,6 +158,10 @@ class Lifecycle(Naming):
         if setup is Lifecycle.setup:
             return
         run_intercepted(setup, self, (), {})
+
+    def _has_setup(self) -> bool:
+        """Whether ``_run_setup`` has anything to do (most layers define no setup)."""
+        return type(self).setup is not Lifecycle.setup
 
     def _reset_setup(self) -> None:
         """Forget what setup made, so it runs again (a new trace, or new bound variables)."""
