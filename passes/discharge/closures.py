@@ -9,7 +9,10 @@ differentiates, which may be after the functionalize trace has ended:
 * A rule of a variable-free call is re-bound as it is, yet may still run user code
   (``vj.*``).  ``guarded_params`` wraps its thunk so it runs re-entered in the user's trace
   (``enter``, from ``PassContext.reenter``) and rejects variables the function does not
-  touch, since nothing passes them in.
+  touch, since nothing passes them in.  The check for traced values needs the function's
+  variables after the pass: ``Closures.detach`` keeps them for a user's rule, and for a
+  library rule (``jax.nn.relu``'s, by the file its thunk names) keeps nothing, so that a
+  compiled function does not hold its effectful trace.
 
 Nothing here knows the discharger: the pass core (``core.py``) and the custom-derivative
 rules (``custom.py``) build on it.
