@@ -26,7 +26,7 @@ class DeadReads(Pass):
     after = ("forward-stores",)
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
-        removed = _removable(jaxpr.jaxpr)
+        removed, _ = _walk(jaxpr.jaxpr)
         if removed == 0:
             return jaxpr
         pruned, _ = _jax.dce_jaxpr(jaxpr.jaxpr, [True] * len(jaxpr.jaxpr.outvars), instantiate=True)
@@ -34,17 +34,12 @@ class DeadReads(Pass):
         return _jax.ClosedJaxpr(pruned, jaxpr.consts)
 
 
-def _removable(jaxpr: _jax.Jaxpr) -> int:
-    """How many equations (nested ones included, as ``walk_eqns`` counts them) JAX's DCE
-    would remove with every output used, without building the pruned jaxpr."""
-    return _walk(jaxpr)[0]
-
-
 def _walk(jaxpr: _jax.Jaxpr) -> tuple[int, set]:
-    """DCE's backward walk, asking each equation's DCE rule, counting instead of building:
-    ``(equations removed, variables used)``.  An equation whose outputs are all used and
-    whose bodies are ``_clean`` keeps everything, so its rule (which would DCE a fresh
-    ``custom_jvp`` body per layer) is not asked; otherwise a rule may return the
+    """DCE's backward walk with every output used, asking each equation's DCE rule,
+    counting instead of building: ``(equations removed, variables used)``, nested
+    equations counted as ``walk_eqns`` counts them.  An equation whose outputs are all
+    used and whose bodies are ``_clean`` keeps everything, so its rule (which would DCE a
+    fresh ``custom_jvp`` body per layer) is not asked; otherwise a rule may return the
     equation with pruned bodies, counted as the difference of the bodies' sizes (JAX
     caches those DCEs, so the real run that follows reuses them)."""
     Var = _jax.Var
@@ -55,7 +50,7 @@ def _walk(jaxpr: _jax.Jaxpr) -> tuple[int, set]:
         used_ins = None                     # None: every input is used
         if rule is None:                    # DCE's default: keep if used or effectful
             if live.isdisjoint(eqn.outvars) and not _jax.has_effects(eqn):
-                removed += 1 + sum(map(_size, subjaxprs(eqn)))
+                removed += _eqn_size(eqn)
                 continue
         else:
             bodies = subjaxprs(eqn)
@@ -63,7 +58,7 @@ def _walk(jaxpr: _jax.Jaxpr) -> tuple[int, set]:
                     and all(v in live for v in eqn.outvars) and all(map(_clean, bodies))):
                 used_ins, new = rule([v in live for v in eqn.outvars], eqn)
                 if new is None:
-                    removed += 1 + sum(map(_size, bodies))
+                    removed += _eqn_size(eqn)
                 elif new is not eqn:
                     removed += sum(map(_size, bodies)) - sum(map(_size, subjaxprs(new)))
         for i, v in enumerate(eqn.invars):
@@ -79,9 +74,14 @@ def _clean(jaxpr: _jax.Jaxpr) -> bool:
     return removed == 0 and all(v in live for v in jaxpr.invars)
 
 
+def _eqn_size(eqn: _jax.JaxprEqn) -> int:
+    """An equation with the equations of its bodies."""
+    return 1 + sum(map(_size, subjaxprs(eqn)))
+
+
 @per_jaxpr
 def _size(jaxpr: _jax.Jaxpr) -> int:
     """Equations, nested ones included, as ``walk_eqns`` counts them; a body shared by
     several equations (JAX caches library ``jit`` bodies) is counted once per holder but
     walked once."""
-    return len(jaxpr.eqns) + sum(_size(sub) for e in jaxpr.eqns for sub in subjaxprs(e))
+    return sum(map(_eqn_size, jaxpr.eqns))

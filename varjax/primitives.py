@@ -29,7 +29,6 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import weakref
 from typing import Any, Sequence
 
@@ -70,23 +69,16 @@ def is_internal(collection: str) -> bool:
     return collection.startswith("__")
 
 
-@functools.cache
-def _effects(kind: type, name: str) -> frozenset:
-    """One effect set per collection or stream, shared by its equations: a model's
-    thousands of reads would otherwise each hold an effect object and a set of its own."""
-    return frozenset({kind(name)})
-
-
 def _get_abstract_eval(*, collection, path, tree, avals):
-    return list(avals), _effects(VariableEffect, collection)
+    return list(avals), {VariableEffect(collection)}
 
 
 def _set_abstract_eval(*leaves, collection, path, tree):
-    return [], _effects(VariableEffect, collection)
+    return [], {VariableEffect(collection)}
 
 
 def _draw_abstract_eval(*, stream, aval, path, count):
-    return aval, _effects(RngEffect, stream)
+    return aval, {RngEffect(stream)}
 
 
 var_get_p.def_effectful_abstract_eval(_get_abstract_eval)

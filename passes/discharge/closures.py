@@ -163,7 +163,8 @@ class Closures:
         and ``add`` the rules' own jaxprs, walked from the start."""
         if self.asked_later:
             self.traced(None)
-        self.sources, self._walked = [], 0
+        # ``_rewritten`` names the dropped jaxprs by id, which a later source may reuse.
+        self.sources, self._walked, self._rewritten = [], 0, set()
 
     def traced(self, var) -> bool:
         """Is ``var`` a variable of a jaxpr as traced (a value of the function's trace)?"""
