@@ -39,7 +39,10 @@ top-level equations need rewriting.  Each such equation is traced alone, over
 its input avals (``piece``), and its equations are spliced in place of it, with
 fresh binders and the replaced equation's source line; every other equation is kept
 as it is.  A pass touching a few equations of a large jaxpr
-(RNG draws, casts of reads) then costs a walk, not a re-evaluation.
+(RNG draws, casts of reads) then costs a walk, not a re-evaluation.  A pure
+piece in place of an equation none of whose outputs is read is left out: an
+init draws a key for every parameter, and a zeros initializer never uses its
+key, so DCE would otherwise have to run afterwards only to remove those.
 
 Sharp edges:
   * Rules must keep a body's signature (input and output avals); signature
@@ -57,6 +60,7 @@ import dataclasses
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 from varjax import _jax, errors, nested
+from varjax.primitives import var_get_p
 
 ClosedJaxpr = _jax.ClosedJaxpr
 NOTE_PREFIX = "varjax: while rewriting "
@@ -177,6 +181,7 @@ class Rewriter:
         renamer = nested.Renamer()
         eqns: list[_jax.JaxprEqn] = []
         changed = False
+        used: set | None = None       # the variables read, found at the first rewrite
         for eqn in jaxpr.eqns:
             new = renamer.eqn(eqn)
             if not self.rewrites(eqn):
@@ -193,6 +198,10 @@ class Rewriter:
                 eqns.append(new)
                 continue
             changed = True
+            if used is None:
+                used = _used_vars(jaxpr)
+            if used.isdisjoint(eqn.outvars) and all(map(_removable, piece.jaxpr.eqns)):
+                continue   # a replacement nothing reads (an unused key) is dead code
             local = nested.Renamer(zip(piece.jaxpr.invars, [*new.invars, *extra]))
             constvars += piece.jaxpr.constvars
             consts += piece.consts
@@ -317,3 +326,18 @@ def _aval_text(aval: Any) -> str:
         return aval.str_short(short_dtypes=True)   # f32[3], as the printer shows it
     except (AttributeError, TypeError):            # tokens and other non-array avals
         return str(aval)
+
+
+def _removable(eqn: _jax.JaxprEqn) -> bool:
+    """Whether ``eqn`` may go when nothing reads its outputs: it has no effect but
+    reading variables (reads are observations, as ``dead-reads`` holds)."""
+    return eqn.primitive is var_get_p or not eqn.effects
+
+
+def _used_vars(jaxpr: _jax.Jaxpr) -> set:
+    """The variables some equation or the output of ``jaxpr`` reads."""
+    Var = _jax.Var
+    used = {v for v in jaxpr.outvars if type(v) is Var}
+    for eqn in jaxpr.eqns:
+        used.update(v for v in eqn.invars if type(v) is Var)
+    return used

@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any, Callable, Iterator
 
+import numpy as np
 from jax._src import api_util, core, effects, source_info_util
 from jax._src import config as _config
 from jax._src import custom_derivatives as _cd
@@ -34,6 +35,7 @@ from jax._src.lax.control_flow.loops import scan_p as scan_p
 from jax._src.lax.control_flow.loops import while_p as while_p
 from jax._src.named_sharding import UNSPECIFIED
 from jax._src.pjit import jit_p as jit_p
+from jax._src.random import prng as _prng
 from jax._src.shard_map import shard_map_p as shard_map_p
 
 Primitive = core.Primitive
@@ -145,6 +147,19 @@ def trace_to_jaxpr(fun: Callable, in_avals: list[AbstractValue], name: str = "va
 
 def get_aval(x: Any) -> AbstractValue:
     return core.typeof(x)
+
+
+def fold_in_static(key: Any, data: int) -> Any:
+    """``jax.random.fold_in(key, data)`` for a typed key and a Python int in the uint32
+    range, binding JAX's fold-in primitive with a numpy scalar: the public function first
+    makes ``data`` a device array, which costs as much as the fold-in itself under a
+    trace.  The equation staged is the same (the scalar becomes a literal)."""
+    return _prng.random_fold_in(key, np.uint32(data))
+
+
+def is_typed_key(x: Any) -> bool:
+    """Whether ``x`` is a typed PRNG key array (``jax.random.key``), not raw ``uint32``."""
+    return isinstance(getattr(x, "dtype", None), _prng.KeyTy)
 
 
 def is_top_level() -> bool:

@@ -94,6 +94,22 @@ def test_lower_rng_linen_constants_and_a_carried_counter_in_loops():
     assert [streams.linen_data((c,)) for c in (1, 2)] == [3213575472, 3303678395]
 
 
+def test_lower_rng_lowers_a_key_nothing_uses_to_nothing():
+    """Linen draws a key for every parameter, and a zeros initializer never uses its key:
+    lower-rng leaves such a draw out rather than leaving dead-reads a DCE to run."""
+    def f(x):
+        vj.make_rng("dropout")
+        return jax.random.key_data(vj.make_rng("dropout"))
+
+    _, after = run_pass("lower-rng", f, ONE, rngs={"dropout": jax.random.key(0)})
+    assert_ir(after, f"""
+        {{ lambda ; a:f32[]. let
+            b:key<fry>[] = var_get[__rng__:dropout]
+            c:key<fry>[] = random_fold_in b {streams.linen_data((2,))}:u32[]
+            d:u32[2] = random_unwrap c
+          in (d,) }}""")
+
+
 def test_lower_rng_lowers_a_stream_kept_as_state_implicitly_in_the_rngs_collection():
     def f(x):
         return vj.make_rng("dropout")

@@ -76,6 +76,27 @@ def test_a_splicing_rewriter_keeps_declined_equations():
     assert out.jaxpr.eqns[0] is first
 
 
+def test_a_splicing_rewriter_leaves_out_a_pure_replacement_nothing_reads():
+    def g(x):
+        jnp.sin(x)                       # result unused
+        return jnp.sin(x + 1.0)
+    jaxpr = jax.make_jaxpr(g)(X)
+    out = LocalRewriter([ToCos()]).run(jaxpr)
+    assert names(out) == ["add", "cos"]
+    assert jnp.allclose(jex.jaxpr_as_fun(out)(X)[0], jnp.cos(X + 1.0))
+
+
+def test_a_splicing_rewriter_keeps_an_effectful_replacement_nothing_reads():
+    class ToWrite(Rule):
+        primitive = SIN
+
+        def rewrite(self, eqn, invals, region):
+            prims.bind_set("params", ("w",), invals, jax.tree.structure(0))
+            return [jnp.cos(*invals)]
+    jaxpr = jax.make_jaxpr(lambda x: [jnp.sin(x), x][1])(X)
+    assert names(LocalRewriter([ToWrite()]).run(jaxpr)) == ["var_set", "cos"]
+
+
 @dataclasses.dataclass(frozen=True)
 class DecliningPass(Pass):
     name = "trw-declining"
