@@ -254,6 +254,16 @@ class Functionalized:
         """The whole cache entry (jaxprs, signature, pass statistics) for these arguments."""
         return self._compiled(self._inspected(variables, args, kwargs, rngs, mutable))
 
+    def effectful_traces(self) -> list[_Effectful]:
+        """The cached effectful traces (a lifted body keeps them: see ``Traced``)."""
+        return list(self._traces.values())
+
+    def adopt(self, like: _Effectful, jaxpr: _jax.ClosedJaxpr) -> None:
+        """Cache ``jaxpr`` as the trace for ``like``'s key, as if traced here: a lifted
+        body that another body's trace gives without running its Python again
+        (``lifted_body.with_counts_moved``)."""
+        self._traces[like.key] = _Effectful(jaxpr, like.out_tree, like.context, like.key)
+
     # -- machinery ------------------------------------------------------------------
     def _inspected(self, variables, args, kwargs, rngs, mutable) -> "_Key":
         """The cache key of a non-init call, for the inspection entry points."""

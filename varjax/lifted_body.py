@@ -12,7 +12,9 @@ errors but signals to the lift, raised as exceptions and caught by ``Lift.__call
   inner JAX trace, which a dictionary cannot follow: the lift runs again through the IR.
 
 The keys a body is handed may be ``DerivedKeys``: derived from the transform's keys only
-when the body first draws from a stream.
+when the body first draws from a stream.  Under Linen's convention a body traced again
+from other draw counts may reuse an earlier trace with its counts moved
+(``with_counts_moved``).
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
 
-from varjax import _jax, errors, filters, streams
+from varjax import _jax, errors, filters, nested, streams
 from varjax.context import TraceContext, site
-from varjax.primitives import Key, Path, VarType, is_internal
+from varjax.primitives import Key, Path, VarType, is_internal, rng_draw_p
 from varjax.scope import immutable_error
 
 
@@ -175,3 +177,46 @@ def key_avals(rngs: Sequence[Mapping]) -> dict[str, Any]:
     """Stream -> key aval over RNG groups, without deriving any ``DerivedKeys``."""
     return {s: g.aval(s) if isinstance(g, DerivedKeys) else _jax.get_aval(g[s])
             for g in rngs for s in g}
+
+
+Counts = Mapping[tuple[str, Path], int]    # Linen draw counts per (stream, module path)
+
+
+def _counted(eqn: _jax.JaxprEqn) -> bool:
+    """A Linen draw that took a number from the trace's counts (not a handed key, count
+    0, nor a custom rule's late draw, numbered below 0)."""
+    return eqn.primitive is rng_draw_p and eqn.params["path"] is not None \
+        and eqn.params["count"] > 0
+
+
+def with_counts_moved(jaxpr: _jax.ClosedJaxpr, start: Counts, end: Counts,
+                      new_start: Counts) -> tuple[_jax.ClosedJaxpr, dict] | None:
+    """The trace a body traced from Linen counts ``start`` (ending at ``end``) would give
+    from ``new_start``, and the counts it would end at; None when that cannot be told.
+
+    A trace takes the numbers ``start + 1 .. end`` per (stream, path), so from another
+    start the same Python traces the same jaxpr with every count moved by the difference
+    of the starts.  That holds only if every number the trace took is an ``rng_draw`` in
+    it: a draw a nested lift lowered (to a ``fold_in`` constant) or that falls under a
+    base path (``nn.jit``) is not, and then the body must be traced again.  ``scan``
+    traces its body twice under Linen's convention (``loops._linen_pretrace``): with this
+    the second trace is a walk over the first."""
+    drawn = {k: n - start.get(k, 0) for k, n in end.items() if n != start.get(k, 0)}
+    found: dict = {}
+    for eqn, _ in nested.walk_eqns(jaxpr):
+        if _counted(eqn):
+            found.setdefault((eqn.params["stream"], eqn.params["path"]), []).append(
+                eqn.params["count"])
+    if found.keys() != drawn.keys() or any(
+            sorted(counts) != list(range(start.get(k, 0) + 1, end[k] + 1))
+            for k, counts in found.items()):
+        return None
+    by = {k: new_start.get(k, 0) - start.get(k, 0) for k in drawn}
+
+    def move(eqn: _jax.JaxprEqn) -> _jax.JaxprEqn:
+        if not _counted(eqn):
+            return eqn
+        k = (eqn.params["stream"], eqn.params["path"])
+        return eqn.replace(params={**eqn.params, "count": eqn.params["count"] + by[k]})
+    new_end = {**new_start, **{k: new_start.get(k, 0) + n for k, n in drawn.items()}}
+    return nested.map_eqns(jaxpr, move), new_end

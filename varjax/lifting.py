@@ -66,7 +66,15 @@ from varjax.effects import RngEffect
 from varjax.functionalize import Functionalized
 from varjax.lift_groups import Group, is_array
 from varjax.lifted_body import DerivedKeys as DerivedKeys  # part of vj.lift's API
-from varjax.lifted_body import DictStore, DirectFallback, Lifted, LiftRetry, key_avals, lifted_as
+from varjax.lifted_body import (
+    DictStore,
+    DirectFallback,
+    Lifted,
+    LiftRetry,
+    key_avals,
+    lifted_as,
+    with_counts_moved,
+)
 from varjax.passes.analysis import traffic as _traffic
 from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, VarType
@@ -130,8 +138,9 @@ class LiftedRegion:
         linen = streams.linen_counts(self._lifted.outer.origin)
         start = () if linen is None else tuple(sorted(linen.counts.items()))
         if start not in self._fns:
-            self._fns[start] = (Functionalized(self.body, context=self._context, inline=True,
-                                               passes=self._lifted.passes), {})
+            fn = Functionalized(self.body, context=self._context, inline=True,
+                                passes=self._lifted.passes)
+            self._fns[start] = (fn, self._moved_traces(fn, dict(start)) if linen else {})
         fn, ends = self._fns[start]
         before = fn.trace_count
         result = trace(fn)
@@ -142,6 +151,21 @@ class LiftedRegion:
             else:
                 linen.restore(ends[id(jaxpr)][1])
         return result
+
+    def _moved_traces(self, fn: Functionalized, start: dict) -> dict:
+        """Seed ``fn`` (this body from Linen counts ``start``) with the traces from other
+        starts whose counts can be moved (``with_counts_moved``); returns their ends."""
+        ends: dict = {}
+        for other, (earlier, earlier_ends) in self._fns.items():
+            for traced in earlier.effectful_traces():
+                found = earlier_ends.get(id(traced.jaxpr))
+                if found is None or streams.linen_base(traced.context):
+                    continue
+                moved = with_counts_moved(traced.jaxpr, dict(other), found[1], start)
+                if moved is not None:
+                    fn.adopt(traced, moved[0])
+                    ends[id(moved[0])] = moved
+        return ends
 
     def _context(self, key: Any) -> TraceContext:
         return self._region_context(dict(key.variables), dict(key.rngs))

@@ -13,6 +13,7 @@ import pytest
 
 import varjax as vj
 import varjax.nn as vnn
+from varjax import lifting
 
 KEY = jax.random.key(0)
 RNGS = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
@@ -196,6 +197,54 @@ def test_scan_with_scanned_params_equal_linen():
     xs = _x(3, 2, 4)
     variables = _same_init(build, 0.0, xs, rngs=RNGS)
     _same_apply(build, variables, 0.0, xs)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_scan_traces_its_body_once_per_trace_of_its_level_with_linens_keys(depth):
+    """Linen traces a scan body once before the loop, then in it (2^depth body runs at
+    ``depth`` levels); varjax moves the first trace's draw counts instead of tracing again,
+    so the innermost body runs once per run of its level (2^(depth-1)), with Linen's keys."""
+    runs = {}
+
+    def build(nn):
+        runs[nn] = 0
+        noisy = _noisy(nn)
+
+        class Step(noisy):
+            def __call__(self, c, x):
+                runs[nn] += 1
+                return super().__call__(c, x)
+        cls = Step
+        for _ in range(depth):
+            cls = nn.scan(cls, variable_axes={"params": 0},
+                          split_rngs={"params": True, "dropout": True})
+        return cls()
+    xs = _x(*(2,) * depth, 4)
+    variables = _same_init(build, jnp.float32(0), xs, rngs=RNGS)
+    assert (runs[fnn], runs[vnn]) == (2 ** depth, 2 ** (depth - 1))
+    _same_apply(build, variables, jnp.float32(0), xs)
+
+
+def test_a_scan_body_reused_with_moved_counts_draws_what_a_new_trace_draws(monkeypatch):
+    """Draws inside raw control flow in the body (beyond Linen, which rejects them) are
+    moved too: the keys equal those of tracing the body again."""
+    class Step(vnn.Module):
+        @vnn.compact
+        def __call__(self, c, x):
+            k = jax.lax.cond(x.sum() > 0, lambda: self.make_rng("dropout"),
+                             lambda: jax.random.fold_in(self.make_rng("dropout"), 1))
+            ks = jax.lax.scan(lambda _, i: (None, jax.random.key_data(self.make_rng("dropout"))),
+                              None, jnp.arange(2))[1]
+            return c, (vnn.Dense(2)(x), jax.random.key_data(k), ks)
+
+    def run():
+        model = vnn.scan(Step, variable_axes={"params": 0},
+                         split_rngs={"params": True, "dropout": True})()
+        variables = model.init(RNGS, jnp.float32(0), _x(3, 4))
+        return variables, model.apply(variables, jnp.float32(0), _x(3, 4), rngs=RNGS)
+    moved = run()
+    monkeypatch.setattr(lifting, "with_counts_moved", lambda *args: None)
+    _equal(moved, run())
 
 
 def test_lstm_over_scan_init_and_outputs_equal_linen():
