@@ -69,9 +69,6 @@ class LRU:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
 
-    def values(self) -> list[Any]:
-        return list(self._data.values())
-
     def __len__(self) -> int:
         return len(self._data)
 
