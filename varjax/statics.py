@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -37,12 +38,14 @@ def typed(value: Any) -> Any:
         return (t, value)
     if isinstance(value, (tuple, list)):
         return (t, tuple(typed(v) for v in value))
+    # Before the Mapping test: a module is a dataclass of a class made per model, and the
+    # first isinstance of a new class against an ABC walks every registered subclass.
+    if dataclasses.is_dataclass(value) and t.__dataclass_params__.eq:
+        # field-wise equality, as ``==`` compares
+        return (t, tuple((f.name, typed(getattr(value, f.name)))
+                         for f in dataclasses.fields(value) if f.compare))
     if isinstance(value, Mapping):
         return (t, frozenset((typed(k), typed(v)) for k, v in value.items()))
     if isinstance(value, (set, frozenset)):
         return (t, frozenset(typed(v) for v in value))
-    if dataclasses.is_dataclass(value) and not isinstance(value, type) \
-            and t.__dataclass_params__.eq:        # field-wise equality, as ``==`` compares
-        return (t, tuple((f.name, typed(getattr(value, f.name)))
-                         for f in dataclasses.fields(value) if f.compare))
     return (t, value)
