@@ -109,8 +109,10 @@ def stream_state(jaxpr: _jax.ClosedJaxpr, stream: str, ctx: PassContext) -> "_St
 class _Lowerer(Rewriter):
     local = True   # a draw's replacement depends on stream counters, not on other values
 
-    def __init__(self):
+    def __init__(self, symbolic: bool = False):
         super().__init__()
+        # In a lifted body: Linen draws become ``linen_fold_in`` (see streams.derive_at).
+        self.symbolic = symbolic
         self.loop_ids = itertools.count()
         self._pieces: dict = {}
         # While lowering a custom-derivative equation's bodies: the Linen counts of its
@@ -168,17 +170,24 @@ class _Lowerer(Rewriter):
         if isinstance(st, _Dynamic):   # in a loop: one piece per draw
             params = {**eqn.params, "count": count}
             return self.trace(lambda: [self.draw(st, params)], []), []
-        key = (count != 0, st.key, None, st.aval)
+        key = (count != 0, st.key, None, st.aval, self.symbolic)
         found = self._pieces.get(key)
         if found is None:
             if count == 0:
                 found = self.trace(lambda: [_get(st.key, st.aval)], [])
+            elif self.symbolic:   # one piece; each draw sets its fold's parameters
+                found = self.trace(lambda: [streams.derive_at(_get(st.key, st.aval), (), 1,
+                                                              "")], [])
             else:
                 found = self.trace(lambda n: [streams.derive(_get(st.key, st.aval), n)],
                                    [COUNT_AVAL])
             self._pieces[key] = found
         if count == 0:
             return found, []
+        if self.symbolic:
+            fold = {"stream": eqn.params["stream"], "path": eqn.params["path"], "count": count}
+            return nested.map_eqns(found, lambda e: e.replace(params=fold)
+                                   if e.primitive is streams.linen_fold_in_p else e), []
         data = streams.linen_data((*eqn.params["path"], count))
         return found, [_jax.Literal(np.uint32(data), COUNT_AVAL)]
 
@@ -191,7 +200,8 @@ class _Lowerer(Rewriter):
     def draw(self, st, params: dict | None = None) -> Any:
         key = _get(st.key, st.aval)
         if params is not None and params["path"] is not None:
-            key = streams.derive_at(key, params["path"], self.linen_count(params))
+            key = streams.derive_at(key, params["path"], self.linen_count(params),
+                                    params["stream"] if self.symbolic else None)
             if isinstance(st, _Static):
                 return key
             n = _get(st.count, COUNT_AVAL)   # in a loop: fold in the iteration's count too
@@ -312,6 +322,6 @@ class LowerRng(Pass):
                     collection=stream, **errors.where(eqn.source_info),
                     fix="give the stream as a key (rngs={...}) for Linen's keys")
             st.linen = True
-        lowerer = _Lowerer()
+        lowerer = _Lowerer(symbolic=ctx.region)
         ctx.count(self.name, "streams", len(used))
         return lowerer.run(jaxpr, Region(lowerer, state=state))

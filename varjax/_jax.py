@@ -28,7 +28,7 @@ from jax._src import mesh as mesh_lib
 from jax._src import pretty_printer as pp
 from jax._src import util as _util
 from jax._src.ad_checkpoint import remat_p as remat_p
-from jax._src.interpreters import ad, batching
+from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax.control_flow.conditionals import cond_p as cond_p
 from jax._src.lax.control_flow.loops import scan_p as scan_p
@@ -155,6 +155,11 @@ def fold_in_static(key: Any, data: int) -> Any:
     makes ``data`` a device array, which costs as much as the fold-in itself under a
     trace.  The equation staged is the same (the scalar becomes a literal)."""
     return _prng.random_fold_in(key, np.uint32(data))
+
+
+def lower_as(prim: Primitive, fn: Callable[..., Any]) -> None:
+    """Compile ``prim`` (one result) as the JAX function ``fn`` of its operands and params."""
+    mlir.register_lowering(prim, mlir.lower_fun(fn, multiple_results=False))
 
 
 def is_typed_key(x: Any) -> bool:

@@ -142,7 +142,7 @@ class DictStore:
     def draw_linen(self, ctx: TraceContext, stream: str, path: Path, count: int) -> Any:
         """A draw under Linen's convention: path and count come from the trace's counts."""
         self.observe(ctx)
-        return streams.derive_at(self.keys[stream], path, count)
+        return streams.derive_at(self.keys[stream], path, count, stream)
 
 
 class DerivedKeys(Mapping):
@@ -182,11 +182,15 @@ def key_avals(rngs: Sequence[Mapping]) -> dict[str, Any]:
 Counts = Mapping[tuple[str, Path], int]    # Linen draw counts per (stream, module path)
 
 
-def _counted(eqn: _jax.JaxprEqn) -> bool:
-    """A Linen draw that took a number from the trace's counts (not a handed key, count
-    0, nor a custom rule's late draw, numbered below 0)."""
-    return eqn.primitive is rng_draw_p and eqn.params["path"] is not None \
-        and eqn.params["count"] > 0
+def _counted(eqn: _jax.JaxprEqn) -> tuple[str, Path] | None:
+    """The (stream, path) of a Linen draw that took a number from the trace's counts:
+    an ``rng_draw`` not yet lowered, or a ``linen_fold_in`` a nested body lowered it to
+    (not a handed key, count 0, nor a custom rule's late draw, numbered below 0)."""
+    p = eqn.params
+    if (eqn.primitive is rng_draw_p and p["path"] is not None and p["count"] > 0) or \
+            eqn.primitive is streams.linen_fold_in_p:
+        return p["stream"], p["path"]
+    return None
 
 
 def with_counts_moved(jaxpr: _jax.ClosedJaxpr, start: Counts, end: Counts,
@@ -196,27 +200,24 @@ def with_counts_moved(jaxpr: _jax.ClosedJaxpr, start: Counts, end: Counts,
 
     A trace takes the numbers ``start + 1 .. end`` per (stream, path), so from another
     start the same Python traces the same jaxpr with every count moved by the difference
-    of the starts.  That holds only if every number the trace took is an ``rng_draw`` in
-    it: a draw a nested lift lowered (to a ``fold_in`` constant) or that falls under a
-    base path (``nn.jit``) is not, and then the body must be traced again.  ``scan``
+    of the starts.  Every Linen draw traced inside a lifted body keeps its count in the IR
+    (an ``rng_draw``, or the ``linen_fold_in`` a nested body lowered it to: never a
+    constant), so moving those moves everything that depends on the counts; numbers taken
+    but not in the IR (a nested scan's pre-loop trace) need no moving.  The caller makes
+    sure each draw's path is the one it was counted at (no ``nn.jit`` base).  ``scan``
     traces its body twice under Linen's convention (``loops._linen_pretrace``): with this
-    the second trace is a walk over the first."""
+    the second trace is a walk over the first, at every nesting level."""
     drawn = {k: n - start.get(k, 0) for k, n in end.items() if n != start.get(k, 0)}
-    found: dict = {}
     for eqn, _ in nested.walk_eqns(jaxpr):
-        if _counted(eqn):
-            found.setdefault((eqn.params["stream"], eqn.params["path"]), []).append(
-                eqn.params["count"])
-    if found.keys() != drawn.keys() or any(
-            sorted(counts) != list(range(start.get(k, 0) + 1, end[k] + 1))
-            for k, counts in found.items()):
-        return None
+        k = _counted(eqn)
+        if k is not None and not (k in drawn and start.get(k, 0) < eqn.params["count"] <= end[k]):
+            return None
     by = {k: new_start.get(k, 0) - start.get(k, 0) for k in drawn}
 
     def move(eqn: _jax.JaxprEqn) -> _jax.JaxprEqn:
-        if not _counted(eqn):
+        k = _counted(eqn)
+        if k is None:
             return eqn
-        k = (eqn.params["stream"], eqn.params["path"])
         return eqn.replace(params={**eqn.params, "count": eqn.params["count"] + by[k]})
     new_end = {**new_start, **{k: new_start.get(k, 0) + n for k, n in drawn.items()}}
     return nested.map_eqns(jaxpr, move), new_end

@@ -142,12 +142,12 @@ class LiftedRegion:
                                 passes=self._lifted.passes)
             self._fns[start] = (fn, self._moved_traces(fn, dict(start)) if linen else {})
         fn, ends = self._fns[start]
-        before = fn.trace_count
+        before, rebased = fn.trace_count, streams.rebased()
         result = trace(fn)
         if linen is not None:
             jaxpr = jaxpr_of(result)
             if fn.trace_count != before or id(jaxpr) not in ends:
-                ends[id(jaxpr)] = (jaxpr, linen.snapshot())
+                ends[id(jaxpr)] = (jaxpr, linen.snapshot(), streams.rebased() == rebased)
             else:
                 linen.restore(ends[id(jaxpr)][1])
         return result
@@ -159,12 +159,12 @@ class LiftedRegion:
         for other, (earlier, earlier_ends) in self._fns.items():
             for traced in earlier.effectful_traces():
                 found = earlier_ends.get(id(traced.jaxpr))
-                if found is None or streams.linen_base(traced.context):
-                    continue
+                if found is None or not found[2] or streams.linen_base(traced.context):
+                    continue   # a draw's path may not be the one it was counted at
                 moved = with_counts_moved(traced.jaxpr, dict(other), found[1], start)
                 if moved is not None:
                     fn.adopt(traced, moved[0])
-                    ends[id(moved[0])] = moved
+                    ends[id(moved[0])] = (*moved, True)
         return ends
 
     def _context(self, key: Any) -> TraceContext:

@@ -44,6 +44,7 @@ import weakref
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 
 from varjax import _jax
 from varjax.primitives import Key
@@ -103,12 +104,50 @@ def linen_data(data: tuple[str | int, ...]) -> int:
     return int.from_bytes(digest.digest()[:4], "big")
 
 
-def derive_at(key: Any, path: tuple[str, ...], count: int) -> Any:
+def derive_at(key: Any, path: tuple[str, ...], count: int, stream: str | None = None) -> Any:
     """Linen's key for draw ``count`` (from 1) of the module at ``path``; ``count == 0``
-    is the stream's key itself (what a lifted transform hands its body)."""
+    is the stream's key itself (what a lifted transform hands its body).  With ``stream``
+    (inside a lifted body) the draw stays a ``linen_fold_in`` equation, whose count a
+    later trace may move (``lifted_body.with_counts_moved``)."""
     if count == 0:
         return key
+    if stream is not None:
+        return linen_fold_in_p.bind(key, stream=stream, path=tuple(path), count=int(count))
     return derive(key, linen_data((*path, count)))
+
+
+# ``fold_in(key, linen_data(path + (count,)))`` with path and count as parameters: what a
+# Linen draw inside a lifted body lowers to.  It compiles to exactly that ``fold_in`` of a
+# constant, and keeps the count visible, so a body Linen traces twice (scan) can be traced
+# once and the second trace made by moving counts, at every nesting level.
+linen_fold_in_p = _jax.Primitive("linen_fold_in")
+
+
+def _fold_impl(key: Any, *, stream: str, path: tuple, count: int) -> Any:
+    data = linen_data((*path, count))
+    if _jax.is_typed_key(key):
+        return _jax.fold_in_static(key, data)
+    # Raw uint32 keys, batched ones too (jax.random.fold_in takes one raw key only).
+    return jax.random.key_data(_jax.fold_in_static(jax.random.wrap_key_data(key), data))
+
+
+def _fold_batch(args: Any, dims: Any, **params: Any) -> tuple[Any, int]:
+    key, dim = args[0], dims[0]
+    if not _jax.is_typed_key(key) and dim != 0:   # raw uint32 keys: the key data axis last
+        key, dim = jnp.moveaxis(key, dim, 0), 0
+    return linen_fold_in_p.bind(key, **params), dim
+
+
+def _fold_jvp(primals: Any, tangents: Any, **params: Any) -> tuple[Any, Any]:
+    out = linen_fold_in_p.bind(primals[0], **params)
+    return out, _jax.Zero(_jax.get_aval(out).to_tangent_aval())
+
+
+linen_fold_in_p.def_impl(_fold_impl)
+linen_fold_in_p.def_abstract_eval(lambda key, **params: key)
+_jax.primitive_batchers[linen_fold_in_p] = _fold_batch
+_jax.primitive_jvps[linen_fold_in_p] = _fold_jvp
+_jax.lower_as(linen_fold_in_p, _fold_impl)
 
 
 def candidates(name: str, fallbacks: tuple[str, ...] = (DEFAULT,)) -> tuple[str, ...]:
@@ -161,12 +200,22 @@ def linen_counts(origin: Any) -> LinenCounts | None:
 _bases: "weakref.WeakKeyDictionary[Any, tuple[str, ...]]" = weakref.WeakKeyDictionary()
 
 
+_rebased = [0]   # how many contexts got a base so far (see ``rebased``)
+
+
 def set_linen_base(ctx: Any, base: tuple[str, ...]) -> None:
     """Draws under ``ctx`` fold in their module path relative to ``base``: inside Linen's
     ``nn.jit`` / ``nn.fold_rngs`` the keys are fresh draws at the transformed module's
     path, and paths below it count from there."""
     if base:
         _bases[ctx] = tuple(base)
+        _rebased[0] += 1
+
+
+def rebased() -> int:
+    """A number that changes whenever a context gets a base path: a trace during which it
+    did not change has draws whose paths are the paths they are counted at."""
+    return _rebased[0]
 
 
 def linen_base(ctx: Any) -> tuple[str, ...]:

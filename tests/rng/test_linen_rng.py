@@ -199,11 +199,11 @@ def test_scan_with_scanned_params_equal_linen():
     _same_apply(build, variables, 0.0, xs)
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_scan_traces_its_body_once_per_trace_of_its_level_with_linens_keys(depth):
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_nested_scans_trace_their_body_once_with_linens_keys(depth):
     """Linen traces a scan body once before the loop, then in it (2^depth body runs at
-    ``depth`` levels); varjax moves the first trace's draw counts instead of tracing again,
-    so the innermost body runs once per run of its level (2^(depth-1)), with Linen's keys."""
+    ``depth`` levels); varjax traces each level's body once and makes the loop's trace by
+    moving the draw counts of the first (inner levels' draws included), with Linen's keys."""
     runs = {}
 
     def build(nn):
@@ -221,8 +221,45 @@ def test_scan_traces_its_body_once_per_trace_of_its_level_with_linens_keys(depth
         return cls()
     xs = _x(*(2,) * depth, 4)
     variables = _same_init(build, jnp.float32(0), xs, rngs=RNGS)
-    assert (runs[fnn], runs[vnn]) == (2 ** depth, 2 ** (depth - 1))
+    assert (runs[fnn], runs[vnn]) == (2 ** depth, 1)
     _same_apply(build, variables, jnp.float32(0), xs)
+
+
+@pytest.mark.parametrize("lift", ["vmap", "scan"])
+def test_lifted_draws_from_raw_uint32_keys_equal_linen_eagerly_and_jitted(lift):
+    """Draws in a lifted body stay ``linen_fold_in`` until compiled: with raw keys
+    (``jax.random.PRNGKey``), split per example or step, they run eagerly (init runs its
+    jaxpr op by op) and under jit as Linen's do."""
+    def build(nn):
+        noisy = _noisy(nn)
+        if lift == "vmap":
+            return nn.vmap(noisy, in_axes=(None, 0), variable_axes={"params": 0},
+                           split_rngs={"params": True, "dropout": True})()
+        return nn.scan(noisy, variable_axes={"params": 0},
+                       split_rngs={"params": True, "dropout": True})()
+    rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
+    xs = _x(3, 2, 4)
+    variables = _same_init(build, jnp.float32(0), xs, rngs=rngs)
+    _same_apply(build, variables, jnp.float32(0), xs, rngs=rngs)
+    jitted = jax.jit(lambda v, x: build(vnn).apply(v, jnp.float32(0), x, rngs=rngs))
+    _equal(jitted(variables, xs), build(fnn).apply(variables, jnp.float32(0), xs, rngs=rngs))
+
+
+def test_scan_over_a_body_with_nn_jit_inside_equals_linen():
+    """``nn.jit`` draws at paths relative to its module (a base): such a trace's counts are
+    not moved, the body is traced again, as Linen does."""
+    def build(nn):
+        class Step(nn.Module):
+            @nn.compact
+            def __call__(self, c, x):
+                # The jitted Dense's kernel is draw 2 at ('inner',), folded in at path ()
+                # relative to it, where this module draws 1..3: moving it by this
+                # module's count (3, not 2) would give Linen's key for another draw.
+                w = [self.param(f"w{i}", nn.initializers.normal(), (3,)) for i in range(3)]
+                h = nn.jit(nn.Dense)(3, use_bias=False, name="inner")(x)
+                return c + h.sum(), h * w[0] * w[1] * w[2]
+        return nn.scan(Step, variable_axes={"params": 0}, split_rngs={"params": True})()
+    _same_init(build, jnp.float32(0), _x(3, 4))
 
 
 def test_a_scan_body_reused_with_moved_counts_draws_what_a_new_trace_draws(monkeypatch):
