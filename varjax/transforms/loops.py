@@ -66,7 +66,9 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
     Under Linen's RNG convention the body is traced once before the loop, as Linen does
     to check that broadcast variables are loop invariants: that trace creates the
     broadcast variables and advances the draw counts, so keys equal Linen's
-    (``check_constancy_invariants=False`` skips it, as in Linen).
+    (``check_constancy_invariants=False`` skips it, as in Linen).  The loop's own trace is
+    then that trace with its draw counts moved, not a second run of the body's Python
+    (``lifted_body.with_counts_moved``), so nested scans run their body once.
     ``metadata_params={nn.PARTITION_NAME: name}`` inserts ``name`` into the partition
     names of boxed variables at their scanned axis, as Linen does (a kernel stacked over
     layers reads ``P('layers', ...)``); ``data_transform`` is not supported.  ``passes``:
@@ -168,7 +170,9 @@ def _linen_pretrace(region: Any, step: Callable, state: tuple, sliced: Any, n: i
                     reverse: bool, n_ax: int) -> Group:
     """Linen's extra trace of a scan body before the loop, on the first step's inputs:
     the draw counts advance as it did, and broadcast variables the body creates come from
-    it (so from the keys Linen gives them).  Returns the broadcast group for the loop."""
+    it (so from the keys Linen gives them).  Returns the broadcast group for the loop.  The
+    region keeps the trace, and the loop's call (same types, later counts) is served from
+    it with the counts moved."""
     carry, carried, bcast = state
     at_first = jax.tree.map(lambda x: x[n - 1 if reverse else 0], sliced)
     start = region.linen.snapshot()
