@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from varjax import _jax, errors, filters, nested, streams
+from varjax.caches import LRU
 from varjax.effects import RngEffect, streams_of
 from varjax.passes.base import Pass, PassContext
 from varjax.passes.rewrite import Region, Rewriter
@@ -106,6 +107,12 @@ def stream_state(jaxpr: _jax.ClosedJaxpr, stream: str, ctx: PassContext) -> "_St
         fix=f"pass rngs={{'{stream}': jax.random.key(0)}} (or a vj.Rngs) to init/apply")
 
 
+# The traced replacements of draws, shared by every run: a piece depends only on the
+# variables it reads and writes and the key's aval (its key says which), and tracing one
+# costs as much as lowering a small init's draws.
+_PIECES = LRU()
+
+
 class _Lowerer(Rewriter):
     local = True   # a draw's replacement depends on stream counters, not on other values
 
@@ -114,7 +121,6 @@ class _Lowerer(Rewriter):
         # In a lifted body: Linen draws become ``linen_fold_in`` (see streams.derive_at).
         self.symbolic = symbolic
         self.loop_ids = itertools.count()
-        self._pieces: dict = {}
         # While lowering a custom-derivative equation's bodies: the Linen counts of its
         # primal's draws per (stream, path) in order, and the first number the body's own
         # draws have there (see streams.linen_count).
@@ -150,14 +156,14 @@ class _Lowerer(Rewriter):
             return self._linen_piece(eqn, st)
         static = isinstance(st, _Static)
         key = (static, st.key, None if static else st.count, st.aval)
-        found = self._pieces.get(key)
+        found = _PIECES.get(key)
         if found is None:
             if static:
                 found = self.trace(lambda n: [streams.derive(_get(st.key, st.aval), n)],
                                    [COUNT_AVAL])
             else:
                 found = self.trace(lambda: [self.draw(st)], [])
-            self._pieces[key] = found
+            _PIECES[key] = found
         if not static:
             return found, []
         st.counter += 1
@@ -171,7 +177,7 @@ class _Lowerer(Rewriter):
             params = {**eqn.params, "count": count}
             return self.trace(lambda: [self.draw(st, params)], []), []
         key = (count != 0, st.key, None, st.aval, self.symbolic)
-        found = self._pieces.get(key)
+        found = _PIECES.get(key)
         if found is None:
             if count == 0:
                 found = self.trace(lambda: [_get(st.key, st.aval)], [])
@@ -181,7 +187,7 @@ class _Lowerer(Rewriter):
             else:
                 found = self.trace(lambda n: [streams.derive(_get(st.key, st.aval), n)],
                                    [COUNT_AVAL])
-            self._pieces[key] = found
+            _PIECES[key] = found
         if count == 0:
             return found, []
         if self.symbolic:
