@@ -208,9 +208,8 @@ def with_counts_moved(jaxpr: _jax.ClosedJaxpr, start: Counts, end: Counts,
     traces its body twice under Linen's convention (``loops._linen_pretrace``): with this
     the second trace is a walk over the first, at every nesting level."""
     drawn = {k: n - start.get(k, 0) for k, n in end.items() if n != start.get(k, 0)}
-    for eqn, _ in nested.walk_eqns(jaxpr):
-        k = _counted(eqn)
-        if k is not None and not (k in drawn and start.get(k, 0) < eqn.params["count"] <= end[k]):
+    for k, count in _counted_draws(jaxpr):
+        if not (k in drawn and start.get(k, 0) < count <= end[k]):
             return None
     by = {k: new_start.get(k, 0) - start.get(k, 0) for k in drawn}
 
@@ -220,4 +219,18 @@ def with_counts_moved(jaxpr: _jax.ClosedJaxpr, start: Counts, end: Counts,
             return eqn
         return eqn.replace(params={**eqn.params, "count": eqn.params["count"] + by[k]})
     new_end = {**new_start, **{k: new_start.get(k, 0) + n for k, n in drawn.items()}}
-    return nested.map_eqns(jaxpr, move), new_end
+    return nested.map_eqns(jaxpr, move, enter=lambda j: bool(_counted_draws(j))), new_end
+
+
+@nested.per_jaxpr
+def _counted_draws(jaxpr: _jax.Jaxpr) -> tuple:
+    """``((stream, path), count)`` of every counted Linen draw, here or nested (memoised:
+    a level's trace holds the inner levels' bodies, and initializer bodies have none)."""
+    found: list = []
+    for eqn in jaxpr.eqns:
+        k = _counted(eqn)
+        if k is not None:
+            found.append((k, eqn.params["count"]))
+        for sub in nested.subjaxprs(eqn):
+            found.extend(_counted_draws(sub))
+    return tuple(found)

@@ -121,17 +121,20 @@ def first_variable(jaxprs: Iterable[AnyJaxpr]) -> tuple[str | None, tuple | None
     return None, None
 
 
-def map_eqns(jaxpr: ClosedJaxpr,
-             fn: Callable[[_jax.JaxprEqn], _jax.JaxprEqn]) -> ClosedJaxpr:
+def map_eqns(jaxpr: ClosedJaxpr, fn: Callable[[_jax.JaxprEqn], _jax.JaxprEqn],
+             enter: Callable[[_jax.Jaxpr], bool] = lambda j: True) -> ClosedJaxpr:
     """``jaxpr`` with ``fn`` applied to every equation, nested bodies included (found by
     type).  For edits that keep meaning, such as the printer's annotations: ``fn`` must
-    keep each equation's inputs, outputs and semantics.  Shared bodies stay shared."""
+    keep each equation's inputs, outputs and semantics.  Shared bodies stay shared, and a
+    body ``enter`` says no to is kept as it is (the same object, so memos of it hold)."""
     @per_jaxpr
     def open_(j: _jax.Jaxpr) -> _jax.Jaxpr:
         return j.replace(eqns=[fn(e.replace(params={k: param(v) for k, v in e.params.items()}))
                                for e in j.eqns])
 
     def param(v: Any) -> Any:
+        if isinstance(v, (ClosedJaxpr, _jax.Jaxpr)) and not enter(open_jaxpr(v)):
+            return v
         if isinstance(v, ClosedJaxpr):
             return ClosedJaxpr(open_(v.jaxpr), v.consts)
         if isinstance(v, _jax.Jaxpr):
