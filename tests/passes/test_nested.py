@@ -55,6 +55,20 @@ def test_map_eqns_reaches_every_body_and_keeps_shared_ones_shared():
     assert first.params["jaxpr"].jaxpr is second.params["jaxpr"].jaxpr
 
 
+def test_map_eqns_keeps_a_body_enter_declines_as_the_same_object():
+    def f(x):
+        return jax.jit(jnp.sin)(jax.jit(jnp.cos)(x))
+
+    jaxpr = jax.make_jaxpr(f)(X)
+    cos_body, sin_body = (e.params["jaxpr"] for e in jaxpr.jaxpr.eqns)
+    seen = []
+    out = nested.map_eqns(jaxpr, lambda e: seen.append(e.primitive.name) or e,
+                          enter=lambda j: j is sin_body.jaxpr)
+    assert "sin" in seen and "cos" not in seen
+    assert out.jaxpr.eqns[0].params["jaxpr"] is cos_body
+    assert out.jaxpr.eqns[1].params["jaxpr"] is not sin_body
+
+
 def test_renamer_renames_inputs_and_keeps_untouched_equations():
     jaxpr = jax.make_jaxpr(lambda x: jnp.sin(x) + jnp.cos(x))(X).jaxpr
     sin, cos, add = jaxpr.eqns
