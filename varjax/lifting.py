@@ -156,15 +156,18 @@ class LiftedRegion:
         """Seed ``fn`` (this body from Linen counts ``start``) with the traces from other
         starts whose counts can be moved (``with_counts_moved``); returns their ends."""
         ends: dict = {}
+        seeded: set = set()    # one trace per key: a moved trace is moved again, not both
         for other, (earlier, earlier_ends) in self._fns.items():
             for traced in earlier.effectful_traces():
                 found = earlier_ends.get(id(traced.jaxpr))
-                if found is None or not found[2] or streams.linen_base(traced.context):
-                    continue   # a draw's path may not be the one it was counted at
+                if traced.key in seeded or found is None or not found[2] \
+                        or streams.linen_base(traced.context):
+                    continue   # seeded already, or a draw's path may not be its counted one
                 moved = with_counts_moved(traced.jaxpr, dict(other), found[1], start)
                 if moved is not None:
                     fn.adopt(traced, moved[0])
                     ends[id(moved[0])] = (*moved, True)
+                    seeded.add(traced.key)
         return ends
 
     def _context(self, key: Any) -> TraceContext:

@@ -104,13 +104,14 @@ rng_draw_p.def_impl(_no_impl("rng_draw"))
 
 # --- raw JAX transformations over stateful code --------------------------------------
 
-def _zero_tangent(aval):
+def zero_tangent(aval: Any) -> Any:
+    """The symbolic zero tangent of a value of ``aval`` (keys, reads: not differentiated)."""
     return _jax.Zero(aval.to_tangent_aval())
 
 
 def _get_jvp(primals, tangents, **params):
     outs = var_get_p.bind(**params)
-    return outs, [_zero_tangent(_jax.get_aval(o)) for o in outs]
+    return outs, [zero_tangent(_jax.get_aval(o)) for o in outs]
 
 
 def _set_jvp(primals, tangents, **params):
@@ -121,7 +122,7 @@ def _set_jvp(primals, tangents, **params):
 
 def _draw_jvp(primals, tangents, **params):
     key = rng_draw_p.bind(**params)
-    return key, _zero_tangent(_jax.get_aval(key))
+    return key, zero_tangent(_jax.get_aval(key))
 
 
 # A write followed by a read of the same variable is data flow, and under raw jax.jvp /

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from varjax import _jax
-from varjax.primitives import Key
+from varjax.primitives import Key, zero_tangent
 
 PARAMS = "params"      # initialises parameters, as in Flax
 DEFAULT = "default"    # the fallback stream: vj.Rngs's positional seed
@@ -126,9 +126,9 @@ linen_fold_in_p = _jax.Primitive("linen_fold_in")
 def _fold_impl(key: Any, *, stream: str, path: tuple, count: int) -> Any:
     data = linen_data((*path, count))
     if _jax.is_typed_key(key):
-        return _jax.fold_in_static(key, data)
+        return derive(key, data)
     # Raw uint32 keys, batched ones too (jax.random.fold_in takes one raw key only).
-    return jax.random.key_data(_jax.fold_in_static(jax.random.wrap_key_data(key), data))
+    return jax.random.key_data(derive(jax.random.wrap_key_data(key), data))
 
 
 def _fold_batch(args: Any, dims: Any, **params: Any) -> tuple[Any, int]:
@@ -140,7 +140,7 @@ def _fold_batch(args: Any, dims: Any, **params: Any) -> tuple[Any, int]:
 
 def _fold_jvp(primals: Any, tangents: Any, **params: Any) -> tuple[Any, Any]:
     out = linen_fold_in_p.bind(primals[0], **params)
-    return out, _jax.Zero(_jax.get_aval(out).to_tangent_aval())
+    return out, zero_tangent(_jax.get_aval(out))
 
 
 linen_fold_in_p.def_impl(_fold_impl)
@@ -148,6 +148,7 @@ linen_fold_in_p.def_abstract_eval(lambda key, **params: key)
 _jax.primitive_batchers[linen_fold_in_p] = _fold_batch
 _jax.primitive_jvps[linen_fold_in_p] = _fold_jvp
 _jax.lower_as(linen_fold_in_p, _fold_impl)
+_jax.stage_uncached(linen_fold_in_p)   # its parameters name module paths, as a variable's do
 
 
 def candidates(name: str, fallbacks: tuple[str, ...] = (DEFAULT,)) -> tuple[str, ...]:
