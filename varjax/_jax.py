@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from jax._src import api_util, core, effects, source_info_util
@@ -310,19 +310,19 @@ def open_consts(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, list[Any]]:
     return ClosedJaxpr(pe.convert_constvars_jaxpr(closed.jaxpr), ()), list(closed.consts)
 
 
-def prune(closed: ClosedJaxpr, keep: list[bool] | None = None
-          ) -> tuple[ClosedJaxpr, list[Any], list[bool]]:
-    """``closed`` without the inputs and constants its outputs (those marked in ``keep``,
-    default all) do not need.
-
-    Returns the pruned jaxpr (constants that may be tracers of an enclosing trace become
-    leading inputs), the constants it still needs, and which original inputs it still
-    takes; call it as ``f(*consts, *[x for x, used in zip(inputs, mask) if used])``."""
-    n_consts = len(closed.consts)
-    opened = pe.convert_constvars_jaxpr(closed.jaxpr)
-    pruned, used = pe.dce_jaxpr(opened, [True] * len(opened.outvars) if keep is None else keep)
-    consts = [c for c, u in zip(closed.consts, used[:n_consts]) if u]
-    return ClosedJaxpr(pruned, ()), consts, list(used[n_consts:])
+def keep_binders(jaxpr: Jaxpr, eqns: Sequence[JaxprEqn], keep_inputs: Sequence[bool],
+                 keep_outputs: Sequence[bool]) -> Jaxpr:
+    """``jaxpr`` with ``eqns``, and only the inputs and outputs marked kept: what JAX's DCE
+    builds (effects recomputed for the new binders, argument names and result paths
+    filtered alike)."""
+    invars = [v for v, k in zip(jaxpr.invars, keep_inputs) if k]
+    outvars = [v for v, k in zip(jaxpr.outvars, keep_outputs) if k]
+    dbg = jaxpr.debug_info
+    dbg = core.DebugInfo(dbg.traced_for, dbg.func_src_info, dbg.filter_arg_names(keep_inputs),
+                         dbg.filter_result_paths(keep_outputs))
+    effs = pe.make_jaxpr_effects(jaxpr.constvars, invars, outvars, eqns)
+    return jaxpr.replace(invars=invars, outvars=outvars, eqns=list(eqns), effects=effs,
+                         debug_info=dbg)
 
 
 # Source lines in errors and dumps point at user code, never at varjax itself.

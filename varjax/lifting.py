@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeGuard
 
 import jax
 
-from varjax import _jax, errors, filters, scope, streams
+from varjax import _jax, errors, filters, liveness, scope, streams
 from varjax.context import IR_STORE, Store, TraceContext, activate, current, lifted_like, site
 from varjax.effects import RngEffect
 from varjax.functionalize import Functionalized
@@ -325,7 +325,7 @@ class _LiftedCall:
         in_avals += [aval for _, _, aval in streams]
         in_avals += [_jax.get_aval(x) for x in args]
         closed = _jax.trace_to_jaxpr(transformed, in_avals, name=self.lifted.name)
-        pruned, consts, used = _jax.prune(closed)
+        pruned, consts, used = liveness.prune(closed)
         inputs, pos = [], 0
         for _, (col, path), vt in var_specs:
             n = len(vt.avals)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Self, Sequence, Union
 
 import jax
 
-from varjax import _jax, errors, filters
+from varjax import _jax, errors, filters, liveness
 from varjax.context import current, site
 from varjax.functionalize import Functionalized, flatten_variables
 from varjax.nn.binding import BoundRoot, TraceRoot
@@ -108,7 +108,7 @@ class EntryPoints(Lifecycle):
             return self.init(rngs, *a, method=method, mutable=mutable, **kw)
         inputs = [x for x, ab in zip(leaves, abstract) if ab]
         closed, shapes = jax.make_jaxpr(init_from, return_shape=True)(*inputs)
-        pruned, consts, used = _jax.prune(closed)
+        pruned, consts, used = liveness.prune(closed)
         if any(used):
             _raise_lazy(self, closed, shapes)
         values = jax.jit(lambda *c: _jax.eval_jaxpr(pruned.jaxpr, (), *c))(*consts)
@@ -169,7 +169,7 @@ def _raise_lazy(module: EntryPoints, closed: Any, shapes: dict[str, Any]) -> Non
     keys = list(flatten_variables(shapes))
     n = len(closed.jaxpr.outvars)
     for i, (collection, path) in enumerate(keys):
-        if any(_jax.prune(closed, [j == i for j in range(n)])[2]):
+        if any(liveness.prune(closed, [j == i for j in range(n)])[2]):
             raise errors.VariableCreationError(
                 f"lazy_init cannot create variable {errors.format_path(path)}: its initial "
                 "value depends on an input given as a jax.ShapeDtypeStruct.",
