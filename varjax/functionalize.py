@@ -353,8 +353,18 @@ class Functionalized:
         def run_pure(*flat):
             return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *flat)
         run_pure.__name__ = run_pure.__qualname__ = name
-        eager_init = traced.key.initializing      # op by op (see the module docstring)
-        compiled, staged = (run_pure if eager_init else jax.jit(run_pure)), run_pure
+        eager_init = traced.key.initializing
+        jitted: list[Callable] = []
+
+        def run_eagerly(*flat):
+            # init op by op (see the module docstring); else one jax.jit, made on the
+            # first eager call: most entries only ever run under a trace
+            if eager_init:
+                return run_pure(*flat)
+            if not jitted:
+                jitted.append(jax.jit(run_pure))
+            return jitted[0](*flat)
+        staged: Callable = run_pure
         if not self.inline:
             # One jit equation of the cached jaxpr, bound directly (jax.jit would re-trace
             # it once); constants (tracers, when the function closes over the enclosing
@@ -363,8 +373,7 @@ class Functionalized:
             staged = functools.partial(_jax.jit_call(opened, name), *consts)
 
         def call(*flat):
-            # Eagerly: jax.jit's compiled fast path; under a trace: staged.
-            return compiled(*flat) if _jax.is_top_level() else staged(*flat)
+            return run_eagerly(*flat) if _jax.is_top_level() else staged(*flat)
         return Traced(traced.jaxpr if self.inline else None, pure, pctx.results["signature"],
                       traced.out_tree, call, dict(pctx.stats))
 
