@@ -31,3 +31,15 @@ def report(request):
             reporter.ensure_newline()
             reporter.write_line(line)
     return write
+
+
+@pytest.fixture(autouse=True)
+def _pass_registry_restored():
+    """A pass class a test defines registers its name process-wide; without this, a later
+    test (on the same xdist worker) that defines another class of that name gets "already
+    registered by a different class" -- which test runs first depends on scheduling."""
+    from varjax.passes import REGISTRY
+    saved = dict(REGISTRY)
+    yield
+    REGISTRY.clear()
+    REGISTRY.update(saved)
