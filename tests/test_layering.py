@@ -20,9 +20,10 @@ MAX_LINES = 500
 # Bottom to top.  A module belongs to the first layer with a matching entry; an entry ending
 # in ".*" matches a package and everything in it.
 LAYERS = {
-    "ir": ["varjax._jax", "varjax.errors", "varjax.effects", "varjax.primitives", "varjax.filters",
-           "varjax.streams", "varjax.statics", "varjax.caches", "varjax.nested", "varjax.liveness",
-           "varjax.printing", "varjax.protocols", "varjax.axis_metadata"],
+    "ir": ["varjax.stack_headroom", "varjax._jax", "varjax.errors", "varjax.effects",
+           "varjax.primitives", "varjax.filters", "varjax.streams", "varjax.statics",
+           "varjax.caches", "varjax.nested", "varjax.liveness", "varjax.printing",
+           "varjax.protocols", "varjax.axis_metadata"],
     "tracing": ["varjax.fingerprint", "varjax.context", "varjax.type_checks", "varjax.scope",
                 "varjax.rngs", "varjax.variable_dicts", "varjax.pass_scopes"],
     "passes": ["varjax.passes.*"],

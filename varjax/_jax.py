@@ -38,6 +38,8 @@ from jax._src.pjit import jit_p as jit_p
 from jax._src.random import prng as _prng
 from jax._src.shard_map import shard_map_p as shard_map_p
 
+from varjax.stack_headroom import call_with_headroom
+
 Primitive = core.Primitive
 ClosedJaxpr = core.ClosedJaxpr
 Jaxpr = core.Jaxpr
@@ -143,7 +145,8 @@ def trace_to_jaxpr(fun: Callable, in_avals: list[AbstractValue], name: str = "va
     """
     dbg = core.DebugInfo(name, api_util.fun_sourceinfo(fun), None, core.initial_result_paths)
     wrapped = lu.wrap_init(fun, debug_info=dbg)
-    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, tuple(in_avals))
+    # From a fresh stretch of CPython's frame stack (see varjax.stack_headroom).
+    jaxpr, _, consts = call_with_headroom(pe.trace_to_jaxpr_dynamic, wrapped, tuple(in_avals))
     return ClosedJaxpr(jaxpr, consts)
 
 
