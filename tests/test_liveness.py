@@ -9,7 +9,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import varjax as vj
 from varjax import _jax, liveness
 from varjax.nested import walk_eqns
 from varjax.passes import Pipeline
@@ -29,13 +28,9 @@ def test_dce_removes_what_jax_dce_removes_on_random_programs(program, data):
     """On random nested programs with dead code (an init after forward-stores leaves dead
     reads) and without (an apply), for random kept outputs: the same equations removed,
     the same inputs used, and a jaxpr that type-checks."""
-    f = vj.functionalize(P.build_varjax_fn(program))
-    x, sel = P.make_args(program.shape, 0, 1)
-    rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
-    variables = f.init(rngs, x, sel)
-    for kwargs in ({"variables": {}, "rngs": rngs, "mutable": True},
-                   {"variables": variables, "rngs": rngs, "mutable": False}):
-        traced, _ = f.run_pipeline(x, sel, pipeline=Pipeline(["lower-rng", "forward-stores"]),
+    f, args, calls = P.init_and_apply(program)
+    for kwargs in calls:
+        traced, _ = f.run_pipeline(*args, pipeline=Pipeline(["lower-rng", "forward-stores"]),
                                    **kwargs)
         jaxpr = traced.jaxpr
         keep = data.draw(st.lists(st.booleans(), min_size=len(jaxpr.outvars),

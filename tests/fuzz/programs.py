@@ -814,3 +814,16 @@ def programs(draw, max_depth: int = MAX_DEPTH, max_top: int = 5, max_block: int 
 def make_args(shape: tuple, seed: int, sel: int):
     x = np.random.default_rng(seed).uniform(-1.0, 1.0, shape).astype(np.float32)
     return jnp.asarray(x), jnp.asarray(sel, jnp.int32)
+
+
+def init_and_apply(program: Program) -> tuple[Any, tuple, list[dict]]:
+    """``program`` as a functionalized function, its arguments, and the keywords of two
+    calls of it: an init (no variables, all mutable: forward-stores leaves dead reads) and
+    an apply of the variables it made (nothing mutable: usually nothing dead)."""
+    import varjax as vj
+    f = vj.functionalize(build_varjax_fn(program))
+    args = make_args(program.shape, 0, 1)
+    rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+    variables = f.init(rngs, *args)
+    return f, args, [{"variables": {}, "rngs": rngs, "mutable": True},
+                     {"variables": variables, "rngs": rngs, "mutable": False}]

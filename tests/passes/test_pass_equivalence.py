@@ -68,16 +68,12 @@ def test_dead_reads_counts_exactly_what_jax_dce_removes():
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(P.programs(max_depth=2, max_top=4))
     def check(program):
-        f = vj.functionalize(P.build_varjax_fn(program))
-        x, sel = P.make_args(program.shape, 0, 1)
-        rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
-        variables = f.init(rngs, x, sel)
-        for kwargs in ({"variables": {}, "rngs": rngs, "mutable": True},
-                       {"variables": variables, "rngs": rngs, "mutable": False}):
-            before, _ = f.run_pipeline(x, sel, pipeline=Pipeline(["lower-rng", "forward-stores"]),
+        f, args, calls = P.init_and_apply(program)
+        for kwargs in calls:
+            before, _ = f.run_pipeline(*args, pipeline=Pipeline(["lower-rng", "forward-stores"]),
                                        **kwargs)
-            after, ctx = f.run_pipeline(x, sel, pipeline=Pipeline(["lower-rng", "forward-stores",
-                                                                   "dead-reads"]), **kwargs)
+            after, ctx = f.run_pipeline(*args, pipeline=Pipeline(["lower-rng", "forward-stores",
+                                                                  "dead-reads"]), **kwargs)
             pruned, _ = _jax.dce_jaxpr(before.jaxpr, [True] * len(before.jaxpr.outvars),
                                        instantiate=True)
             removed = size(before) - size(pruned)
