@@ -17,3 +17,22 @@ def test_the_calling_frame_is_bigger_than_a_frame_stack_chunk():
     code = stack_headroom.call_with_headroom.__code__
     assert code.co_nlocals >= stack_headroom.SLOTS
     assert stack_headroom.SLOTS * 8 > 16 * 1024
+
+
+def test_its_frame_is_not_a_user_frame_and_shows_no_source_line():
+    """Source lines in errors and dumps name user code: the headroom frame, between the
+    user's function and the trace, must not be taken for it."""
+    import traceback
+
+    from varjax import _jax
+
+    assert not _jax.source_info_util.is_user_filename(stack_headroom.FILENAME)
+
+    def fail():
+        raise ValueError("inside")
+    try:
+        stack_headroom.call_with_headroom(fail)
+    except ValueError as e:
+        frames = traceback.extract_tb(e.__traceback__)
+    (frame,) = [f for f in frames if f.name == "call_with_headroom"]
+    assert frame.filename == stack_headroom.FILENAME and not frame.line

@@ -38,6 +38,7 @@ from jax._src.pjit import jit_p as jit_p
 from jax._src.random import prng as _prng
 from jax._src.shard_map import shard_map_p as shard_map_p
 
+from varjax.stack_headroom import FILENAME as STACK_HEADROOM_FILE
 from varjax.stack_headroom import call_with_headroom
 
 Primitive = core.Primitive
@@ -337,6 +338,7 @@ exclude_from_user_frames(os.path.join(os.path.dirname(_HERE), "passes") + os.sep
 # Dataclass-generated methods (a Module's __init__) are compiled from strings; the
 # constructor call that matters is the user's line that called them.
 exclude_from_user_frames("<string>")
+exclude_from_user_frames(STACK_HEADROOM_FILE)
 
 
 # --- custom-rule closures (passes/discharge/closures.py) -------------------------------------------

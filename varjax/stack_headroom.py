@@ -21,18 +21,21 @@ from typing import Any, Callable
 
 # Local slots of the calling frame: 8 bytes each, so about 32 KiB.
 SLOTS = 4000
+# The generated function's file name: a traceback shows it without a (wrong) source line,
+# and ``varjax._jax`` keeps it out of the user frames that source lines name.
+FILENAME = "<varjax stack headroom>"
 
 
 def _make_caller(slots: int) -> Callable[..., Any]:
     # The slots are locals the function declares but never binds (CPython sizes a frame by
-    # its code object's locals); compiled here so its frames are varjax's, not the user's.
+    # its code object's locals).
     names = " = ".join(f"_{i}" for i in range(slots))
     source = ("def call_with_headroom(fn, *args):\n"
               "    if fn is None:\n"
               f"        {names} = None\n"
               "    return fn(*args)\n")
     namespace: dict[str, Any] = {}
-    exec(compile(source, __file__, "exec"), namespace)
+    exec(compile(source, FILENAME, "exec"), namespace)
     return namespace["call_with_headroom"]
 
 
