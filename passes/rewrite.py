@@ -59,8 +59,7 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
-from varjax import _jax, errors, nested
-from varjax.primitives import var_get_p
+from varjax import _jax, errors, liveness, nested
 
 ClosedJaxpr = _jax.ClosedJaxpr
 NOTE_PREFIX = "varjax: while rewriting "
@@ -200,7 +199,7 @@ class Rewriter:
             changed = True
             if used is None:
                 used = _used_vars(jaxpr)
-            if used.isdisjoint(eqn.outvars) and all(map(_removable, piece.jaxpr.eqns)):
+            if used.isdisjoint(eqn.outvars) and _all_dead(piece.jaxpr):
                 continue   # a replacement nothing reads (an unused key) is dead code
             local = nested.Renamer(zip(piece.jaxpr.invars, [*new.invars, *extra]))
             constvars += piece.jaxpr.constvars
@@ -328,10 +327,12 @@ def _aval_text(aval: Any) -> str:
         return str(aval)
 
 
-def _removable(eqn: _jax.JaxprEqn) -> bool:
-    """Whether ``eqn`` may go when nothing reads its outputs: it has no effect but
-    reading variables (reads are observations, as ``dead-reads`` holds)."""
-    return eqn.primitive is var_get_p or not eqn.effects
+@nested.per_jaxpr
+def _all_dead(jaxpr: _jax.Jaxpr) -> bool:
+    """Whether DCE removes every equation of ``jaxpr`` when none of its outputs is used
+    (no effect but reading variables, which are observations: ``dead-reads``).  Memoised:
+    pieces are traced once per process (``lower-rng``'s shared cache)."""
+    return not liveness.dce(jaxpr, [False] * len(jaxpr.outvars))[0].eqns
 
 
 def _used_vars(jaxpr: _jax.Jaxpr) -> set:

@@ -123,14 +123,12 @@ def _run_blocks(name: str, path: Path, namespace: dict) -> None:
 
 @pytest.fixture
 def isolated(monkeypatch, tmp_path):
-    """Restore what a notes example may change: the pass registry, env vars, the cwd."""
-    from varjax.passes import REGISTRY
-    saved, env = dict(REGISTRY), dict(os.environ)
+    """Restore what a notes example may change: env vars and the cwd (the pass registry
+    is restored after every test, by conftest.py)."""
+    env = dict(os.environ)
     monkeypatch.delenv("VARJAX_DUMP_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     yield
-    REGISTRY.clear()
-    REGISTRY.update(saved)
     for key in set(os.environ) - set(env):
         del os.environ[key]
     os.environ.update(env)
