@@ -20,6 +20,7 @@ import jax
 from varjax import axis_metadata, errors, streams
 from varjax.context import TraceContext, active, current, run_init, site
 from varjax.primitives import Key, Path, VarType, bind_draw, is_internal
+from varjax.statics import Exact
 from varjax.type_checks import check_type, expect_given, expected_type, mismatch
 
 # --- the free-function API -------------------------------------------------------------
@@ -344,13 +345,14 @@ class Variable:
 
 
 def _flatten_variable(v: Variable) -> tuple[tuple, tuple]:
-    return (v.value,), (v.collection, tuple(sorted(v._metadata.items())))
+    # Metadata keys JAX's caches by type and value (``tag=1`` and ``tag=1.0`` trace apart).
+    return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))))
 
 
 def _unflatten_variable(aux: tuple, children: tuple) -> Variable:
     held = object.__new__(Variable)
     held.collection, held.path, held._origin, held._unbox = aux[0], None, None, False
-    held._value, held._metadata = children[0], dict(aux[1])
+    held._value, held._metadata = children[0], dict(aux[1].value)
     return held
 
 

@@ -49,3 +49,27 @@ def typed(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return (t, frozenset(typed(v) for v in value))
     return (t, value)
+
+
+class Exact:
+    """``value`` compared and hashed by ``typed``: the static half of a pytree node (its
+    aux data), which JAX compares with ``==`` to key ``jax.jit``'s cache, so that an
+    object-mode transform traces ``1``, ``1.0`` and ``True`` (in a module field or in
+    ``Variable`` metadata) apart, as ``functionalize`` does for static arguments.
+
+    The key is made once per instance; an unhashable value raises ``TypeError`` when it is
+    hashed, as the bare value would."""
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value: Any):
+        self.value, self._key = value, typed(value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Exact) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return f"Exact({self.value!r})"

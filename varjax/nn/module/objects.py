@@ -26,6 +26,7 @@ from varjax.nn.binding import BoundRoot, Scope, TraceRoot
 from varjax.objects.nodes import Cell, cell_writer, nested_set, register_kind, rng_state_cells
 from varjax.primitives import Key, Path
 from varjax.rngs import Rngs, RngStream
+from varjax.statics import typed
 
 
 class ObjectRoot(TraceRoot):
@@ -48,26 +49,34 @@ def _object_root(module: Any) -> BoundRoot | ObjectRoot | None:
     return root if isinstance(root, (BoundRoot, ObjectRoot)) else None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Template:
-    """A module's class and fields, compared by value when they hash (so equal modules
-    share JAX's caches), else by identity."""
+    """A module's class and fields, compared by type and value (``statics.typed``) when
+    they hash, so equal modules share JAX's caches while ``Fill(1)``, ``Fill(1.0)`` and
+    ``Fill(True)`` trace apart; else by identity."""
 
     module: Any
+
+    def __post_init__(self) -> None:
+        try:
+            key = typed(self.module)
+            hash(key)
+        except TypeError:     # an unhashable field (an array): this module only
+            key = None
+        object.__setattr__(self, "_key", key)
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, _Template):
             return False
+        if self.module is other.module:
+            return True
         try:
-            return self.module is other.module or self.module == other.module
-        except Exception:     # noqa: BLE001  (a field whose == is not a bool: arrays)
+            return self._key is not None and bool(self._key == other._key)
+        except Exception:     # noqa: BLE001  (a field whose == is not a bool)
             return False
 
     def __hash__(self) -> int:
-        try:
-            return hash(self.module)
-        except TypeError:
-            return id(self.module)
+        return hash(self._key) if self._key is not None else id(self.module)
 
 
 def _template(module: Any) -> _Template:
