@@ -83,22 +83,34 @@ class BoundRoot(_Root):
         self.defs: dict[Path, tuple[int, Any]] = {}
         self.calls = 0
         self._fns: dict[Any, Functionalized] = {}
+        self._rng_leaf: Any = {}
 
     @classmethod
     def restore(cls, variables: dict[str, Any], rngs: Any, mutable: Any,
                 passes: tuple = ()) -> "BoundRoot":
         """A root over ``variables`` as they are (a pytree's leaves, maybe not arrays: JAX
         unflattens with placeholders too), without the checks of ``bind``; ``rngs`` is an
-        ``Rngs``, ``{}``, or ``(keys, calls)``."""
+        ``Rngs``, ``(keys, calls)``, or anything else for none: ``{}`` as flattened, or what
+        a tree map put in its place (Orbax maps an empty dict as a leaf)."""
         root = object.__new__(cls)
         _Root.__init__(root)
         root.variables = variables
         root.held = rngs if isinstance(rngs, Rngs) else None
-        keys, calls = ({}, 0) if root.held is not None or rngs == {} else rngs
+        keys, calls = rngs if isinstance(rngs, tuple) else ({}, 0)
         root.rngs, root.calls = dict(keys), calls
+        # A value a tree map put where the empty ``{}`` was goes back there when the module
+        # is flattened again (``rng_children``), as the map's tree must match the module's.
+        root._rng_leaf = rngs if root.held is None and not isinstance(rngs, tuple) else {}
         root.mutable, root.passes = mutable, passes
         root.origin, root._fns, root.layout, root.cells, root.defs = None, {}, 0, {}, {}
         return root
+
+    def rng_children(self) -> Any:
+        """The RNG part of a bound module's pytree children: the held ``Rngs``, ``(keys,
+        calls)``, or for none ``{}`` (or what a tree map put in its place)."""
+        if self.held is not None:
+            return self.held
+        return (dict(self.rngs), self.calls) if self.rngs else self._rng_leaf
 
     def _next_rngs(self) -> Any:
         """The held ``Rngs``, or the keys with call n >= 1 folding n into every key: either

@@ -323,8 +323,7 @@ def _children(module: Any, root: Any, cells: list[Cell]) -> tuple:
         rng_part: Any = Rngs(**{s: RngStream(state[(s, "key")], state[(s, "count")], tag=s)
                                 for s in root.rng_streams}) if root.rng_streams else {}
     else:
-        rng_part = root.held if root.held is not None else (
-            (dict(root.rngs), root.calls) if root.rngs else {})
+        rng_part = root.rng_children()
     return values, rng_part
 
 
