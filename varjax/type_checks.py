@@ -87,8 +87,8 @@ def mismatch(have: VarType, want: VarType) -> str | None:
 
 
 def shape_error(collection: str, path: Path, have: VarType, want: VarType, why: str,
+                fix: str = "re-initialize the variables for these input shapes, or fix the init function",
                 **where_: Any) -> errors.VariableShapeError:
-    fix = "re-initialize the variables for these input shapes, or fix the init function"
     if have.tree != want.tree and want.tree.num_leaves == 1 and not want.tree.children():
         fix = f"pass an array (jnp.asarray(value)) for it, not a {have.tree.node_data()[0].__name__}" \
             if have.tree.node_data() else fix
