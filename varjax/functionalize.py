@@ -173,6 +173,14 @@ class Traced:
     stats: dict
 
 
+def function_name(fn: Callable[..., Any]) -> str:
+    """The name traces, dumps and errors give ``fn``: a ``functools.partial``'s is the
+    function's it wraps, a callable object's its class's (neither has a ``__name__``)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
 class Functionalized:
     """A stateful function with Flax Linen's ``init`` / ``apply`` interface."""
 
@@ -181,6 +189,8 @@ class Functionalized:
                  context: Callable[["_Key"], TraceContext] | None = None,
                  inline: bool = False):
         functools.update_wrapper(self, fn)
+        if not hasattr(self, "__name__"):     # a functools.partial or a callable object
+            self.__name__ = self.__qualname__ = function_name(fn)
         self.fn = fn
         # Builds the TraceContext a trace runs under; a lifted region (varjax.lifting)
         # supplies one that sees the enclosing trace's modules and lifting filters.

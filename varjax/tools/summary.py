@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from varjax.functionalize import function_name
 from varjax.nn.module import Module
 from varjax.nn.module.summary import Row, Summary, Totals, format_bytes, summarize
 from varjax.tools.target import as_functionalized
@@ -20,5 +21,5 @@ def summary(target: Any, *args: Any, rngs: Any = None, **kwargs: Any) -> Summary
     """Summarize the variables of ``target`` (a Module, a method of one, or a function using
     ``vj.param`` & co.) when called with ``args``/``kwargs``; ``rngs`` go to ``init``
     (default ``jax.random.key(0)``) and to the traced call."""
-    name = type(target).__name__ if isinstance(target, Module) else getattr(target, "__name__", "")
+    name = type(target).__name__ if isinstance(target, Module) else function_name(target)
     return summarize(as_functionalized(target), name, *args, rngs=rngs, **kwargs)

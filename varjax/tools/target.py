@@ -2,11 +2,13 @@
 
 ``vj.dump``, ``vj.dataflow``, the summary and the command line all take either a
 ``vj.functionalize``-d function, a plain function using ``vj.param`` & co., a
-``Module`` (its ``__call__``), or a bound method of a module (``model.encode``).
+``Module`` (its ``__call__``), or a bound method of a module (``model.encode``), each
+also wrapped in ``functools.partial`` (``partial(model.encode, train=False)``).
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 from varjax.functionalize import Functionalized, functionalize
 from varjax.nn.module import Module
@@ -19,12 +21,37 @@ def as_functionalized(target: Any) -> Functionalized:
     if isinstance(target, type) and issubclass(target, Module):
         raise TypeError(f"{target.__name__} is a Module class: pass an instance, "
                         f"e.g. {target.__name__}(...)")
-    if isinstance(target, Module):
-        return target.functionalize()
-    owner = getattr(target, "__self__", None)
-    if isinstance(owner, Module):
-        return owner.functionalize(target.__func__)
+    found = _module_call(target)
+    if found is not None:
+        module, method = found
+        return module.functionalize(method)
     if callable(target):
         return functionalize(target)
     raise TypeError(f"cannot inspect a {type(target).__name__}: pass a function, a Module, "
                     "or a method of a Module")
+
+
+def _module_call(target: Any) -> tuple[Module, Callable[..., Any] | None] | None:
+    """``(module, method)`` when ``target`` calls a module: the method as ``apply``'s
+    ``method=`` takes it (None: ``__call__``).  A partial's arguments go into the method,
+    so the module runs bound (called directly, it is not)."""
+    if isinstance(target, Module):
+        return target, None
+    owner = getattr(target, "__self__", None)
+    if isinstance(owner, Module):
+        return owner, target.__func__
+    if not isinstance(target, functools.partial):
+        return None
+    found = _module_call(target.func)
+    if found is None:
+        return None
+    module, method = found
+    return module, _with_arguments(method or type(module).__call__, target.args, target.keywords)
+
+
+def _with_arguments(method: Callable[..., Any], args: tuple, keywords: dict) -> Callable[..., Any]:
+    """``method`` with a partial's arguments after the module, as the partial passed them."""
+    @functools.wraps(method)
+    def call(module: Module, *more: Any, **kwargs: Any) -> Any:
+        return method(module, *args, *more, **{**keywords, **kwargs})
+    return call

@@ -16,7 +16,7 @@ import jax
 
 from varjax import _jax, errors, filters, liveness
 from varjax.context import current, site
-from varjax.functionalize import Functionalized, flatten_variables
+from varjax.functionalize import Functionalized, flatten_variables, function_name
 from varjax.nn.binding import BoundRoot, TraceRoot
 from varjax.nn.module.interception import cache_key
 from varjax.nn.module.lifecycle import Lifecycle
@@ -72,7 +72,7 @@ class EntryPoints(Lifecycle):
         def bound_call(*args: Any, **kwargs: Any) -> Any:
             root = TraceRoot(current(), capture_fn)
             return fn(self.clone(parent=root, name=None), *args, **kwargs)
-        bound_call.__name__ = f"{type(self).__name__}.{getattr(fn, '__name__', 'method')}"
+        bound_call.__name__ = f"{type(self).__name__}.{function_name(fn)}"
         return Functionalized(bound_call, passes=passes)
 
     @errors.api_boundary
