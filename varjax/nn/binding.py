@@ -21,6 +21,7 @@ import jax
 from varjax import axis_metadata, errors, streams
 from varjax.context import TraceContext, active, current, site
 from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
+from varjax.passes.check_mutability import mutability_given_by
 from varjax.primitives import Path
 from varjax.protocols import Labelled
 from varjax.rngs import Rngs
@@ -148,10 +149,11 @@ class BoundRoot(_Root):
             if key is not None:
                 self._fns[key] = functionalized
         rngs = self._next_rngs()
-        if self.mutable is False:
-            return functionalized.apply(self.variables, *args, rngs=rngs, **kwargs)
-        out, updated = functionalized.apply(self.variables, *args, rngs=rngs, mutable=self.mutable,
-                                            **kwargs)
+        with mutability_given_by("bind"):
+            if self.mutable is False:
+                return functionalized.apply(self.variables, *args, rngs=rngs, **kwargs)
+            out, updated = functionalized.apply(self.variables, *args, rngs=rngs,
+                                                mutable=self.mutable, **kwargs)
         self.variables.update(updated)
         self.version = self.new_version()     # setup attributes read the new values
         self.layout += 1                      # maybe new variables

@@ -77,6 +77,11 @@ class NodeKind(Protocol):
         """RNG keys the node hands to the trace (a module bound with ``rngs={...}``)."""
         ...
 
+    def passes(self, node: Any) -> tuple | None:
+        """The passes a call over the node runs (a module's ``bind(passes=...)``), or None
+        for a node that has no say (a ``Variable``, an ``Rngs``)."""
+        ...
+
     def bind(self, node: Any, prefix: Path, ctx: TraceContext) -> Any:
         """An object like ``node`` whose variables are those of ``ctx`` at ``prefix``."""
         ...
@@ -153,6 +158,9 @@ class VariableKind:
     def explicit_rngs(self, node: Any) -> dict[str, Any]:
         return {}
 
+    def passes(self, node: Any) -> tuple | None:
+        return None
+
     def bind(self, node: scope.Variable, prefix: Path, ctx: TraceContext) -> scope.Variable:
         return scope.Variable.at(node.collection, prefix, node.get_metadata(), ctx.origin)
 
@@ -224,6 +232,9 @@ class RngsKind:
 
     def explicit_rngs(self, node: Any) -> dict[str, Any]:
         return {}
+
+    def passes(self, node: Any) -> tuple | None:
+        return None
 
     def bind(self, node: Rngs, prefix: Path, ctx: TraceContext) -> Rngs:
         def var(name: str, part: str) -> scope.Variable:

@@ -17,17 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from varjax import errors, filters
+from varjax import errors, filters, scope, streams
 from varjax.caches import LRU
-from varjax.context import active, current
+from varjax.context import TraceContext, active, current
 from varjax.functionalize import Functionalized
 from varjax.objects.graph import Graph
 from varjax.outputs import reveal
+from varjax.passes.check_mutability import mutability_given_by
+from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, Path
 
 
@@ -78,11 +81,11 @@ def graph_of(args: tuple, kwargs: Mapping[str, Any], names: Sequence[str]) -> Gr
     return graph
 
 
-_TRACES = LRU()    # (fn, capture) -> Functionalized
+_TRACES = LRU()    # (fn, capture, passes) -> Functionalized
 
 
-def _functionalized(fn: Callable, capture: Any) -> tuple[Functionalized, dict]:
-    key = (fn, capture)
+def _functionalized(fn: Callable, capture: Any, passes: tuple) -> tuple[Functionalized, dict]:
+    key = (fn, capture, passes)
     found = _TRACES.get(key)
     if found is None:
         holder: dict[str, Any] = {}
@@ -95,8 +98,60 @@ def _functionalized(fn: Callable, capture: Any) -> tuple[Functionalized, dict]:
             args, kwargs = jax.tree.unflatten(graph.treedef, leaves)
             return holder["fn"](*args, **kwargs)
         body.__name__ = getattr(fn, "__name__", "fn")
-        found = _TRACES[key] = (Functionalized(body), holder)
+        found = _TRACES[key] = (Functionalized(body, passes=passes), holder)
     return found
+
+
+def _passes(graph: Graph, what: str, enclosing: TraceContext | None) -> tuple:
+    """The passes of the call: those its bound modules were bound with (``bind(passes=
+    ...)``), which must agree, since one pipeline runs over the whole trace -- every
+    argument's variables; with no bound module, the enclosing trace's (none at top level).
+    So a module's passes follow it into every transform, nested ones included."""
+    chosen: tuple[Any, tuple] | None = None
+    for node in graph.nodes:
+        given = node.kind.passes(node.obj)
+        if given is None:
+            continue
+        parsed = parse_entries(given)
+        if chosen is None:
+            chosen = (node, parsed)
+        elif parsed != chosen[1]:
+            first, spec = chosen
+            raise errors.TransformError(
+                f"{what}: argument {errors.format_path(first.prefix)} was bound with passes "
+                f"{_spec(spec)} and argument {errors.format_path(node.prefix)} with "
+                f"{_spec(parsed)}; one call runs one pipeline over every argument.",
+                **errors.where(),
+                fix="bind both modules with the same passes=, or call them in separate "
+                    "transforms")
+    if chosen is not None:
+        return chosen[1]
+    return tuple(enclosing.passes) if enclosing is not None else ()
+
+
+def _spec(passes: tuple) -> str:
+    return repr(",".join(p.spec() for p in passes)) if passes else "none"
+
+
+# How many nested object-mode calls each trace has handed its keys to (see _handed_keys).
+_HANDED: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+def _handed_keys(enclosing: TraceContext, flat: Mapping[Key, Any]) -> dict[str, Any]:
+    """The keys an object-mode call nested in ``enclosing`` draws from: the enclosing
+    trace's keys under Linen's convention (a module bound with ``rngs={...}``), handed as
+    a lifted body gets them, so the first nested call of a trace draws what the same call
+    un-nested would; the j-th after it gets ``derive(key, j)``, as a bound module's j-th
+    eager call does, so two nested calls never draw the same masks.  A stream whose state
+    the call's own arguments hold (an ``Rngs``) is theirs."""
+    wanted = [s for s in enclosing.rng_streams
+              if scope.hands_as_is(enclosing, s) and (streams.STATE, (s, "key")) not in flat]
+    if not wanted:
+        return {}
+    j = _HANDED.get(enclosing.origin, 0)
+    _HANDED[enclosing.origin] = j + 1
+    keys = {s: scope.hand_key_at(enclosing, s, ()) for s in wanted}
+    return keys if j == 0 else {s: streams.derive(k, j) for s, k in keys.items()}
 
 
 def _static(node: Any) -> Any:
@@ -157,16 +212,19 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
         mutable += (filters.freeze(enclosing.mutable),)
     if capture is not False:
         mutable += (filters.freeze(capture),)
-    rngs: dict[str, Any] = {}
+    rngs: dict[str, Any] = _handed_keys(enclosing, flat) if enclosing is not None else {}
     for node in graph.nodes:
         rngs.update(node.kind.explicit_rngs(node.obj))
 
-    functionalized, holder = _functionalized(fn, capture)
+    functionalized, holder = _functionalized(fn, capture, _passes(graph, what, enclosing))
     slots = {id(n.obj): _Slot(i, _static(n)) for i, n in enumerate(graph.nodes)}
     stripped = jax.tree.unflatten(graph.treedef, [slots[id(x)] if obj else x
                                                   for x, obj in zip(graph.leaves, graph.is_object)])
     holder.update(graph=graph, fn=fn)
-    out, written, _ = functionalized.call(flat, (stripped,), {}, rngs, mutable, False)
+    # A collection is immutable here because a bound module's bind(mutable=) left it out.
+    bound = any(n.kind.passes(n.obj) is not None for n in graph.nodes)
+    with mutability_given_by("bind" if bound else "apply"):
+        out, written, _ = functionalized.call(flat, (stripped,), {}, rngs, mutable, False)
     if functionalized.static_outputs.seen:
         out = _jax_outputs(what, out)
 

@@ -34,9 +34,11 @@ class ObjectRoot(TraceRoot):
     trace at ``prefix`` (its RNG state, Linen's ``rngs`` collection, at the trace's own
     ``rngs`` keys, where draws find it)."""
 
-    def __init__(self, ctx: TraceContext, prefix: Path, mutable: Any, rng_streams: tuple[str, ...]):
+    def __init__(self, ctx: TraceContext, prefix: Path, mutable: Any, rng_streams: tuple[str, ...],
+                 passes: tuple = ()):
         super().__init__(ctx, None)
         self.ctx, self.prefix, self.mutable, self.rng_streams = ctx, prefix, mutable, rng_streams
+        self.passes = passes    # the bound root's: nested object-mode calls run them too
 
 
 def _is_rng_state(collection: str, path: Path) -> bool:
@@ -138,6 +140,9 @@ class ModuleKind:
         return {s: jax.lax.cond(n == 0, lambda k=k: k, lambda k=k: streams.derive(k, n))
                 for s, k in root.rngs.items()}
 
+    def passes(self, module: Any) -> tuple | None:
+        return _object_root(module).passes
+
     def writer(self, module: Any) -> Callable[[list[Any]], None]:
         root = _object_root(module)
         if isinstance(root, ObjectRoot):
@@ -163,7 +168,7 @@ class ModuleKind:
         streams_ = tuple(sorted({c.path[0] for c in self.cells(module)
                                  if _is_rng_state(c.collection, c.path)}))
         inner = _template(module).module.clone(
-            parent=ObjectRoot(ctx, prefix, root.mutable, streams_), name=module.name)
+            parent=ObjectRoot(ctx, prefix, root.mutable, streams_, root.passes), name=module.name)
         object.__setattr__(inner, "scope", Scope(inner.scope.root, prefix))
         return inner
 
