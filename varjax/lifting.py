@@ -75,6 +75,7 @@ from varjax.lifted_body import (
     lifted_as,
     with_counts_moved,
 )
+from varjax.outputs import reveal
 from varjax.passes.analysis import traffic as _traffic
 from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, VarType
@@ -218,6 +219,9 @@ class LiftedRegion:
             out, written, _ = self._traced(
                 lambda fn: fn.call(flat, args, kwargs, keys, outer.mutable, outer.initializing),
                 lambda r: r[2].effectful)
+            # The IR moved non-array outputs into the output's structure (varjax.outputs):
+            # the transform gets them back as the direct run returns them.
+            out = reveal(out)
         self.writes.update(written)
         groups_out = tuple(dict(g) for g in groups)
         for key, value in written.items():

@@ -82,6 +82,7 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
     rng_filters, split = rng_groups(split_rngs)
 
     def transform(region: Callable, groups: tuple, rngs: tuple, carry: Any, *xs: Any) -> Any:
+        carry = _jax_scalars(carry)
         xs_axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(xs)
         scanned_xs = [_move(x, ax, 0) if ax is not broadcast else None
                       for x, ax in zip(xs, xs_axes)]
@@ -128,7 +129,7 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
             first = n - 1 if reverse else 0
             at_first = jax.tree.map(lambda x: x[first], sliced)
             carry, carried, bcast, (ys0, vars0) = step(carry, carried, bcast, at_first, True)
-            first_part = jax.tree.map(lambda x: x[None], (ys0, vars0))
+            first_part = jax.tree.map(lambda x: jnp.asarray(x)[None], (ys0, vars0))
             if n == 1:
                 stacked = first_part
             else:
@@ -153,6 +154,14 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
             variable_carry=(variable_carry, False), split_rngs=(split_rngs, None),
             in_axes=(in_axes, 0), out_axes=(out_axes, 0), metadata_params=(metadata_params, None),
             passes=(passes, ())))
+
+
+def _jax_scalars(carry: Any) -> Any:
+    """``carry`` with its Python numbers made (weakly typed) JAX values, as ``lax.scan``
+    makes them: every step, the peeled and pre-loop ones included, sees the carry the loop
+    sees, not a static number that the next step would see traced."""
+    return jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, (bool, int, float, complex))
+                        else x, carry)
 
 
 def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, length: int,
