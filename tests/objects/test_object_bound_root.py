@@ -144,3 +144,11 @@ def test_immutable_write_of_a_bound_module_names_bind_in_the_fix() -> None:
     with pytest.raises(vj.errors.ImmutableCollectionError) as caught:
         Stats().apply(Stats().init(jax.random.key(0), X), X)
     assert caught.value.fix == "pass mutable=['batch_stats'] to apply"
+
+
+def test_nested_call_after_a_draw_of_its_trace_draws_other_masks() -> None:
+    def both(m: nn.Module) -> tuple[jax.Array, jax.Array]:
+        return _drop_loss(m), vj.jit(_drop_loss)(m)
+    own, nested = vj.jit(both)(_keyed())
+    assert float(own) == float(vj.jit(_drop_loss)(_keyed()))
+    assert float(nested) != float(own)

@@ -140,18 +140,24 @@ _HANDED: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 def _handed_keys(enclosing: TraceContext, flat: Mapping[Key, Any]) -> dict[str, Any]:
     """The keys an object-mode call nested in ``enclosing`` draws from: the enclosing
     trace's keys under Linen's convention (a module bound with ``rngs={...}``), handed as
-    a lifted body gets them, so the first nested call of a trace draws what the same call
-    un-nested would; the j-th after it gets ``derive(key, j)``, as a bound module's j-th
-    eager call does, so two nested calls never draw the same masks.  A stream whose state
-    the call's own arguments hold (an ``Rngs``) is theirs."""
+    a lifted body gets them.  The first use of a key in the trace gets it as it is, so a
+    nested call draws what the same call un-nested would; the n-th use after it (earlier
+    nested calls, and the enclosing trace's own draws) gets ``derive(derive(key, 0), n)``,
+    which no call of a bound module uses (its n-th call folds n >= 1 into the key), so
+    those draws differ.  A stream whose state the arguments hold (an ``Rngs``) is theirs."""
     wanted = [s for s in enclosing.rng_streams
               if scope.hands_as_is(enclosing, s) and (streams.STATE, (s, "key")) not in flat]
     if not wanted:
         return {}
-    j = _HANDED.get(enclosing.origin, 0)
-    _HANDED[enclosing.origin] = j + 1
-    keys = {s: scope.hand_key_at(enclosing, s, ()) for s in wanted}
-    return keys if j == 0 else {s: streams.derive(k, j) for s, k in keys.items()}
+    handed = _HANDED.get(enclosing.origin, 0)
+    _HANDED[enclosing.origin] = handed + 1
+    drawn = streams.linen_counts(enclosing.origin).counts
+    keys = {}
+    for s in wanted:
+        key = scope.hand_key_at(enclosing, s, ())
+        n = handed + any(stream == s for stream, _ in drawn)
+        keys[s] = key if n == 0 else streams.derive(streams.derive(key, 0), n)
+    return keys
 
 
 def _static(node: Any) -> Any:
