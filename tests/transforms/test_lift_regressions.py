@@ -5,8 +5,11 @@ the behaviour."""
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
+import pytest
 
+import varjax as vj
 import varjax.nn as nn
+from varjax.errors import ModuleError
 
 XS = jnp.arange(5.0)[:, None]
 
@@ -54,3 +57,70 @@ def test_scan_peeled_step_stacks_a_python_number_output_like_every_other_step():
     (_, ys_linen), _ = _acc_model(flax_nn, 2, []).apply(fresh, XS, mutable=["state"])
     assert int(c) == 5
     assert jnp.array_equal(ys, ys_linen)
+
+
+# -- custom derivative rules declaring the caller's parameters ---------------------------
+
+def _sin_scaled(mdl, x):
+    return jnp.sin(x) * mdl.param("s", nn.initializers.ones_init(), ())
+
+
+def _seven_jvp(mdl, primals, tangents):
+    (x,), (tx,) = primals, tangents
+    return _sin_scaled(mdl, x), 7.0 * tx
+
+
+def _seven_fwd(mdl, x):
+    return _sin_scaled(mdl, x), ()
+
+
+def _seven_bwd(res, ct):
+    return {"params": {"s": jnp.zeros(())}}, 7.0 * ct
+
+
+class _JvpScaled(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return vj.custom_jvp(_sin_scaled, _seven_jvp)(self, x)
+
+
+class _VjpScaled(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.custom_vjp(_sin_scaled, _seven_fwd, _seven_bwd)(self, x)
+
+
+def _pure_seven(x):
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+    f.defjvp(lambda p, t: (f(*p), 7.0 * t[0]))
+    return jax.grad(f)(x)
+
+
+@pytest.mark.parametrize("module", [_JvpScaled, _VjpScaled], ids=["custom_jvp", "custom_vjp"])
+def test_custom_rule_declaring_a_param_of_its_compact_caller_gives_the_rule(module):
+    """JAX traces the rule only when something differentiates it, after ``__call__`` has
+    returned: the rule still declares ``s`` as the compact method could."""
+    variables = module().init(jax.random.key(0), 0.3)
+    assert float(jax.grad(lambda x: module().apply(variables, x))(0.3)) == _pure_seven(0.3)
+    init_grad = jax.grad(lambda x: module().init_with_output(jax.random.key(0), x)[0])(0.3)
+    assert float(init_grad) == 7.0
+
+
+def test_custom_vjp_rule_declaring_a_caller_param_matches_linen():
+    class Linen(flax_nn.Module):
+        @flax_nn.compact
+        def __call__(self, x):
+            return flax_nn.custom_vjp(_sin_scaled, _seven_fwd, _seven_bwd)(self, x)
+    variables = Linen().init(jax.random.key(0), 0.3)
+    want = jax.grad(lambda x: Linen().apply(variables, x))(0.3)
+    assert float(jax.grad(lambda x: _VjpScaled().apply(variables, x))(0.3)) == float(want)
+
+
+def test_param_in_lifted_body_of_a_plain_method_is_still_rejected():
+    class Plain(nn.Module):
+        def __call__(self, x):       # neither setup nor @compact
+            return vj.custom_jvp(_sin_scaled, _seven_jvp)(self, x)
+    with pytest.raises(ModuleError, match="parameter 's' of Plain is declared outside setup"):
+        Plain().init(jax.random.key(0), 0.3)

@@ -31,14 +31,21 @@ class LiftHooks(Lifecycle):
 
         A body may be traced more than once (a peeled scan step), and a call may have
         several bodies (the branches of a cond); every trace starts from the naming state
-        the first one saw, so inline submodules get the same names in each."""
+        the first one saw, so inline submodules get the same names in each.
+
+        A body may also run after the method that made the call has returned: JAX traces a
+        custom derivative rule only when something differentiates it.  It still declares
+        variables as the call it belongs to could (``declares``), in setup or in a compact
+        method, not as code outside both, which Linen's rule forbids."""
         state = self._state
         first: list[tuple] = []
+        declares = state.in_setup or state.compact_depth > 0
 
         def bind(body: Callable) -> Callable:
             def run(*args: Any, **kwargs: Any) -> Any:
                 in_setup = state.in_setup      # a lifted call inside setup shares its names
                 caller = (set(state.call_names), set(state.call_vars))
+                late = int(declares and not (in_setup or state.compact_depth))
                 if first:
                     cursor, names = first[0]
                     state.cursor = dict(cursor)
@@ -52,6 +59,7 @@ class LiftHooks(Lifecycle):
                 version = root.version
                 root.version = root.new_version()
                 root.lifted_bodies.append({})
+                state.compact_depth += late
                 try:
                     if not in_setup:
                         self._try_setup()
@@ -64,6 +72,7 @@ class LiftHooks(Lifecycle):
                     root.version = version
                     if not in_setup:
                         state.call_names, state.call_vars = caller
+                    state.compact_depth -= late
             run.__name__ = getattr(body, "__name__", "body")
             return run
         return tuple(bind(b) for b in bodies)
