@@ -9,7 +9,7 @@ import pytest
 
 import varjax as vj
 import varjax.nn as nn
-from varjax.errors import ModuleError
+from varjax.errors import ModuleError, TransformError
 
 XS = jnp.arange(5.0)[:, None]
 
@@ -124,3 +124,73 @@ def test_param_in_lifted_body_of_a_plain_method_is_still_rejected():
             return vj.custom_jvp(_sin_scaled, _seven_jvp)(self, x)
     with pytest.raises(ModuleError, match="parameter 's' of Plain is declared outside setup"):
         Plain().init(jax.random.key(0), 0.3)
+
+
+# -- None in a custom_vjp backward rule: a zero cotangent, as in jax.custom_vjp -----------
+
+def _prod(mdl, t):
+    return t[0] * t[1] * mdl.s
+
+
+def _prod_fwd(mdl, t):
+    return _prod(mdl, t), t
+
+
+def _none_bwd(t, ct):
+    return {"params": None}, (ct * t[1], None)
+
+
+def _pure_prod_grad(t):
+    @jax.custom_vjp
+    def f(t):
+        return t[0] * t[1]
+    f.defvjp(lambda t: (f(t), t), lambda t, ct: ((ct * t[1], None),))
+    return jax.grad(f)(t)
+
+
+def _prod_module(lib, bwd):
+    class Prod(lib.Module):
+        def setup(self):
+            self.s = self.param("s", nn.initializers.ones_init(), ())
+
+        def __call__(self, t):
+            return lib.custom_vjp(_prod, _prod_fwd, bwd)(self, t)
+    return Prod()
+
+
+def test_lifted_custom_vjp_bwd_none_is_a_zero_cotangent():
+    t = (2.0, 3.0)
+    model = _prod_module(nn, _none_bwd)
+    variables = model.init(jax.random.key(0), t)
+    got = jax.grad(lambda t: model.apply(variables, t))(t)
+    want = _pure_prod_grad(t)
+    linen = jax.grad(lambda t: _prod_module(flax_nn, _none_bwd).apply(variables, t))(t)
+    assert [float(g) for g in got] == [float(g) for g in want] == [float(g) for g in linen]
+    var_grad = jax.grad(lambda v: model.apply(v, t))(variables)
+    assert float(var_grad["params"]["s"]) == 0.0
+
+
+def test_lifted_custom_vjp_bwd_gradient_of_another_structure_names_it():
+    model = _prod_module(nn, lambda t, ct: (None, (ct, ct, ct)))
+    variables = model.init(jax.random.key(0), (2.0, 3.0))
+    with pytest.raises(TransformError, match=r"argument gradient 0 of backward_fn has "
+                       r"structure PyTreeDef\(\(\*, \*, \*\)\)(.|\n)*test_lift_regressions"):
+        jax.grad(lambda t: model.apply(variables, t))((2.0, 3.0))
+
+
+def test_object_mode_custom_vjp_bwd_none_is_a_zero_cotangent():
+    q = vj.custom_vjp(lambda t: t[0] * t[1])
+    q.defvjp(lambda t: (t[0] * t[1], t), lambda t, ct: ((ct * t[1], None),))
+    t = (2.0, 3.0)
+    assert [float(g) for g in jax.grad(q)(t)] == [float(g) for g in _pure_prod_grad(t)]
+
+    class Lin(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x * self.param("w", nn.initializers.ones_init(), ())
+    bound = Lin().bind(Lin().init(jax.random.key(0), 1.0))
+    h = vj.custom_vjp(lambda m, x: m(x))
+    h.defvjp(lambda m, x: (m(x), x), lambda x, ct: (None, 2.0 * ct))
+    g_module, g_x = vj.grad(h, argnums=(0, 1))(bound, 1.0)
+    assert float(vj.state(g_module)["params"]["w"]) == 0.0
+    assert float(g_x) == 2.0

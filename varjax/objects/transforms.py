@@ -310,7 +310,7 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
         def backward(*rest: Any) -> tuple:
             residuals, (g, _) = rest[-2], rest[-1]
             cotangents = tuple(self.bwd(residuals, g))
-            return tuple(jax.tree.map(_cotangent, ct, x)
+            return tuple(jax.tree.map(_cotangent, ct, x, is_leaf=lambda c: c is None)
                          for ct, x in zip(cotangents, primal_avals))
         primal_avals = [jax.tree.map(jax.typeof, a) for i, a in enumerate(args)
                         if i not in self.nondiff_argnums]
@@ -322,8 +322,9 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
 
 
 def _cotangent(ct: Any, aval: Any) -> Any:
-    """A cotangent JAX accepts for a primal of type ``aval``: ``float0`` for integers."""
-    if jnp.issubdtype(aval.dtype, jnp.inexact):
+    """A cotangent JAX accepts for a primal of type ``aval``: ``float0`` for integers, and
+    None (JAX's zero, for a whole subtree) as it is."""
+    if ct is None or jnp.issubdtype(aval.dtype, jnp.inexact):
         return ct
     return jnp.zeros(aval.shape, jax.dtypes.float0)
 

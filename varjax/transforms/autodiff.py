@@ -208,7 +208,7 @@ def custom_vjp(fn: Callable, forward_fn: Callable | None = None,
                 full = rebuild(arrays)
                 var_grads, *arg_grads = backward_fn(*(full[i] for i in sorted(nondiff)), res,
                                                     cotangent[0])
-                given = from_tree(var_grads, r_fn.path)
+                given = from_tree(_without_none(var_grads), r_fn.path)
                 d_grad = {k: given.get(k, z) for k, z in d_zero.items()}
                 dyn = [i for i in range(len(args)) if i not in nondiff]
                 reject(len(arg_grads) != len(dyn), "custom_vjp", f"backward_fn returned "
@@ -218,9 +218,9 @@ def custom_vjp(fn: Callable, forward_fn: Callable | None = None,
                 grads = iter(arg_grads)
                 leaf_grads = []
                 for i, arg in enumerate(args):
-                    flat, tree = jax.tree.flatten(arg)
-                    g = (tree.flatten_up_to(next(grads)) if i not in nondiff
-                         else [None] * len(flat))
+                    flat = jax.tree.leaves(arg)
+                    g = (_per_leaf(next(grads), arg, dyn.index(i))
+                         if i not in nondiff else [None] * len(flat))
                     leaf_grads += [gx for gx, x in zip(g, flat) if is_array(x)]
                 leaf_grads = [_zero_tangent(x) if g is None or skip else g
                               for g, x, skip in zip(leaf_grads, arrays, in_nondiff)]
@@ -230,6 +230,35 @@ def custom_vjp(fn: Callable, forward_fn: Callable | None = None,
         return lift(transform, fn, forward_fn, variables=(grad_vars, True), name="custom_vjp")
 
     return _per_nondiff(make, nondiff_argnums, "custom_vjp")
+
+
+def _without_none(var_grads: Any) -> Any:
+    """``backward_fn``'s variable gradients without the entries it gave as None: as in
+    ``jax.custom_vjp``, None anywhere stands for a zero cotangent of everything below it."""
+    if var_grads is None:
+        return {}
+    if not isinstance(var_grads, Mapping):
+        return var_grads       # from_tree says what is wrong with it
+    return {k: _without_none(v) for k, v in var_grads.items() if v is not None}
+
+
+def _per_leaf(grad: Any, arg: Any, index: int) -> list:
+    """``grad``, ``backward_fn``'s gradient for the argument ``arg``, as one entry per leaf
+    of ``arg``: None anywhere (JAX's zero cotangent) is None for every leaf below it."""
+    out: list = []
+
+    def put(g: Any, sub: Any) -> None:
+        out.extend([g] * len(jax.tree.leaves(sub)))
+    try:
+        jax.tree.map(put, grad, arg, is_leaf=lambda g: g is None)
+        fits = True
+    except ValueError:
+        fits = False
+    reject(not fits, "custom_vjp", f"argument gradient {index} of backward_fn has structure "
+           f"{jax.tree.structure(grad)}, but its argument has structure "
+           f"{jax.tree.structure(arg)}.", "return each gradient with its argument's "
+           "structure, or None for a zero gradient")
+    return out
 
 
 def _instantiate(t: Any, x: Any) -> Any:
