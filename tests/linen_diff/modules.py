@@ -185,6 +185,19 @@ class Node:
     setup_list: bool = False
 
 
+PASSES = ("lora", "cast-params", "fake-quant", "stop-gradient", "tie")
+
+
+@dataclass(frozen=True)
+class PassUse:
+    """A shipped pass given to varjax's ``init`` and ``apply`` (``passes=``).  ``options`` are
+    the pass's own, as pairs; ``pick`` chooses what the model only names once it is built:
+    the module path of ``stop-gradient``'s ``under``, the two kernels ``tie`` ties."""
+    kind: str
+    options: tuple = ()
+    pick: int = 0
+
+
 @dataclass(frozen=True)
 class Spec:
     root: Node
@@ -192,6 +205,7 @@ class Spec:
     seed: int
     mutable: tuple        # ('list', cols) | ('all',) | ('deny', cols): the compared apply's mutable
     drop: tuple = ()      # mutable collections left out of the variables: apply re-creates them
+    passes: PassUse | None = None
 
     def __str__(self) -> str:
         return format_spec(self)
@@ -258,7 +272,8 @@ def lifts(node: Node) -> set[str]:
 
 
 def format_spec(spec: Spec) -> str:
-    lines = [f"Spec(shape={spec.shape}, seed={spec.seed}, mutable={spec.mutable}, drop={spec.drop})"]
+    lines = [f"Spec(shape={spec.shape}, seed={spec.seed}, mutable={spec.mutable}, drop={spec.drop}"
+             + (f", passes={spec.passes}" if spec.passes else "") + ")"]
 
     def fmt_node(node: Node, indent: int, head: str) -> None:
         pad = "  " * indent
@@ -281,6 +296,27 @@ def format_spec(spec: Spec) -> str:
                 lines.append(f"{pad}  {op!r}")
     fmt_node(spec.root, 1, "")
     return "\n".join(lines)
+
+
+def strip_lifts(node: Node, kinds: tuple) -> Node:
+    """``node`` with the lifts of ``kinds`` taken off its children where that keeps every
+    variable's path: a lifted *class* is named after the lift (``CheckpointCell_0``) when
+    compact code names it automatically, so those stay.  For ``remat`` and ``jit`` the result
+    computes the same function: the "unrolled" model a pass is checked against."""
+    def strip(op):
+        if isinstance(op, Sub):
+            keep = op.lift is None or op.lift.kind not in kinds or (
+                op.lift.form == "class" and node.style == "compact" and op.name is None)
+            return Sub(strip_lifts(op.node, kinds), op.lift if keep else None, op.name)
+        if isinstance(op, Cond):
+            b = strip_lifts(op.b, kinds) if isinstance(op.b, Node) else op.b
+            return Cond(strip_lifts(op.a, kinds), b, op.pre_init)
+        if isinstance(op, While):
+            return dataclasses.replace(op, node=strip_lifts(op.node, kinds))
+        if isinstance(op, Reuse):
+            return Reuse(op.index, strip(op.op))
+        return op
+    return dataclasses.replace(node, ops=tuple(strip(op) for op in node.ops))
 
 
 # --- the generator -------------------------------------------------------------------------
@@ -555,7 +591,22 @@ def specs(draw) -> Spec:
     droppable = [c for c in written + chosen if c != "intermediates"]
     if droppable and draw(st.integers(0, 3)) == 0:
         drop = tuple(sorted(draw(st.sets(st.sampled_from(droppable), min_size=1))))
-    return Spec(root, shape, draw(st.integers(0, 2**16)), mutable, drop)
+    passes = _pass_use(draw) if draw(st.integers(0, 2)) == 0 else None
+    return Spec(root, shape, draw(st.integers(0, 2**16)), mutable, drop, passes)
+
+
+def _pass_use(draw) -> PassUse:
+    kind = draw(st.sampled_from(PASSES))
+    if kind == "lora":
+        opts = {"rank": draw(st.integers(1, 2)), "scale": draw(st.sampled_from([1.0, 0.5]))}
+    elif kind == "cast-params":
+        opts = {"dtype": draw(st.sampled_from(["bfloat16", "float16"]))}
+    elif kind == "fake-quant":
+        opts = {"bits": draw(st.sampled_from([8, 4, 2])), "per_channel": draw(st.booleans()),
+                "min_rank": draw(st.sampled_from([2, 0]))}
+    else:
+        opts = {}
+    return PassUse(kind, options(opts), draw(st.integers(0, 2**16)))
 
 
 # --- the builder ---------------------------------------------------------------------------
