@@ -99,15 +99,21 @@ def _split_args(args: tuple, kwargs: dict):
 
 
 def normalize_rngs(rngs: Any) -> dict[str, Any]:
-    """Explicit keys: a key (the ``params`` stream) or a dict of stream name -> key."""
-    if rngs is None:
-        return {}
-    if isinstance(rngs, Mapping):
-        return dict(rngs)
-    if _is_traced(rngs):
-        return {streams.PARAMS: rngs}
-    raise TypeError(f"rngs must be a key, a dict of stream name -> key or a vj.Rngs, got "
-                    f"{type(rngs).__name__}")
+    """Explicit keys: a key (the ``params`` stream) or a dict of stream name -> key (typed or
+    raw).  Anything else raises here, naming it: JAX would reject it later without saying so."""
+    named = isinstance(rngs, Mapping)
+    keys = dict(rngs) if named else {} if rngs is None else {streams.PARAMS: rngs}
+    for stream, key in keys.items():
+        dtype = key.dtype if _is_traced(key) else np.dtype(object)
+        if not (dtype == np.uint32 or jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)):
+            got = f"an array of dtype {key.dtype}" if _is_traced(key) else \
+                f"of type {type(key).__name__} ({' '.join(repr(key).split())[:40]})"
+            raise errors.InvalidVariablesError(
+                f"{f'rngs[{stream!r}]' if named else 'rngs'} is {got}; rngs may be a key, a dict "
+                "of stream name to key, or a vj.Rngs.", collection=streams.STATE,
+                path=(str(stream),) if named else None, **errors.where(),
+                fix="pass rngs=jax.random.key(0), rngs={'dropout': key}, or rngs=vj.Rngs(0, dropout=1)")
+    return keys
 
 
 def _inputs(variables: Mapping[str, Any] | None, rngs: Any, mutable: Any):
@@ -445,6 +451,7 @@ class Functionalized:
         except TypeError:
             # JAX rejects a leaf it cannot take (a string) without naming the variable.
             flatten_variables(variables)
+            normalize_rngs(rngs)
             raise
 
     def call(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,

@@ -148,3 +148,15 @@ def test_split_of_an_unbound_module_raises():
     with pytest.raises(vj.errors.TransformError, match="Dense module at enc is not bound") as e:
         vj.split({"enc": nn.Dense(2)})
     assert "bind" in e.value.fix and "init" in e.value.fix
+
+
+@pytest.mark.parametrize("rngs, name, path", [("abc", "rngs", None),
+                                              ({"dropout": "abc"}, "rngs\\['dropout'\\]", ("dropout",)),
+                                              ({"dropout": 0}, "rngs\\['dropout'\\]", ("dropout",))])
+def test_apply_with_rngs_that_are_no_keys_names_the_argument(rngs, name, path):
+    with pytest.raises(vj.errors.InvalidVariablesError,
+                       match=f"{name} is of type .*rngs may be a key, a dict of stream name to key, "
+                             "or a vj.Rngs") as e:
+        nn.Dropout(0.5, deterministic=False).apply({}, X, rngs=rngs)
+    assert e.value.path == path
+    assert "test_object_state_checks.py" in e.value.source
