@@ -21,6 +21,8 @@ What is here, each as Linen's (``flax.core.meta``, ``flax.core.spmd``, ``flax.li
   axes are all still unused, and an axis no rule assigns stays unsharded.
 * ``global_mesh()``: the mesh Linen calls "global", JAX's active abstract mesh
   (``jax.set_mesh``).
+* ``BOX_CLASSES``, every ``Partitioned`` class, and ``box_class_hooks``, told of each new
+  one: ``varjax.nn.serialization`` registers them with ``flax.serialization``.
 
 Linen constrains a value to its box's sharding when it unboxes it under a mesh.
 ``partition_spec_of`` and ``constraint_of`` say which constraint that is, without
@@ -117,6 +119,11 @@ class _Static:
         return repr(self.values)
 
 
+# Every Partitioned class, in definition order, and what is told of each one defined later.
+BOX_CLASSES: list[type] = []
+box_class_hooks: list[Callable[[type], None]] = []
+
+
 def _register(cls: type) -> None:
     """Registers a ``Partitioned`` dataclass as a pytree: ``value`` the one child."""
     static = tuple(f.name for f in dataclasses.fields(cls) if f.name != "value")
@@ -132,6 +139,9 @@ def _register(cls: type) -> None:
         return cls(children[0], **dict(zip(static, aux.values)))
 
     jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+    BOX_CLASSES.append(cls)
+    for hook in box_class_hooks:
+        hook(cls)
 
 
 @dataclasses.dataclass(frozen=True)

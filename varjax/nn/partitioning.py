@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NoReturn
 
+# Registers the boxes with flax.serialization once the user imports it (see its docstring).
+import varjax.nn.serialization  # noqa: F401
 from varjax.axis_metadata import get_logical_axis_rules as get_axis_rules
 from varjax.axis_metadata import logical_axis_rules as axis_rules
 from varjax.axis_metadata import logical_to_mesh_axes as logical_to_mesh_axes
