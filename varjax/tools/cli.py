@@ -6,8 +6,8 @@
     python -m varjax summary model.py:MLP --shape x=f32[8,256] --detail
 
 ``FILE:NAME`` loads the file as a module and takes its attribute ``NAME``: a function, a
-``vj.functionalize``-d function, a Module class (constructed with no arguments) or a Module
-instance.  Each ``--shape`` adds one positional argument of zeros.  ``dump`` initializes the
+``vj.functionalize``-d function, a Module class (constructed with no arguments), a Module
+instance, or a ``functools.partial`` of a function, a module or a module's method.  Each ``--shape`` adds one positional argument of zeros.  ``dump`` initializes the
 variables with key 0 and then shows the effectful IR and the IR after every pass.  Each file
 or folder it writes (``--out``'s run folder, ``--dot``, ``--svg``, ``--png``) then gets a line
 ``wrote PATH``, relative to the current folder.  ``--svg``/``--png`` draw the dataflow graph
