@@ -22,9 +22,9 @@ one axis for their body; ``Conv`` and ``BatchNorm`` need rank >= 2.  Bodies that
 back their input shape (scan steps, cond branches, while bodies) end with a ``Dense`` back
 to the input width when theirs changed, and never permute axes.
 
-Every generated class has one field, ``train``: ``Dropout`` is ``deterministic=not train``
-(the numeric comparisons use ``train=False``, because the two libraries derive dropout masks
-differently; ``train=True`` exercises the stream and is compared for structure only).
+Every generated class has one field, ``train``: ``Dropout`` is ``deterministic=not train``.
+
+A spec may name a shipped pass (``PassUse``) given to varjax's ``init`` and ``apply``.
 """
 from __future__ import annotations
 
