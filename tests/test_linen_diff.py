@@ -53,6 +53,7 @@ import functools
 import os
 import re
 import sys
+import time
 import traceback
 from typing import Callable
 
@@ -62,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, reject, settings
+from hypothesis.errors import HypothesisException
 
 import varjax.nn as vj_nn
 
@@ -608,6 +610,15 @@ def _fuzz(spec: M.Spec) -> None:
         check_spec(spec)
     except AssertionError as e:
         _record(spec, e)
+    except HypothesisException:
+        raise                   # reject(): a spec Linen rejects
+    except Exception as e:  # noqa: BLE001 - an error of this harness: recorded, the run goes on
+        _record(spec, AssertionError(f"harness error: {type(e).__name__}: {e}\n{M.format_spec(spec)}\n"
+                                     + "".join(traceback.format_exception(e)[-6:])))
+    done = _stats["checked"] + _stats["FAILED"]
+    if done % 100 == 0:         # progress of a long run
+        print(f"fuzz-linen: {done} done at {time.strftime('%H:%M:%S')}: {dict(sorted(_stats.items()))}",
+              flush=True)
 
 
 def _kind(e: AssertionError) -> str:
