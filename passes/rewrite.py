@@ -60,15 +60,26 @@ import dataclasses
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 from varjax import _jax, errors, liveness, nested
+from varjax.primitives import lift_of, var_get_p, var_set_p
 
 ClosedJaxpr = _jax.ClosedJaxpr
+_ACCESSES = (var_get_p, var_set_p)
 NOTE_PREFIX = "varjax: while rewriting "
 
 
 class Rule:
-    """Rewrites equations of ``primitive`` (every primitive when None) that ``match``."""
+    """Rewrites equations of ``primitive`` (every primitive when None) that ``match``.
+
+    A ``var_get``/``var_set`` with ``lift`` set (``primitives.lift_of``) is a lifted
+    transform's boundary: it hands the variable, with the axes the transform adds, to
+    bodies whose own pipelines ran this pass on their reads, with the body's shapes.  A
+    rule rewriting it would apply the pass twice, the second time to the stacked value
+    (one quantization scale for every layer), so rules are not offered it unless they
+    set ``handed = True`` (``shard-variables``: the box names there include the added
+    axes, and constraining the stacked value is what it wants)."""
 
     primitive: ClassVar[_jax.Primitive | None] = None
+    handed: ClassVar[bool] = False
 
     def match(self, eqn: _jax.JaxprEqn) -> bool:
         return True
@@ -130,9 +141,10 @@ class Rewriter:
     # -- matching ------------------------------------------------------------------
     def rule_for(self, eqn: _jax.JaxprEqn) -> Rule | None:
         # Asked of every equation at every level: no list built per call.
+        handed = eqn.primitive in _ACCESSES and lift_of(eqn) is not None
         for key in (eqn.primitive, None):
             for r in self.by_primitive.get(key, ()):
-                if r.match(eqn):
+                if (r.handed or not handed) and r.match(eqn):
                     return r
         return None
 

@@ -71,6 +71,8 @@ def constrain(eqn: _jax.JaxprEqn, leaves: list[Any]) -> list[Any]:
 
 @dataclasses.dataclass(frozen=True)
 class _Annotated(Rule):
+    # A lift's boundary too: there the box names include the axes the transform adds.
+    handed = True
     constrained: list    # one entry per rewritten equation, for the pass's counter
 
     def match(self, eqn: _jax.JaxprEqn) -> bool:

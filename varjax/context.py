@@ -285,7 +285,7 @@ def activate(ctx: TraceContext) -> _Activation:
 
 # --- raw jax.vmap over a write ------------------------------------------------------------
 
-def _set_batch(args, dims, *, collection, path, tree):
+def _set_batch(args, dims, *, collection, path, tree, lift):
     raise errors.TransformError(
         "a batched value is written to a variable under raw jax.vmap; a variable has one "
         "value, so varjax cannot tell which batch member should win.",

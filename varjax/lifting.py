@@ -78,7 +78,7 @@ from varjax.lifted_body import (
 from varjax.outputs import reveal
 from varjax.passes.analysis import traffic as _traffic
 from varjax.passes.pipeline import parse_entries
-from varjax.primitives import Key, VarType
+from varjax.primitives import Key, VarType, handing
 from varjax.protocols import LiftableModule
 
 
@@ -334,7 +334,8 @@ class _LiftedCall:
         for _, (col, path), vt in var_specs:
             n = len(vt.avals)
             if any(used[pos:pos + n]):
-                value = jax.tree.leaves(scope.read_at(self.outer, col, path))
+                with handing(self.lifted.name):   # the boundary: passes leave it alone
+                    value = jax.tree.leaves(scope.read_at(self.outer, col, path))
                 inputs += [x for x, u in zip(value, used[pos:pos + n]) if u]
             pos += n
         for _, stream, _ in streams:
@@ -405,7 +406,8 @@ class _LiftedCall:
         out = jax.tree.unflatten(result["out_tree"], outs[:n_out])
         pos = n_out
         for (col, path), tree, n in result["written"]:
-            scope.write_at(self.outer, col, path, jax.tree.unflatten(tree, outs[pos:pos + n]))
+            with handing(self.lifted.name):
+                scope.write_at(self.outer, col, path, jax.tree.unflatten(tree, outs[pos:pos + n]))
             pos += n
         return out
 

@@ -5,13 +5,17 @@ A variable is identified by ``(collection, path)``: ``('params',
 so reads and writes are multiple-result primitives over the flat leaves, with
 the treedef and leaf avals as parameters:
 
-* ``var_get[collection, path, tree, avals]() -> leaves`` reads the current value;
-* ``var_set[collection, path, tree](*leaves) -> ()`` replaces it;
+* ``var_get[collection, path, tree, avals, lift]() -> leaves`` reads the current value;
+* ``var_set[collection, path, tree, lift](*leaves) -> ()`` replaces it;
 * ``rng_draw[stream, aval, path, count]() -> key`` draws a fresh key from an RNG
   stream.  ``path`` is ``None`` for a draw under NNX's convention (order-based, counted
   by ``lower-rng``); under Linen's it is the drawing module's path and ``count`` the
   draw's number for that stream and path (from 1; 0: the stream's key itself, handed
   to a lifted body), both static (see ``varjax.streams``).
+
+``lift`` is None for the program's own accesses, and the lifted transform's name
+(``"scan"``) for those a lift binds at its boundary, which hand the variable to (or take
+it back from) bodies that already ran the program's passes (``handing``).
 
 Each carries its effect (see ``effects.py``), so JAX keeps them in order and
 never dead-code-eliminates a write.  They have no implementation: outside a
@@ -28,6 +32,8 @@ Sharp edges:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import weakref
 from typing import Any, Sequence
@@ -69,11 +75,11 @@ def is_internal(collection: str) -> bool:
     return collection.startswith("__")
 
 
-def _get_abstract_eval(*, collection, path, tree, avals):
+def _get_abstract_eval(*, collection, path, tree, avals, lift):
     return list(avals), {VariableEffect(collection)}
 
 
-def _set_abstract_eval(*leaves, collection, path, tree):
+def _set_abstract_eval(*leaves, collection, path, tree, lift):
     return [], {VariableEffect(collection)}
 
 
@@ -196,7 +202,8 @@ def _pp_name(eqn) -> str:
             return f"rng_draw[{p['stream']}]"
         return f"rng_draw[{p['stream']}:{'/'.join(p['path'])}#{p['count']}]"
     names = "".join(f" {n}" for n in partition_names(p["tree"]))
-    return f"{eqn.primitive.name}[{p['collection']}:{errors.format_path(p['path'])}{names}]"
+    lift = f" lift={p['lift']}" if p["lift"] is not None else ""
+    return f"{eqn.primitive.name}[{p['collection']}:{errors.format_path(p['path'])}{names}{lift}]"
 
 
 def partition_names(tree: Any) -> list[tuple]:
@@ -210,13 +217,39 @@ for _p in VARJAX_PRIMITIVES:
     _jax.stage_uncached(_p)
 
 
+# The lifted transform the variable accesses being bound hand their values to (or take
+# them back from), if any: see ``handing``.
+_handing: contextvars.ContextVar[str | None] = contextvars.ContextVar("varjax_handing", default=None)
+
+
+@contextlib.contextmanager
+def handing(lift: str):
+    """Reads and writes bound inside are a lifted transform's boundary: they carry
+    ``lift=<the transform's name>``.  Such a read hands a variable, with the axes the
+    transform adds (a scan's stacked layers), to bodies that ran the program's passes on
+    their own reads of it, with the body's shapes; a pass that rewrites values leaves it
+    alone (``notes/writing-passes.md``).  The lifting layer binds its boundary here."""
+    token = _handing.set(lift)
+    try:
+        yield
+    finally:
+        _handing.reset(token)
+
+
+def lift_of(eqn: Any) -> str | None:
+    """The lifted transform a ``var_get``/``var_set`` equation hands its variable to (or
+    takes it back from); None for an access of the program itself."""
+    return eqn.params.get("lift")
+
+
 def bind_get(collection: str, path: Path, tree: Any, avals: Sequence[Any]) -> list[Any]:
     return var_get_p.bind(collection=collection, path=tuple(path), tree=tree,
-                          avals=tuple(avals))
+                          avals=tuple(avals), lift=_handing.get())
 
 
 def bind_set(collection: str, path: Path, leaves: Sequence[Any], tree: Any) -> None:
-    var_set_p.bind(*leaves, collection=collection, path=tuple(path), tree=tree)
+    var_set_p.bind(*leaves, collection=collection, path=tuple(path), tree=tree,
+                   lift=_handing.get())
 
 
 def bind_draw(stream: str, aval: Any, path: Path | None = None, count: int = 0) -> Any:
