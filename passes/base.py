@@ -25,6 +25,7 @@ from typing import Any, Callable, ClassVar, ContextManager, Mapping
 import jax
 
 from varjax import _jax, errors, filters, streams
+from varjax.passes.options import check_options
 from varjax.primitives import Key, Path, VarType, rng_draw_p, var_get_p, var_set_p
 
 REGISTRY: dict[str, type["Pass"]] = {}
@@ -175,6 +176,15 @@ class Pass:
                 f"pass name '{cls.name}' is taken by {old.__module__}.{old.__qualname__}",
                 source=errors.source_text(), fix=f"give {cls.__qualname__} another `name`")
         REGISTRY[cls.name] = cls
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+    def check(self) -> None:
+        """Raise ``ValueError`` if the options do not fit together (``tie``'s ``src`` and
+        ``dst`` the same variable).  Each option's own constraints are declared in its
+        annotation, ``Annotated[int, AtLeast(1)]`` (``passes/options.py``), and checked
+        before this; both run whenever the pass is made, and fail as a ``PipelineError``."""
 
     def lifted_like(self) -> Mapping[str, str]:
         """Collections this pass creates variables in, each mapped to the collection whose

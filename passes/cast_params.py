@@ -11,12 +11,13 @@ Use as ``vj.functionalize(fn, passes="cast-params{dtype=bfloat16}")``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 import jax.numpy as jnp
 
 from varjax import _jax, nested
 from varjax.passes.base import Pass, PassContext
+from varjax.passes.options import FloatDtype
 from varjax.passes.rewrite import Region, Rewriter, Rule
 from varjax.primitives import var_get_p
 
@@ -62,7 +63,7 @@ class CastParams(Pass):
     name = "cast-params"
     summary = "compute with floating params cast to `dtype`"
     before = ("forward-stores", "discharge")
-    dtype: str = "bfloat16"
+    dtype: Annotated[Any, FloatDtype()] = "bfloat16"   # a name, or a dtype in Python
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         return Autocast([CastRead(jnp.dtype(self.dtype))]).run(jaxpr)

@@ -28,13 +28,14 @@ shows the IR.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 import jax.numpy as jnp
 from jax import lax
 
 from varjax import _jax
 from varjax.passes.base import Pass, PassContext
+from varjax.passes.options import AtLeast, Between, Name, check_collection
 from varjax.passes.rewrite import Region, Rule
 from varjax.passes.stop_gradient import ReadRewriter
 from varjax.primitives import var_get_p
@@ -77,17 +78,13 @@ class FakeQuant(Pass):
     # In init a parameter is read back after it is created; forward-stores would turn
     # that read into the created value before this pass saw it.
     before = ("forward-stores", "discharge")
-    bits: int = 8
+    # Below 2 bits there is no nonzero level; above 16, use floats.
+    bits: Annotated[int, Between(2, 16)] = 8
     per_channel: bool = False
-    min_rank: int = 2
-    collection: str = "params"
-
-    def __post_init__(self) -> None:
-        if not 2 <= self.bits <= 16:   # below 2 there is no nonzero level; above 16, use floats
-            raise ValueError(f"bits must be between 2 and 16, got {self.bits}")
-        if self.min_rank < 0:
-            raise ValueError(f"min_rank must be 0 or more, got {self.min_rank}")
+    min_rank: Annotated[int, AtLeast(0)] = 2
+    collection: Annotated[str, Name()] = "params"
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
+        check_collection(self, "collection", self.collection, jaxpr, ctx)
         rule = QuantizeRead(self.collection, self.bits, self.per_channel, self.min_rank)
         return ReadRewriter([rule]).run(jaxpr)

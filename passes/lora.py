@@ -33,16 +33,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 import jax
 import jax.numpy as jnp
 
-from varjax import _jax, errors, nested, scope
-from varjax.context import current, run_init
+from varjax import _jax, errors, nested
+from varjax.pass_scopes import declare
 from varjax.passes.base import Pass, PassContext
+from varjax.passes.options import AtLeast, Name, Regex, program_variables, unmatched
 from varjax.passes.rewrite import Region, Rewriter, Rule
-from varjax.primitives import var_get_p
+from varjax.primitives import lift_of, var_get_p
 
 _CASTS = ("convert_element_type",)
 
@@ -52,22 +53,42 @@ class Lora(Pass):
     name = "lora"
     summary = "add scale * A @ B low-rank adapters (collection `collection`) to matmul kernels"
     # It creates variables and draws keys (lowered by lower-rng), and rewrites reads, which
-    # forward-stores would otherwise have removed from init.
-    before = ("lower-rng", "forward-stores", "discharge")
-    rank: int = 4
-    targets: str = "kernel$"
+    # forward-stores would otherwise have removed from init.  It finds a kernel by its read
+    # feeding a matmul, so it runs before the passes that put code between the two; they
+    # then change the frozen or quantized kernel read, and the adapters stay as they are.
+    before = ("fake-quant", "stop-gradient", "cast-params", "lower-rng", "forward-stores",
+              "discharge")
+    rank: Annotated[int, AtLeast(1)] = 4
+    targets: Annotated[str, Regex()] = "kernel$"
     scale: float = 1.0
-    collection: str = "lora"
+    collection: Annotated[str, Name()] = "lora"
+
+    def check(self) -> None:
+        if self.collection == "params":   # A and B would sit under the kernel they adapt
+            raise ValueError("collection must not be params: the adapters need their own")
 
     def lifted_like(self) -> Mapping[str, str]:
         return {self.collection: "params"}
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
-        kernels = _matmul_kernels(jaxpr, re.compile(self.targets))
+        targets = re.compile(self.targets)
+        self._check_targets(targets, jaxpr, ctx)
+        kernels = _matmul_kernels(jaxpr, targets)
         if not kernels:
             return jaxpr
         ctx.count(self.name, "adapted", len(kernels))
         return Rewriter([_Adapt(self, ctx, kernels)]).run(jaxpr)
+
+    def _check_targets(self, targets: re.Pattern, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
+        """``targets`` must name some ``params`` variable of the program (a typo adapts
+        nothing).  A program may adapt nothing with a good ``targets``: a method without
+        matmuls, or one whose kernels are all in lifted bodies, which adapt their own."""
+        if ctx.region or any(c == "params" and targets.search("/".join(p)) for c, p in ctx.variables):
+            return
+        params = sorted("/".join(p) for c, p in program_variables(jaxpr, ctx) if c == "params")
+        if not any(targets.search(p) for p in params):
+            raise unmatched(self, f"targets={self.targets}", "matches no params variable",
+                            "params variables", params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,33 +106,13 @@ class _Adapt(Rule):
         contracted = self.kernels[id(eqn)]
         n_in, n_out = factor(w.shape, contracted)
         kernel = eqn.params["path"][-1]
+        spec, collection, rank = self.lora.spec(), self.lora.collection, self.lora.rank
         with self.ctx.in_module(eqn):
-            a = _adapter(self.lora, eqn, (kernel, "a"), jax.nn.initializers.lecun_normal(),
-                         (n_in, self.lora.rank), w.dtype)
-            b = _adapter(self.lora, eqn, (kernel, "b"), jax.nn.initializers.zeros,
-                         (self.lora.rank, n_out), w.dtype)
+            a = declare(spec, collection, (kernel, "a"), jax.nn.initializers.lecun_normal(),
+                        (n_in, rank), w.dtype, eqn.source_info)
+            b = declare(spec, collection, (kernel, "b"), jax.nn.initializers.zeros,
+                        (rank, n_out), w.dtype, eqn.source_info)
         return [w + delta(a, b, w.shape, contracted, self.lora.scale).astype(w.dtype)]
-
-
-def _adapter(lora: Lora, eqn: _jax.JaxprEqn, name: tuple[str, str], init: Any,
-             shape: tuple[int, int], dtype: Any) -> jax.Array:
-    """The adapter ``name`` of the module the scope stands in: read, or created from the
-    module's next ``params`` draw."""
-    ctx = current("lora")
-    path = ctx.full_path(name)
-    if scope.has_at(ctx, lora.collection, path):
-        return scope.read_at(ctx, lora.collection, path)
-    if not ctx.is_mutable(lora.collection):
-        raise errors.MissingVariableError(
-            f"LoRA adapter {errors.format_path(path)} of collection '{lora.collection}' was not "
-            f"given, and '{lora.collection}' is not mutable, so it cannot be created.",
-            collection=lora.collection, path=path, source=errors.source_text(eqn.source_info),
-            fix=f"pass the variables that init returned with passes='{lora.spec()}' (they "
-                f"include the '{lora.collection}' collection), or apply with "
-                f"mutable=['{lora.collection}'] to create them")
-    key = scope.make_rng("params")
-    scope.write_at(ctx, lora.collection, path, run_init(init, key, shape, dtype))
-    return scope.read_at(ctx, lora.collection, path)
 
 
 def factor(shape: tuple[int, ...], contracted: tuple[int, ...]) -> tuple[int, int]:
@@ -154,8 +155,10 @@ def _source_read(v: Any, producer: Mapping[Any, _jax.JaxprEqn]) -> _jax.JaxprEqn
     while isinstance(v, _jax.Var) and v in producer:
         eqn = producer[v]
         if eqn.primitive is var_get_p:
+            # A lift's boundary read feeds bodies that adapted their own reads of it.
             floating = jnp.issubdtype(eqn.outvars[0].aval.dtype, jnp.floating)
-            return eqn if eqn.params["collection"] == "params" and floating else None
+            ours = eqn.params["collection"] == "params" and lift_of(eqn) is None
+            return eqn if ours and floating else None
         if eqn.primitive.name not in _CASTS:
             return None
         v = eqn.invars[0]
@@ -178,9 +181,12 @@ def merge(variables: Mapping[str, Any], *, scale: float = 1.0, collection: str =
     params = dict(variables["params"])
     for path, ab in _adapter_pairs(adapters):
         node = params
-        for name in path[:-1]:
-            node[name] = dict(node[name])
-            node = node[name]
+        for depth, name in enumerate(path):
+            if not isinstance(node, Mapping) or name not in node:
+                raise _no_kernel(collection, path, path[:depth], node)
+            if depth < len(path) - 1:
+                node[name] = dict(node[name])
+                node = node[name]
         w = node[path[-1]]
         lead = ab["a"].ndim - 2          # layer axes a lifted nn.scan / nn.vmap stacked
         axes = _contracted(path, w.shape[lead:], ab["a"].shape[-2], contracted)
@@ -189,6 +195,21 @@ def merge(variables: Mapping[str, Any], *, scale: float = 1.0, collection: str =
             fn = jax.vmap(fn)
         node[path[-1]] = w + fn(ab["a"], ab["b"], w).astype(w.dtype)
     return {k: v for k, v in {**variables, "params": params}.items() if k != collection}
+
+
+def _no_kernel(collection: str, path: tuple[str, ...], found: tuple[str, ...],
+               node: Any) -> errors.MissingVariableError:
+    """The error for an adapter whose kernel ``params`` lacks: ``found`` is the part of its
+    path that exists, ``node`` what is there."""
+    there = (", ".join(sorted(node)) or "nothing") if isinstance(node, Mapping) else \
+        f"a {type(node).__name__}, not a scope"
+    scope_ = errors.format_path(found) if found else "the top of params"
+    return errors.MissingVariableError(
+        f"lora.merge: the adapter {collection}:{errors.format_path(path)} adapts kernel "
+        f"{errors.format_path(path)}, which params does not have (at {scope_} it has: "
+        f"{there}).", collection="params", path=path, **errors.where(),
+        fix="merge the adapters into the params of the model they were trained with "
+            "(the variables init returned with the lora pass)")
 
 
 def _contracted(path: tuple[str, ...], shape: tuple[int, ...], rows: int,

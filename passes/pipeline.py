@@ -222,6 +222,7 @@ _ORDERS: dict[tuple[Pass, ...], tuple[Pass, ...]] = {}
 
 def _order(given: list[Pass]) -> tuple[Pass, ...]:
     passes = _with_requirements(given)
+    _check_conflicts(passes)
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(passes)))
     positions = collections.defaultdict(list)
@@ -245,6 +246,31 @@ def _order(given: list[Pass]) -> tuple[Pass, ...]:
     reasons = "; ".join(graph.edges[u, v]["why"] for u, v in cycle)
     raise PipelineError(f"pass ordering cycle: {names} ({reasons})", source=source_text(),
                         fix="drop one of these passes, or one of their ordering constraints")
+
+
+def _check_conflicts(passes: list[Pass]) -> None:
+    """Passes that cannot share a pipeline: two that discharge (after the first, nothing is
+    left for the second, which fails on the pure IR), and two that create variables in one
+    collection (``lora{rank=4},lora{rank=2}``: the second would find the first's adapters
+    and use them as its own, or make its own beside them, silently)."""
+    discharging = [p for p in passes if p.discharges]
+    if len(discharging) > 1:
+        raise PipelineError(
+            f"the pipeline discharges twice ({', '.join(p.spec() for p in discharging)}); "
+            "after the first nothing is left to discharge.", source=source_text(),
+            fix=f"name '{discharging[0].name}' once: init, apply and vj.functionalize already "
+                "end their pipelines with it, and passes= adds to those")
+    creators: dict[str, Pass] = {}
+    for p in passes:
+        for collection in p.lifted_like():
+            first = creators.setdefault(collection, p)
+            if first is not p:
+                raise PipelineError(
+                    f"passes '{first.spec()}' and '{p.spec()}' both create the variables of "
+                    f"collection '{collection}'; one of them would use the other's.",
+                    source=source_text(),
+                    fix=f"keep one of them, or give the other its own collection "
+                        f"({p.name}{{collection=...}})")
 
 
 def _with_requirements(given: list[Pass]) -> list[Pass]:

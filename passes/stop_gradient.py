@@ -12,12 +12,13 @@ Use as ``vj.functionalize(fn, passes="stop-gradient{collection=params}")``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 
 from varjax import _jax
 from varjax.passes.base import Pass, PassContext
+from varjax.passes.options import Name, VariablePath, check_collection, program_variables, unmatched
 from varjax.passes.rewrite import Region, Rewriter, Rule
 from varjax.primitives import Path, var_get_p
 
@@ -55,8 +56,23 @@ class StopGradient(Pass):
     # In init a parameter is read back after it is created; forward-stores would turn
     # that read into the created value before this pass saw it.
     before = ("forward-stores", "discharge")
-    collection: str
-    under: str = ""
+    collection: Annotated[str, Name()]
+    under: Annotated[str, VariablePath(empty=True)] = ""
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
-        return ReadRewriter([StopGradientRead(self.collection, split_path(self.under))]).run(jaxpr)
+        under = split_path(self.under)
+        check_collection(self, "collection", self.collection, jaxpr, ctx)
+        self._check_under(under, jaxpr, ctx)
+        return ReadRewriter([StopGradientRead(self.collection, under)]).run(jaxpr)
+
+    def _check_under(self, under: Path, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
+        """``under`` must hold a variable of ``collection`` (a typo freezes nothing)."""
+        if ctx.region or not under or any(c == self.collection and p[:len(under)] == under
+                                          for c, p in ctx.variables):
+            return
+        paths = [p for c, p in program_variables(jaxpr, ctx) if c == self.collection]
+        if not any(p[:len(under)] == under for p in paths):
+            scopes = sorted({"/".join(p[:len(under)]) for p in paths})
+            raise unmatched(self, f"under={self.under}",
+                            f"holds no variable of collection '{self.collection}'",
+                            f"module paths of '{self.collection}' at that depth", scopes)

@@ -41,10 +41,11 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 from varjax import _jax, errors, nested
 from varjax.passes.base import Pass, PassContext
+from varjax.passes.options import Name, VariablePath
 from varjax.passes.rewrite import Region, Rule
 from varjax.passes.stop_gradient import ReadRewriter, split_path
 from varjax.primitives import Key, VarType, bind_get, var_get_p, var_set_p
@@ -115,14 +116,12 @@ class Tie(Pass):
     # that read into the created value before this pass saw it.  Passes that change the
     # values read run after it, so they see dst's reads as reads of src.
     before = ("fake-quant", "stop-gradient", "cast-params", "forward-stores", "discharge")
-    src: str
-    dst: str
-    collection: str = "params"
+    src: Annotated[str, VariablePath()]
+    dst: Annotated[str, VariablePath()]
+    collection: Annotated[str, Name()] = "params"
     transpose: bool | None = None
 
-    def __post_init__(self) -> None:
-        if not split_path(self.src) or not split_path(self.dst):
-            raise ValueError("src and dst must name variables, e.g. src=Embed_0/embedding")
+    def check(self) -> None:
         if split_path(self.src) == split_path(self.dst):
             raise ValueError(f"src and dst are the same variable {self.src!r}")
 

@@ -20,11 +20,13 @@ pipeline run from the context the program was traced under:
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
-from varjax import _jax, streams
-from varjax.context import IR_STORE, TraceContext, activate
-from varjax.primitives import Path
+import jax
+
+from varjax import _jax, errors, scope, streams, type_checks
+from varjax.context import IR_STORE, TraceContext, activate, current, run_init
+from varjax.primitives import Path, VarType
 
 
 class PassScopes:
@@ -59,3 +61,37 @@ class PassScopes:
                 yield ctx
         finally:
             ctx.path_prefix, ctx.top_trace = previous
+
+
+def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callable[..., Any],
+            shape: tuple[int, ...], dtype: Any, source_info: Any) -> jax.Array:
+    """The array variable ``name`` that pass ``owner`` (its spec) declares at the module
+    ``PassContext.in_module`` stands in: read when it exists, created from the module's next
+    ``params`` draw when the collection is mutable.
+
+    A given one is checked against ``shape``/``dtype`` as a model's own variables are
+    (``type_checks.mismatch``): adapters made with ``lora{rank=4}`` read by ``lora{rank=2}``
+    are a ``VariableShapeError``, not a silently different model."""
+    ctx = current(owner)
+    path = ctx.full_path(name)
+    where = errors.where(source_info)
+    if scope.has_at(ctx, collection, path):
+        have = ctx.variables[(collection, path)]
+        want = VarType(jax.tree.structure(0), (_jax.ShapedArray(tuple(shape), dtype),))
+        why = type_checks.mismatch(have, want)
+        if why is not None:
+            raise type_checks.shape_error(
+                collection, path, have, want, why, **where,
+                fix=f"give the variables made with the same pass options ({owner}), or make "
+                    "them again with these")
+        return scope.read_at(ctx, collection, path)
+    if not ctx.is_mutable(collection):
+        raise errors.MissingVariableError(
+            f"variable {errors.format_path(path)} of collection '{collection}', which pass "
+            f"'{owner}' declares, was not given, and '{collection}' is not mutable, so it "
+            "cannot be created.", collection=collection, path=path, **where,
+            fix=f"pass the variables that init returned with passes='{owner}' (they include "
+                f"the '{collection}' collection), or apply with mutable=['{collection}'] to "
+                "create them")
+    scope.write_at(ctx, collection, path, run_init(init_fn, scope.make_rng("params"), shape, dtype))
+    return scope.read_at(ctx, collection, path)

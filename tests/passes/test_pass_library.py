@@ -178,8 +178,8 @@ def test_stop_gradient_ir_and_writes_left_alone():
             h:f32[] = stop_gradient g
             i:f32[2] = mul f h
           in (i,) }""")
-    _, unchanged = run_pass("stop-gradient", f, X[0, :2], variables=v, collection="batch_stats")
-    assert unchanged is _
+    with pytest.raises(errors.PipelineError, match="collection=batch_stats matches no collection"):
+        run_pass("stop-gradient", f, X[0, :2], variables=v, collection="batch_stats")
     assert StopGradient(collection="params", under="a/b/").spec() == \
         "stop-gradient{collection=params,under=a/b/}"
     with pytest.raises(errors.PipelineError, match="needs option"):
