@@ -664,8 +664,9 @@ def _lift(kind: str, form: str = "class", **opts) -> M.Lift:
     return M.Lift(kind, M.options(opts), form)
 
 
-def _spec(root_ops: tuple, shape=(2, 3, 2), mutable=("list", ()), drop=(), style="compact") -> M.Spec:
-    return M.Spec(M.Node("Model", style, root_ops), shape, 3, mutable, drop)
+def _spec(root_ops: tuple, shape=(2, 3, 2), mutable=("list", ()), drop=(), style="compact",
+          passes: M.PassUse | None = None) -> M.Spec:
+    return M.Spec(M.Node("Model", style, root_ops), shape, 3, mutable, drop, passes)
 
 
 _HAND = {
@@ -716,6 +717,14 @@ _HAND = {
          M.Reuse(1, M.Sub(M.Node("Block", "compact", (M.BatchNorm(False), M.Dense(2))), _lift("remat"))),
          M.Reuse(0, M.Dense(2))),
         mutable=("list", ("batch_stats",)), style="setup"),
+    # Issue 33 item 2: fake-quant under nn.vmap quantized the stacked kernel with one scale;
+    # each member must get its own, as unrolled.
+    "vmap_fake_quant_one_scale_per_member": _spec(
+        (M.Sub(M.Node("Block", "setup", (M.BatchNorm(False, 0.9, False, "batch0"), M.Dense(3))),
+               _lift("vmap", variable_axes={"params": 0, "batch_stats": 0}, split_rngs={"params": True},
+                     in_axes=0, out_axes=0, axis_name="batch0")),),
+        mutable=("list", ("batch_stats",)),
+        passes=M.PassUse("fake-quant", M.options({"bits": 4, "per_channel": False, "min_rank": 2}))),
     # Found by the fuzzer (issue 33): gradients through BatchNorms over 3 vmapped members
     # next to a cond.  Both libraries compute the same function (they agree to 1e-11 in
     # float64), but it is ill-conditioned: with the fuzzer's XLA flags each float32 gradient
