@@ -116,3 +116,20 @@ def test_boxes_serialize_when_flax_is_imported_after_varjax():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[3.0, 3.0]"
+
+
+def test_frozen_dicts_interchange_with_linens_through_flax_serialization():
+    """A varjax ``nn.FrozenDict`` saves as the dict it holds (as Linen's does) and restores into
+    either library's FrozenDict, bitwise; a missing key is flax's own error."""
+    tree = {"params": {"w": jnp.arange(3.0), "b": jnp.ones((2,), jnp.int32)}}
+    ours, theirs = varjax.nn.FrozenDict(tree), flax.core.FrozenDict(tree)
+    assert serialization.to_bytes(ours) == serialization.to_bytes(theirs)
+    back = serialization.from_bytes(varjax.nn.FrozenDict(jax.tree.map(jnp.zeros_like, tree)),
+                                    serialization.to_bytes(theirs))
+    assert isinstance(back, varjax.nn.FrozenDict)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), back.unfreeze(), tree)
+    into_linen = serialization.from_bytes(flax.core.FrozenDict(jax.tree.map(jnp.zeros_like, tree)),
+                                          serialization.to_bytes(ours))
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), flax.core.unfreeze(into_linen), tree)
+    with pytest.raises(ValueError, match="b"):
+        serialization.from_bytes(ours, serialization.to_bytes({"params": {"w": jnp.arange(3.0)}}))

@@ -60,6 +60,8 @@ EXTRA = {
     "recurrent_cells": "submodule holding the cells (re-exported by nn.recurrent, where Linen has them)",
     "weight_normalization": "submodule holding WeightNorm and SpectralNorm (re-exported by nn.normalization)",
     "typing": "submodule of Linen's annotation aliases (Linen's is flax.typing)",
+    "serialization": "submodule: registers boxes and FrozenDict with flax.serialization when the user "
+                     "imports it (varjax does not import flax)",
     "unsupported": "submodule: NotProvidedError, raised by names kept for import only (fp8 ops)",
 }
 

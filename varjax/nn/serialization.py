@@ -1,10 +1,11 @@
-"""Checkpoints with boxes interchange with Linen through ``flax.serialization``.
+"""Checkpoints with boxes and FrozenDicts interchange with Linen through ``flax.serialization``.
 
 ``to_bytes``/``from_bytes`` save a box (``nn.with_partitioning``,
 ``nn.with_logical_partitioning``) as Linen saves its own, ``{'value': ...}``: the names
 are static and come back from the target, so a boxed checkpoint of either library restores
 into the other's boxes, bitwise.  A checkpoint of unboxed values restores into boxes too, as
-``apply`` takes unboxed values for a boxing initializer.
+``apply`` takes unboxed values for a boxing initializer.  A ``nn.FrozenDict`` is saved as the
+dict it holds, as Linen saves its own, and restores into one.
 
 flax is optional and costs seconds to import, so varjax does not import it: the box
 classes (``axis_metadata.BOX_CLASSES``, and any defined later) are registered when the
@@ -21,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 from varjax import axis_metadata, errors
 from varjax.axis_metadata import Partitioned
+from varjax.nn.frozen_dict import FrozenDict
 
 _FLAX_SERIALIZATION = "flax.serialization"
 
@@ -44,6 +46,18 @@ def _box_from_state(target: Partitioned[Any], state: Any) -> Partitioned[Any]:
     return target.replace_boxed(serialization.from_state_dict(target.value, state, name="value"))
 
 
+def _frozen_state(d: FrozenDict) -> dict[str, Any]:
+    to_state_dict = sys.modules[_FLAX_SERIALIZATION].to_state_dict
+    return {str(k): to_state_dict(v) for k, v in d.items()}
+
+
+def _frozen_from_state(target: FrozenDict, state: Any) -> FrozenDict:
+    """``target``'s keys restored from ``state``: flax's dict rule, which names a missing or
+    an extra key, on the plain dict the FrozenDict holds."""
+    restore = sys.modules[_FLAX_SERIALIZATION].from_state_dict
+    return FrozenDict(restore(target.unfreeze(), state))
+
+
 def _caller_outside_flax() -> str:
     """``file:line (function)`` of the code that called flax.serialization (``errors.where``
     would name flax's own frame, which is not varjax's and so counts as the user's)."""
@@ -64,6 +78,8 @@ def _register_all(serialization: ModuleType) -> None:
     register = _registrar(serialization)
     for cls in axis_metadata.BOX_CLASSES:
         register(cls)
+    serialization.register_serialization_state(FrozenDict, _frozen_state, _frozen_from_state,
+                                                override=True)
     axis_metadata.box_class_hooks.append(register)
 
 
