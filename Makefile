@@ -24,8 +24,9 @@ fuzz: $(VENV)/.installed-test
 
 # Differential test against Flax Linen: every failing example is recorded and the run goes on;
 # the XLA flags cut the CPU compile time, most of each example's, by about a third.
+# `VARJAX_LINEN_EXAMPLES=500 make fuzz-linen` runs one chunk of a longer run.
 fuzz-linen: $(VENV)/.installed-test
-	VARJAX_LINEN_EXAMPLES=3000 VARJAX_LINEN_KEEP_GOING=1 \
+	VARJAX_LINEN_EXAMPLES=$${VARJAX_LINEN_EXAMPLES:-3000} VARJAX_LINEN_KEEP_GOING=1 \
 	XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true" \
 	$(BIN)/python -m pytest -s -p no:xdist tests/test_linen_diff.py
 
