@@ -181,7 +181,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _is_internal(filename: str) -> bool:
-    return filename.startswith(_INTERNAL) or (
+    # The generated caller of ``varjax.stack_headroom`` is varjax's too, though not a file.
+    return filename == _jax.STACK_HEADROOM_FILE or filename.startswith(_INTERNAL) or (
         not os.path.isabs(filename) and os.path.abspath(filename).startswith(_INTERNAL))
 
 

@@ -19,9 +19,11 @@ from varjax.context import site
 from varjax.lift_groups import partition
 from varjax.lifting import lift
 from varjax.objects import transforms as objects
+from varjax.primitives import VarType
 from varjax.transforms.common import call_direct, object_call, object_options
 
 
+@errors.api_boundary
 def cond(pred: Any, true_fun: Callable, false_fun: Callable, mdl: Any, *operands: Any,
          variables: Any = True, rngs: Any = True, passes: Any = ()) -> Any:
     """Lifted ``jax.lax.cond``: ``true_fun(mdl, *operands)`` if ``pred`` else
@@ -36,6 +38,7 @@ def cond(pred: Any, true_fun: Callable, false_fun: Callable, mdl: Any, *operands
                      operands, variables, rngs, passes)
 
 
+@errors.api_boundary
 def switch(index: Any, branches: Sequence[Callable], mdl: Any, *operands: Any,
            variables: Any = True, rngs: Any = True, passes: Any = ()) -> Any:
     """Lifted ``jax.lax.switch``: ``branches[index](mdl, *operands)``; in object mode JAX's
@@ -65,6 +68,20 @@ def _check_creations(name: str, labels: list[str], created: list[set]) -> None:
                 **site(), fix=f"create it in every branch, or before the {name}")
 
 
+def _check_types(name: str, first: tuple[str, dict], this: tuple[str, dict]) -> None:
+    """Every branch must leave a variable with one type (JAX's cond would name only the
+    position of the mismatch in varjax's own output)."""
+    for key, have in this[1].items():
+        want = first[1].get(key, have)
+        if want != have:
+            raise errors.VariableStructureError(
+                f"vj.{name}: variable {errors.format_path(key[1])} is {want.describe()} after "
+                f"{first[0]} but {have.describe()} after {this[0]}; JAX needs every branch to "
+                "leave it with one type.", collection=key[0], path=key[1], **site(),
+                fix="write the variable a value of its own dtype in every branch "
+                    "(x.astype(v.value.dtype))")
+
+
 def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl: Any,
               operands: tuple, variables: Any, rngs: Any, passes: Any) -> Any:
     def transform(*regions_and_rest: Any) -> Any:
@@ -77,18 +94,23 @@ def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl
         # (branch 0 first) -- so Linen's draw counts, which run on across branches, match.
         order = [1, 0] if name == "cond" else list(range(len(regions)))
 
-        def branch(region: Callable) -> Callable:
+        types: list[tuple[str, dict]] = []      # per branch traced: its label, variable types
+
+        def branch(i: int) -> Callable:
             def run(gs, ks, *arrays):
-                out, gs_out = region(gs, ks, *rebuild(arrays))
+                out, gs_out = regions[i](gs, ks, *rebuild(arrays))
                 created.append({k for g, g_out in zip(gs, gs_out) for k in g_out if k not in g})
                 if len(created) == len(regions):
                     _check_creations(name, [labels[i] for i in order], created)
+                types.append((f"{labels[i]} ({getattr(fns[i], '__name__', 'fn')})",
+                              {k: VarType.of(v) for g in gs_out for k, v in g.items()}))
+                _check_types(name, types[0], types[-1])
                 return out, gs_out
             return run
         if name == "cond":
-            return jax.lax.cond(index != 0, branch(regions[1]), branch(regions[0]), groups,
-                                rng_groups, *leaves)
-        return jax.lax.switch(index, [branch(r) for r in regions], groups, rng_groups, *leaves)
+            return jax.lax.cond(index != 0, branch(1), branch(0), groups, rng_groups, *leaves)
+        return jax.lax.switch(index, [branch(i) for i in range(len(regions))], groups,
+                              rng_groups, *leaves)
 
     lifted = lift(transform, *fns, variables=(variables,), rngs=(rngs,), name=name, passes=passes)
     return call_direct(lifted, mdl, index, *operands)

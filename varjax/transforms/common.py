@@ -46,6 +46,7 @@ def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],
         return lifted_function(lifted, target)
     in_objects: list[Callable] = []
 
+    @errors.api_boundary
     def dual(*args: Any, **kwargs: Any) -> Any:
         # ``active() is None`` first: outside any trace (a train step's loop) the call is
         # object mode, decided without another call
