@@ -226,3 +226,14 @@ def test_object_mode_traceback_shows_no_varjax_frame_but_the_raise_site(call, mo
     inside = os.path.dirname(vj.__file__)
     ours = [f for f in files if f.startswith(inside) or f.startswith("<varjax")]
     assert ours == [files[-1]], files
+
+
+def test_scan_carry_shared_differently_after_a_step_raises():
+    a, b = vj.Variable(jnp.array(0)), vj.Variable(jnp.array(1))
+
+    def twice(c, x):
+        p, _ = c
+        return (p, p), x        # two objects came in, one goes on in both places
+    with pytest.raises(vj.errors.TransformError, match="twice returns a new carry whose "
+                       "objects are shared differently"):
+        vj.scan(twice)((a, b), jnp.arange(2))
