@@ -15,20 +15,52 @@ earlier (they are added to a pipeline that lacks them), ``after``/``before``
 order this pass relative to others only when both are present.  Subclasses
 register themselves by ``name`` when defined; a subclass that does not set its
 own ``name`` is not registered, and a name taken by another class raises.
+
+Roots: a pass may run for part of a program only -- a module bound with ``passes=`` and
+called in an object-mode transform, whose variables live at ``m/Dense_0/kernel``.  Its
+options were written for the module alone (``under=Dense_0``), so the pass is *rooted*
+(``Pass.rooted``): it touches only the variables under its roots, and sees their paths as
+the module does (``Pass.relative``).  A pass says it honours roots with ``rootable``.
 """
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
-from typing import Any, Callable, ClassVar, ContextManager, Mapping
+from typing import Any, Callable, ClassVar, ContextManager, Mapping, Sequence
 
 import jax
 
 from varjax import _jax, errors, filters, streams
-from varjax.passes.options import check_options
+from varjax.passes.options import check_options, option_fields
 from varjax.primitives import Key, Path, VarType, rng_draw_p, var_get_p, var_set_p
 
 REGISTRY: dict[str, type["Pass"]] = {}
+
+# A root: where part of the program's variables live (a path prefix of the program) and the
+# path the pass's options name that place by.  A module passed as argument ``m`` is
+# ``(("m",), ())``; its submodule ``Dense_0`` passed alone as ``d`` is ``(("d",),
+# ("Dense_0",))``, as an eager call of it sees the paths of the module it was bound from.
+Root = tuple[Path, Path]
+
+
+def relative_path(roots: Sequence[Root], path: Path) -> Path | None:
+    """Program path ``path`` as a pass rooted at ``roots`` names it; None outside every
+    root.  No roots is the whole program, named as it is."""
+    if not roots:
+        return path
+    for at, named in roots:          # longest first (``Pass.rooted``): the nearest root
+        if path[:len(at)] == at:
+            return named + path[len(at):]
+    return None
+
+
+def program_paths(roots: Sequence[Root], named: Path) -> tuple[Path, ...]:
+    """The program paths a pass rooted at ``roots`` means by ``named`` (one per root that
+    can hold it): the inverse of ``relative_path``."""
+    if not roots:
+        return (named,)
+    return tuple(at + named[len(base):] for at, base in roots if named[:len(base)] == base)
 
 
 @dataclasses.dataclass
@@ -161,6 +193,15 @@ class Pass:
     # Effect classes this pass lowers (lower-rng: ``RngEffect``): a later pass that emits
     # one is misordered, and the pipeline says which pass it must run before.
     lowers: ClassVar[tuple[type, ...]] = ()
+    # True for a pass that honours ``roots``: it touches only the variables under them and
+    # reads their paths through ``relative`` (the selecting passes), or its work is the
+    # same whatever part of the program it is for (lower-rng).  A pass that does not say
+    # so cannot be rooted: it would apply to every argument of an object-mode call, with
+    # paths its options were not written for.
+    rootable: ClassVar[bool] = False
+    # Where the pass applies (see the module docstring); () is the whole program.  Not an
+    # option: set by ``rooted``, compared and hashed, so rooted pipelines cache apart.
+    roots: tuple[Root, ...] = dataclasses.field(default=(), init=False)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -186,6 +227,30 @@ class Pass:
         annotation, ``Annotated[int, AtLeast(1)]`` (``passes/options.py``), and checked
         before this; both run whenever the pass is made, and fail as a ``PipelineError``."""
 
+    def rooted(self, roots: Sequence[Root]) -> "Pass":
+        """This pass for the variables under ``roots`` only, named as there (see the module
+        docstring): what ``bind(passes=...)`` runs in an object-mode transform."""
+        if not roots:
+            return self
+        if not type(self).rootable:
+            raise errors.PipelineError(
+                f"pass '{self.spec()}' cannot run for one module's variables (its class does "
+                "not declare rootable = True), so it cannot follow a module bound with it "
+                "into an object-mode transform, where the variables of every argument share "
+                "one program.", source=errors.source_text(),
+                fix=f"make {type(self).__qualname__} touch only the variables under "
+                    "self.roots, read their paths through self.relative(path), and set "
+                    "rootable = True; or call the module outside the transform")
+        rooted = copy.copy(self)
+        ordered = tuple(sorted(set(roots), key=lambda r: (-len(r[0]), r)))
+        object.__setattr__(rooted, "roots", ordered)
+        return rooted
+
+    def relative(self, path: Path) -> Path | None:
+        """Program path ``path`` as this pass's options name it (relative to its root);
+        None for a variable outside every root, which the pass leaves alone."""
+        return relative_path(self.roots, path)
+
     def lifted_like(self) -> Mapping[str, str]:
         """Collections this pass creates variables in, each mapped to the collection whose
         lifting they follow: a lifted transform that names no filter for them lifts them as
@@ -208,7 +273,7 @@ class Pass:
 
     def spec(self) -> str:
         """This pass as it appears in a pipeline string: ``cast-params{dtype=bfloat16}``."""
-        opts = [f"{f.name}={_option_text(getattr(self, f.name))}" for f in dataclasses.fields(self)]
+        opts = [f"{f.name}={_option_text(getattr(self, f.name))}" for f in option_fields(self)]
         return self.name + ("{" + ",".join(opts) + "}" if opts else "")
 
 

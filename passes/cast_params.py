@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import jax.numpy as jnp
 
 from varjax import _jax, nested
-from varjax.passes.base import Pass, PassContext
+from varjax.passes.base import Pass, PassContext, Root, relative_path
 from varjax.passes.options import FloatDtype
 from varjax.passes.rewrite import Region, Rewriter, Rule
 from varjax.primitives import var_get_p
@@ -26,9 +26,11 @@ from varjax.primitives import var_get_p
 class CastRead(Rule):
     primitive = var_get_p
     dtype: Any
+    roots: tuple[Root, ...] = ()     # the pass's (``Pass.rooted``)
 
     def match(self, eqn: _jax.JaxprEqn) -> bool:
-        return eqn.params["collection"] == "params"
+        return (eqn.params["collection"] == "params"
+                and relative_path(self.roots, eqn.params["path"]) is not None)
 
     def rewrite(self, eqn: _jax.JaxprEqn, invals: list, region: Region) -> list:
         return [_cast(x, self.dtype) for x in region.bind(eqn, invals)]
@@ -63,7 +65,8 @@ class CastParams(Pass):
     name = "cast-params"
     summary = "compute with floating params cast to `dtype`"
     before = ("forward-stores", "discharge")
+    rootable = True
     dtype: Annotated[Any, FloatDtype()] = "bfloat16"   # a name, or a dtype in Python
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
-        return Autocast([CastRead(jnp.dtype(self.dtype))]).run(jaxpr)
+        return Autocast([CastRead(jnp.dtype(self.dtype), self.roots)]).run(jaxpr)

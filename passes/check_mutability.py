@@ -39,6 +39,7 @@ def mutability_given_by(api: str) -> Iterator[None]:
 class CheckMutability(Pass):
     name = "check-mutability"
     summary = "raise on writes to immutable collections"
+    rootable = True     # checks the whole program, whatever part it is for
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         # The write set (memoised per jaxpr, discharge reads it too) settles the common

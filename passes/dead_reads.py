@@ -24,6 +24,7 @@ class DeadReads(Pass):
     name = "dead-reads"
     summary = "remove reads whose results are unused (and other dead pure code)"
     after = ("forward-stores",)
+    rootable = True     # preserves every program it runs on, whatever part it is for
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         pruned, _, removed = liveness.dce(jaxpr.jaxpr, prune_inputs=False)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from varjax import _jax
-from varjax.passes.base import Pass, PassContext
+from varjax.passes.base import Pass, PassContext, Root, relative_path
 from varjax.passes.options import AtLeast, Between, Name, check_collection
 from varjax.passes.rewrite import Region, Rule
 from varjax.passes.stop_gradient import ReadRewriter
@@ -58,10 +58,12 @@ class QuantizeRead(Rule):
     bits: int
     per_channel: bool = False
     min_rank: int = 2
+    roots: tuple[Root, ...] = ()     # the pass's (``Pass.rooted``)
 
     def match(self, eqn: _jax.JaxprEqn) -> bool:
-        return eqn.params["collection"] == self.collection and any(
-            self._quantizes(a) for a in eqn.params["avals"])
+        return (eqn.params["collection"] == self.collection
+                and relative_path(self.roots, eqn.params["path"]) is not None
+                and any(self._quantizes(a) for a in eqn.params["avals"]))
 
     def _quantizes(self, aval: Any) -> bool:
         return jnp.issubdtype(aval.dtype, jnp.floating) and aval.ndim >= self.min_rank
@@ -78,6 +80,7 @@ class FakeQuant(Pass):
     # In init a parameter is read back after it is created; forward-stores would turn
     # that read into the created value before this pass saw it.
     before = ("forward-stores", "discharge")
+    rootable = True
     # Below 2 bits there is no nonzero level; above 16, use floats.
     bits: Annotated[int, Between(2, 16)] = 8
     per_channel: bool = False
@@ -86,5 +89,5 @@ class FakeQuant(Pass):
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         check_collection(self, "collection", self.collection, jaxpr, ctx)
-        rule = QuantizeRead(self.collection, self.bits, self.per_channel, self.min_rank)
+        rule = QuantizeRead(self.collection, self.bits, self.per_channel, self.min_rank, self.roots)
         return ReadRewriter([rule]).run(jaxpr)

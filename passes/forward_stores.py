@@ -81,6 +81,7 @@ class ForwardStores(Pass):
     name = "forward-stores"
     summary = "forward stored/read values to later reads in the same region"
     after = ("lower-rng", "check-mutability")
+    rootable = True     # preserves every program it runs on, whatever part it is for
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         if not touches_variables(jaxpr.effects):

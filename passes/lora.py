@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -41,9 +41,9 @@ import jax.numpy as jnp
 from varjax import _jax, errors, nested
 from varjax.pass_scopes import declare
 from varjax.passes.base import Pass, PassContext
-from varjax.passes.options import AtLeast, Name, Regex, program_variables, unmatched
+from varjax.passes.options import AtLeast, Name, Regex, given_variables, program_variables, unmatched
 from varjax.passes.rewrite import Region, Rewriter, Rule
-from varjax.primitives import lift_of, var_get_p
+from varjax.primitives import Path, lift_of, var_get_p
 
 _CASTS = ("convert_element_type",)
 
@@ -58,6 +58,7 @@ class Lora(Pass):
     # then change the frozen or quantized kernel read, and the adapters stay as they are.
     before = ("fake-quant", "stop-gradient", "cast-params", "lower-rng", "forward-stores",
               "discharge")
+    rootable = True
     rank: Annotated[int, AtLeast(1)] = 4
     targets: Annotated[str, Regex()] = "kernel$"
     scale: float = 1.0
@@ -73,7 +74,7 @@ class Lora(Pass):
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         targets = re.compile(self.targets)
         self._check_targets(targets, jaxpr, ctx)
-        kernels = _matmul_kernels(jaxpr, targets)
+        kernels = _matmul_kernels(jaxpr, self._targeted(targets))
         if not kernels:
             return jaxpr
         ctx.count(self.name, "adapted", len(kernels))
@@ -83,12 +84,22 @@ class Lora(Pass):
         """``targets`` must name some ``params`` variable of the program (a typo adapts
         nothing).  A program may adapt nothing with a good ``targets``: a method without
         matmuls, or one whose kernels are all in lifted bodies, which adapt their own."""
-        if ctx.region or any(c == "params" and targets.search("/".join(p)) for c, p in ctx.variables):
+        if ctx.region or any(c == "params" and targets.search("/".join(p))
+                             for c, p in given_variables(self, ctx)):
             return
-        params = sorted("/".join(p) for c, p in program_variables(jaxpr, ctx) if c == "params")
+        params = sorted("/".join(p) for c, p in program_variables(self, jaxpr, ctx) if c == "params")
         if not any(targets.search(p) for p in params):
             raise unmatched(self, f"targets={self.targets}", "matches no params variable",
                             "params variables", params)
+
+    def _targeted(self, targets: re.Pattern) -> Callable[[Path], bool]:
+        """Whether a ``params`` read at a program path is one ``targets`` names: searched in
+        the path as the pass's options name it (``Pass.relative``), never outside its roots.
+        The adapters are made at the kernel's module in the program, so under the root."""
+        def targeted(path: Path) -> bool:
+            named = self.relative(path)
+            return named is not None and targets.search("/".join(named)) is not None
+        return targeted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,9 +142,10 @@ def delta(a: jax.Array, b: jax.Array, shape: tuple[int, ...], contracted: tuple[
     return jnp.transpose(d, [order.index(i) for i in range(len(shape))])
 
 
-def _matmul_kernels(closed: _jax.ClosedJaxpr, targets: re.Pattern) -> dict[int, tuple[int, ...]]:
-    """``id(var_get equation) -> contracted axes`` of each matching ``params`` read used as
-    an unbatched ``dot_general`` operand (directly or through casts), at any depth."""
+def _matmul_kernels(closed: _jax.ClosedJaxpr, targeted: Callable[[Path], bool]
+                    ) -> dict[int, tuple[int, ...]]:
+    """``id(var_get equation) -> contracted axes`` of each ``targeted`` ``params`` read used
+    as an unbatched ``dot_general`` operand (directly or through casts), at any depth."""
     producer: dict[Any, _jax.JaxprEqn] = {}
     found: dict[int, tuple[int, ...]] = {}
     for eqn, _ in nested.walk_eqns(closed):
@@ -144,7 +156,7 @@ def _matmul_kernels(closed: _jax.ClosedJaxpr, targets: re.Pattern) -> dict[int, 
         (contracting, batch) = eqn.params["dimension_numbers"]
         for operand, axes, batched in zip(eqn.invars, contracting, batch):
             read = _source_read(operand, producer)
-            if read is None or batched or not targets.search("/".join(read.params["path"])):
+            if read is None or batched or not targeted(read.params["path"]):
                 continue
             found[id(read)] = tuple(sorted(axes))
     return found

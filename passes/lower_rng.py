@@ -311,6 +311,7 @@ class LowerRng(Pass):
     summary = "lower rng_draw to fold_in over key/counter variables"
     after = ("check-mutability",)
     lowers = (RngEffect,)
+    rootable = True     # one lowering for the whole program, whatever part it is for
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         used = streams_of(jaxpr.effects)

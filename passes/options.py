@@ -100,6 +100,12 @@ class VariablePath(Constraint):
         return None if all(inner.split("/")) else "has an empty name between '/'s"
 
 
+def option_fields(p: Any) -> tuple[dataclasses.Field, ...]:
+    """The options of pass (class) ``p``: its dataclass fields a pipeline string can set;
+    not ``roots``, which ``Pass.rooted`` sets."""
+    return tuple(f for f in dataclasses.fields(p) if f.init)
+
+
 def check_options(p: Any) -> None:
     """``PipelineError`` unless every option of pass ``p`` has its declared type and meets
     its constraints, and ``p.check()`` accepts their combination."""
@@ -117,7 +123,7 @@ def check_options(p: Any) -> None:
 
 
 def _error(p: Any, why: str, option: str | None) -> errors.PipelineError:
-    valid = ", ".join(f.name for f in dataclasses.fields(p)) or "none"
+    valid = ", ".join(f.name for f in option_fields(p)) or "none"
     fix = f"give option '{option}' a value it accepts" if option else "give options that fit together"
     return errors.PipelineError(f"pass '{p.name}': {why}", source=errors.source_text(),
                                 fix=f"{fix}; valid options: {valid}")
@@ -132,7 +138,7 @@ def _declared(cls: type) -> dict[str, tuple[Any, tuple[Constraint, ...]]]:
     except (NameError, TypeError):
         return {}
     out = {}
-    for f in dataclasses.fields(cls):
+    for f in option_fields(cls):
         kind = hints.get(f.name, Any)
         constraints: tuple[Constraint, ...] = ()
         if typing.get_origin(kind) is typing.Annotated:
@@ -175,24 +181,41 @@ def _describe(kind: Any) -> str:
 # (``PassContext.asked``).  A lifted body's own pipeline (``ctx.region``) sees only what
 # was handed in, and a legit option may select only variables outside it: there the check
 # is left to the enclosing program's pipeline, which sees the body's variables at the
-# boundary.
+# boundary.  A rooted pass (``Pass.rooted``) checks against the variables under its roots,
+# by the paths its options use.
 
 
-def program_variables(jaxpr: Any, ctx: Any) -> frozenset[Key]:
-    """Every user variable of the program ``jaxpr`` run in ``ctx`` (see above)."""
-    found = {k for k in (*ctx.variables, *ctx.asked) if not is_internal(k[0])}
+def given_variables(p: Any, ctx: Any) -> frozenset[Key]:
+    """The variables given to the program that pass ``p`` sees (paths as its options name
+    them: ``Pass.relative``)."""
+    return _seen(p, ctx.variables)
+
+
+def program_variables(p: Any, jaxpr: Any, ctx: Any) -> frozenset[Key]:
+    """Every user variable of the program ``jaxpr`` run in ``ctx`` that pass ``p`` sees
+    (see above), paths as its options name them."""
+    found = {*ctx.variables, *ctx.asked}
     for eqn, _ in nested.walk_eqns(jaxpr):
-        if eqn.primitive in (var_get_p, var_set_p) and not is_internal(eqn.params["collection"]):
+        if eqn.primitive in (var_get_p, var_set_p):
             found.add((eqn.params["collection"], eqn.params["path"]))
-    return frozenset(found)
+    return _seen(p, found)
+
+
+def _seen(p: Any, keys: Any) -> frozenset[Key]:
+    seen = set()
+    for collection, path in keys:
+        named = p.relative(path)
+        if named is not None and not is_internal(collection):
+            seen.add((collection, named))
+    return frozenset(seen)
 
 
 def check_collection(p: Any, option: str, collection: str, jaxpr: Any, ctx: Any) -> None:
     """``PipelineError`` naming ``option`` unless the program has a variable of
-    ``collection`` (not checked in a lifted body: see above)."""
-    if ctx.region or any(c == collection for c, _ in ctx.variables):
+    ``collection`` that ``p`` sees (not checked in a lifted body: see above)."""
+    if ctx.region or any(c == collection for c, _ in given_variables(p, ctx)):
         return
-    have = {c for c, _ in program_variables(jaxpr, ctx)}
+    have = {c for c, _ in program_variables(p, jaxpr, ctx)}
     if collection not in have:
         raise unmatched(p, f"{option}={collection}", "matches no collection of the program",
                         "collections", sorted(have))
@@ -200,9 +223,14 @@ def check_collection(p: Any, option: str, collection: str, jaxpr: Any, ctx: Any)
 
 def unmatched(p: Any, option: str, why: str, what: str, existing: Sequence[str]) -> errors.PipelineError:
     """The error for option text ``option`` of pass ``p`` that selects nothing, listing the
-    ``existing`` things (``what``) it could have named."""
+    ``existing`` things (``what``) it could have named.  A rooted pass says whose variables
+    it looked at (the arguments of an object-mode call bound with it)."""
     listed = ", ".join(existing[:20]) + (f", ... ({len(existing)} in all)" if len(existing) > 20 else "")
+    whose = ""
+    if p.roots:
+        whose = " in the variables of argument " + ", ".join(
+            errors.format_path(at) for at, _ in sorted(p.roots))
     return errors.PipelineError(
-        f"pass '{p.spec()}': option {option} {why}, so the pass would do nothing; the "
+        f"pass '{p.spec()}': option {option} {why}{whose}, so the pass would do nothing; the "
         f"{what} are: {listed or 'none'}.", source=errors.source_text(),
         fix=f"spell {option.partition('=')[0]} as one of the {what} listed")

@@ -252,7 +252,8 @@ def _check_conflicts(passes: list[Pass]) -> None:
     """Passes that cannot share a pipeline: two that discharge (after the first, nothing is
     left for the second, which fails on the pure IR), and two that create variables in one
     collection (``lora{rank=4},lora{rank=2}``: the second would find the first's adapters
-    and use them as its own, or make its own beside them, silently)."""
+    and use them as its own, or make its own beside them, silently) -- unless both are
+    rooted at different arguments of an object-mode call."""
     discharging = [p for p in passes if p.discharges]
     if len(discharging) > 1:
         raise PipelineError(
@@ -260,17 +261,27 @@ def _check_conflicts(passes: list[Pass]) -> None:
             "after the first nothing is left to discharge.", source=source_text(),
             fix=f"name '{discharging[0].name}' once: init, apply and vj.functionalize already "
                 "end their pipelines with it, and passes= adds to those")
-    creators: dict[str, Pass] = {}
+    creators: dict[str, list[Pass]] = collections.defaultdict(list)
     for p in passes:
         for collection in p.lifted_like():
-            first = creators.setdefault(collection, p)
-            if first is not p:
+            first = next((q for q in creators[collection] if _overlap(q, p)), None)
+            creators[collection].append(p)
+            if first is not None:
                 raise PipelineError(
                     f"passes '{first.spec()}' and '{p.spec()}' both create the variables of "
                     f"collection '{collection}'; one of them would use the other's.",
                     source=source_text(),
                     fix=f"keep one of them, or give the other its own collection "
                         f"({p.name}{{collection=...}})")
+
+
+def _overlap(a: Pass, b: Pass) -> bool:
+    """Whether two passes may touch one variable: unless both are rooted (``Pass.rooted``)
+    at disjoint parts of the program (two modules of one object-mode call, each bound with
+    its own ``lora``, create adapters each in its own module)."""
+    if not a.roots or not b.roots:
+        return True
+    return any(x[:len(y)] == y or y[:len(x)] == x for x, _ in a.roots for y, _ in b.roots)
 
 
 def _with_requirements(given: list[Pass]) -> list[Pass]:

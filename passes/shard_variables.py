@@ -105,6 +105,7 @@ class ShardVariables(Pass):
     summary = "constrain reads and writes of partitioned variables to their shardings"
     after = ("forward-stores", "dead-reads")
     before = ("discharge",)
+    rootable = True     # a variable's own box says how to shard it, whoever holds it
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         constrained: list = []

@@ -17,8 +17,15 @@ from typing import Annotated, Any
 import jax
 
 from varjax import _jax
-from varjax.passes.base import Pass, PassContext
-from varjax.passes.options import Name, VariablePath, check_collection, program_variables, unmatched
+from varjax.passes.base import Pass, PassContext, Root, relative_path
+from varjax.passes.options import (
+    Name,
+    VariablePath,
+    check_collection,
+    given_variables,
+    program_variables,
+    unmatched,
+)
 from varjax.passes.rewrite import Region, Rewriter, Rule
 from varjax.primitives import Path, var_get_p
 
@@ -40,10 +47,14 @@ class StopGradientRead(Rule):
     primitive = var_get_p
     collection: str
     under: Path = ()
+    roots: tuple[Root, ...] = ()     # the pass's (``Pass.rooted``); ``under`` is relative
 
     def match(self, eqn: _jax.JaxprEqn) -> bool:
         p = eqn.params
-        return p["collection"] == self.collection and p["path"][:len(self.under)] == self.under
+        if p["collection"] != self.collection:
+            return False
+        path = relative_path(self.roots, p["path"])
+        return path is not None and path[:len(self.under)] == self.under
 
     def rewrite(self, eqn: _jax.JaxprEqn, invals: list[Any], region: Region) -> list[Any]:
         return [jax.lax.stop_gradient(x) for x in region.bind(eqn, invals)]
@@ -56,6 +67,7 @@ class StopGradient(Pass):
     # In init a parameter is read back after it is created; forward-stores would turn
     # that read into the created value before this pass saw it.
     before = ("forward-stores", "discharge")
+    rootable = True
     collection: Annotated[str, Name()]
     under: Annotated[str, VariablePath(empty=True)] = ""
 
@@ -63,14 +75,14 @@ class StopGradient(Pass):
         under = split_path(self.under)
         check_collection(self, "collection", self.collection, jaxpr, ctx)
         self._check_under(under, jaxpr, ctx)
-        return ReadRewriter([StopGradientRead(self.collection, under)]).run(jaxpr)
+        return ReadRewriter([StopGradientRead(self.collection, under, self.roots)]).run(jaxpr)
 
     def _check_under(self, under: Path, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
         """``under`` must hold a variable of ``collection`` (a typo freezes nothing)."""
         if ctx.region or not under or any(c == self.collection and p[:len(under)] == under
-                                          for c, p in ctx.variables):
+                                          for c, p in given_variables(self, ctx)):
             return
-        paths = [p for c, p in program_variables(jaxpr, ctx) if c == self.collection]
+        paths = [p for c, p in program_variables(self, jaxpr, ctx) if c == self.collection]
         if not any(p[:len(under)] == under for p in paths):
             scopes = sorted({"/".join(p[:len(under)]) for p in paths})
             raise unmatched(self, f"under={self.under}",

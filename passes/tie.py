@@ -48,7 +48,13 @@ from varjax.passes.base import Pass, PassContext
 from varjax.passes.options import Name, VariablePath
 from varjax.passes.rewrite import Region, Rule
 from varjax.passes.stop_gradient import ReadRewriter, split_path
-from varjax.primitives import Key, VarType, bind_get, var_get_p, var_set_p
+from varjax.primitives import Key, Path, VarType, bind_get, var_get_p, var_set_p
+
+
+def _touches(jaxpr: _jax.ClosedJaxpr, at: Path) -> bool:
+    """Whether the program reads or writes a variable under ``at``."""
+    return any(e.primitive in (var_get_p, var_set_p) and e.params["path"][:len(at)] == at
+               for e, _ in nested.walk_eqns(jaxpr))
 
 
 def _type_of(eqn: _jax.JaxprEqn) -> VarType:
@@ -116,6 +122,7 @@ class Tie(Pass):
     # that read into the created value before this pass saw it.  Passes that change the
     # values read run after it, so they see dst's reads as reads of src.
     before = ("fake-quant", "stop-gradient", "cast-params", "forward-stores", "discharge")
+    rootable = True
     src: Annotated[str, VariablePath()]
     dst: Annotated[str, VariablePath()]
     collection: Annotated[str, Name()] = "params"
@@ -127,18 +134,41 @@ class Tie(Pass):
 
     def supplies(self) -> frozenset[Key]:
         # Every read of dst becomes a read of src: apply needs no dst.
-        return frozenset({(self.collection, split_path(self.dst))})
+        return frozenset(dst for _, _, dst in self._pairs())
+
+    def _pairs(self) -> list[tuple[Path, Key | None, Key]]:
+        """``(root, src, dst)`` per root that holds ``dst`` (``Pass.rooted``; the whole
+        program unrooted): the two variables' keys in the program.  ``src`` is None where
+        the root cannot hold it (a submodule passed alone, tied to a variable outside it)."""
+        src, dst = split_path(self.src), split_path(self.dst)
+        pairs: list[tuple[Path, Key | None, Key]] = []
+        for at, base in self.roots or (((), ()),):
+            if dst[:len(base)] == base:
+                inside = src[:len(base)] == base
+                pairs.append((at, (self.collection, at + src[len(base):]) if inside else None,
+                              (self.collection, at + dst[len(base):])))
+        return pairs
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
-        src: Key = (self.collection, split_path(self.src))
-        dst: Key = (self.collection, split_path(self.dst))
-        checked = self._check(jaxpr, ctx, src, dst)
-        if checked is None:       # a lifted body that does not use dst
+        rules: list[Rule] = []
+        for at, src, dst in self._pairs():
+            if self.roots and not _touches(jaxpr, at):
+                continue      # an argument the program never uses: nothing to tie there
+            if src is None:
+                raise errors.MissingVariableError(
+                    f"tie: {self.dst} is in argument {errors.format_path(at)} and its source "
+                    f"{self.src} is not, so the tied read would find no value.",
+                    collection=self.collection, path=dst[1], **errors.where(),
+                    fix="pass the module that holds both variables")
+            checked = self._check(jaxpr, ctx, src, dst)
+            if checked is None:       # a lifted body that does not use dst
+                continue
+            src_type, transpose = checked
+            rules += [TiedRead(dst, src, src_type, transpose), DroppedWrite(dst)]
+        if not rules:
             return jaxpr
-        src_type, transpose = checked
-        ctx.count(self.name, "tied")
-        return ReadRewriter([TiedRead(dst, src, src_type, transpose),
-                             DroppedWrite(dst)]).run(jaxpr)
+        ctx.count(self.name, "tied", len(rules) // 2)
+        return ReadRewriter(rules).run(jaxpr)
 
     def _check(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext, src: Key, dst: Key
                ) -> tuple[VarType, bool] | None:

@@ -73,14 +73,12 @@ def test_stop_gradient_bound_with_the_module_freezes_it_under_grad() -> None:
     assert np.abs(vj.state(vj.grad(loss)(Lin().bind(BASE)), "params")["params"]["Dense_0"]["bias"]).min() > 0
 
 
-def test_modules_bound_with_different_passes_in_one_call_is_an_error() -> None:
+def test_modules_bound_with_different_passes_in_one_call_each_run_their_own() -> None:
     adapted = Lin().bind(ADAPTED, passes=LORA)
     base = Lin().bind(BASE)
-    with pytest.raises(vj.errors.TransformError) as caught:
-        vj.jit(lambda student, teacher: student(X) - teacher(X))(adapted, base)
-    message = str(caught.value)
-    assert "student" in message and "teacher" in message and "lora{rank=2," in message and "none" in message
-    assert "test_object_bound_root.py" in message
+    want = Lin().apply(ADAPTED, X, passes=LORA) - Lin().apply(BASE, X)
+    got = vj.jit(lambda student, teacher: student(X) - teacher(X))(adapted, base)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
     # the same passes, written another way, are the same pipeline
     same = Lin().bind(ADAPTED, passes=[" lora{rank=2} "])
     np.testing.assert_allclose(vj.jit(lambda a, b: a(X) - b(X))(adapted, same), 0.0)

@@ -69,6 +69,10 @@ class BoundRoot(_Root):
     def __init__(self, variables: Mapping[str, Any], rngs: Any, mutable: Any, passes: tuple = ()):
         super().__init__()
         self.passes = passes    # added to every call's pipeline (``bind(passes=...)``)
+        # Where these variables are in the module the passes were given for: () for a
+        # module bound by ``bind``; a submodule's path for the copy JAX makes of a submodule
+        # passed to a transform alone (``nn.module.objects``), whose passes name it so.
+        self.passes_path: Path = ()
         self.variables = unflatten_variables(
             {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
         # A vj.Rngs is state: every call draws from it and advances it.  Keys are folded
@@ -88,7 +92,7 @@ class BoundRoot(_Root):
 
     @classmethod
     def restore(cls, variables: dict[str, Any], rngs: Any, mutable: Any,
-                passes: tuple = ()) -> "BoundRoot":
+                passes: tuple = (), passes_path: Path = ()) -> "BoundRoot":
         """A root over ``variables`` as they are (a pytree's leaves, maybe not arrays: JAX
         unflattens with placeholders too), without the checks of ``bind``; ``rngs`` is an
         ``Rngs``, ``(keys, calls)``, or anything else for none: ``{}`` as flattened, or what
@@ -102,7 +106,7 @@ class BoundRoot(_Root):
         # A value a tree map put where the empty ``{}`` was goes back there when the module
         # is flattened again (``rng_children``), as the map's tree must match the module's.
         root._rng_leaf = rngs if root.held is None and not isinstance(rngs, tuple) else {}
-        root.mutable, root.passes = mutable, passes
+        root.mutable, root.passes, root.passes_path = mutable, passes, passes_path
         root.origin, root._fns, root.layout, root.cells, root.defs = None, {}, 0, {}, {}
         return root
 

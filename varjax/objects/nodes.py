@@ -78,8 +78,16 @@ class NodeKind(Protocol):
         ...
 
     def passes(self, node: Any) -> tuple | None:
-        """The passes a call over the node runs (a module's ``bind(passes=...)``), or None
-        for a node that has no say (a ``Variable``, an ``Rngs``)."""
+        """The passes a call over the node runs for the node's variables (a module's
+        ``bind(passes=...)``), or None for a node that has no say (a ``Variable``, an
+        ``Rngs``).  They are rooted at the node (``Pass.rooted``): they see its variables
+        as an eager call does, at ``passes_path`` + the cell's path."""
+        ...
+
+    def passes_path(self, node: Any) -> Path:
+        """Where the node's variables are in what its passes were given for: ``()`` for a
+        bound module, ``Dense_0`` for its submodule (an eager call of it runs the passes
+        over the whole bound module)."""
         ...
 
     def bind(self, node: Any, prefix: Path, ctx: TraceContext) -> Any:
@@ -161,6 +169,9 @@ class VariableKind:
     def passes(self, node: Any) -> tuple | None:
         return None
 
+    def passes_path(self, node: Any) -> Path:
+        return ()
+
     def bind(self, node: scope.Variable, prefix: Path, ctx: TraceContext) -> scope.Variable:
         return scope.Variable.at(node.collection, prefix, node.get_metadata(), ctx.origin)
 
@@ -235,6 +246,9 @@ class RngsKind:
 
     def passes(self, node: Any) -> tuple | None:
         return None
+
+    def passes_path(self, node: Any) -> Path:
+        return ()
 
     def bind(self, node: Rngs, prefix: Path, ctx: TraceContext) -> Rngs:
         def var(name: str, part: str) -> scope.Variable:

@@ -29,6 +29,7 @@ from varjax.context import TraceContext, active, current
 from varjax.functionalize import Functionalized
 from varjax.objects.graph import Graph
 from varjax.outputs import reveal
+from varjax.passes.base import program_paths
 from varjax.passes.check_mutability import mutability_given_by
 from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, Path
@@ -102,35 +103,49 @@ def _functionalized(fn: Callable, capture: Any, passes: tuple) -> tuple[Function
     return found
 
 
-def _passes(graph: Graph, what: str, enclosing: TraceContext | None) -> tuple:
-    """The passes of the call: those its bound modules were bound with (``bind(passes=
-    ...)``), which must agree, since one pipeline runs over the whole trace -- every
-    argument's variables; with no bound module, the enclosing trace's (none at top level).
-    So a module's passes follow it into every transform, nested ones included."""
-    chosen: tuple[Any, tuple] | None = None
+def _passes(graph: Graph, enclosing: TraceContext | None) -> tuple:
+    """The passes of the call: each bound module's (``bind(passes=...)``) rooted at the
+    module's place in the arguments (``Pass.rooted``), so they see its variables -- and
+    only its -- by the paths an eager call of it sees; modules bound with equal passes share
+    one rooted copy.  With no bound module, the enclosing trace's passes that are for the
+    whole program (``apply(passes=...)``), none at top level: rooted ones are about the
+    enclosing trace's arguments, which a nested call cannot see.  So a module's passes
+    follow it into every transform, nested ones included."""
+    groups: list[tuple[tuple, list]] = []     # (passes, roots), equal passes together
+    bound = False
     for node in graph.nodes:
         given = node.kind.passes(node.obj)
         if given is None:
             continue
+        bound = True
         parsed = parse_entries(given)
-        if chosen is None:
-            chosen = (node, parsed)
-        elif parsed != chosen[1]:
-            first, spec = chosen
-            raise errors.TransformError(
-                f"{what}: argument {errors.format_path(first.prefix)} was bound with passes "
-                f"{_spec(spec)} and argument {errors.format_path(node.prefix)} with "
-                f"{_spec(parsed)}; one call runs one pipeline over every argument.",
-                **errors.where(),
-                fix="bind both modules with the same passes=, or call them in separate "
-                    "transforms")
-    if chosen is not None:
-        return chosen[1]
-    return tuple(enclosing.passes) if enclosing is not None else ()
+        root = (node.prefix, node.kind.passes_path(node.obj))
+        group = next((g for g in groups if g[0] == parsed), None)
+        if group is None:
+            groups.append((parsed, [root]))
+        else:
+            group[1].append(root)
+    if bound:
+        return tuple(p.rooted(roots) for parsed, roots in groups for p in parsed)
+    if enclosing is None:
+        return ()
+    return tuple(p for p in enclosing.passes if not p.roots)
 
 
-def _spec(passes: tuple) -> str:
-    return repr(",".join(p.spec() for p in passes)) if passes else "none"
+def _hand_up_supplied(passes: tuple, enclosing: TraceContext) -> None:
+    """A nested call's passes supply variables of the modules it was given (``tie``'s
+    ``dst``, never stored), which the enclosing trace then never reads: the enclosing
+    pipeline counts them as asked for (``PassContext.asked``), as it counts those a lifted
+    body read, since this call's pipeline checked them.  They are marked for each root of
+    the same pass in the enclosing trace: the modules that were handed in."""
+    for p in passes:
+        if not p.roots:
+            continue
+        for outer in enclosing.passes:
+            if outer.roots and outer.rooted(p.roots) == p:
+                enclosing.origin.asked.update(
+                    (collection, full) for collection, path in p.supplies()
+                    for full in program_paths(outer.roots, p.relative(path)))
 
 
 # How many nested object-mode calls each trace has handed its keys to (see _handed_keys).
@@ -222,7 +237,8 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     for node in graph.nodes:
         rngs.update(node.kind.explicit_rngs(node.obj))
 
-    functionalized, holder = _functionalized(fn, capture, _passes(graph, what, enclosing))
+    passes = _passes(graph, enclosing)
+    functionalized, holder = _functionalized(fn, capture, passes)
     slots = {id(n.obj): _Slot(i, _static(n)) for i, n in enumerate(graph.nodes)}
     stripped = jax.tree.unflatten(graph.treedef, [slots[id(x)] if obj else x
                                                   for x, obj in zip(graph.leaves, graph.is_object)])
@@ -233,6 +249,8 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
         out, written, _ = functionalized.call(flat, (stripped,), {}, rngs, mutable, False)
     if functionalized.static_outputs.seen:
         out = _jax_outputs(what, out)
+    if enclosing is not None:
+        _hand_up_supplied(passes, enclosing)
 
     updates = [None] * len(cells)
     position = {k: i for i, k in enumerate(keys)}

@@ -35,10 +35,12 @@ class ObjectRoot(TraceRoot):
     ``rngs`` keys, where draws find it)."""
 
     def __init__(self, ctx: TraceContext, prefix: Path, mutable: Any, rng_streams: tuple[str, ...],
-                 passes: tuple = ()):
+                 passes: tuple = (), passes_path: Path = ()):
         super().__init__(ctx, None)
         self.ctx, self.prefix, self.mutable, self.rng_streams = ctx, prefix, mutable, rng_streams
-        self.passes = passes    # the bound root's: nested object-mode calls run them too
+        # The bound root's passes: nested object-mode calls run them too, seeing the
+        # variables at ``prefix`` at ``passes_path`` (``ModuleKind.passes_path``).
+        self.passes, self.passes_path = passes, passes_path
 
 
 def _is_rng_state(collection: str, path: Path) -> bool:
@@ -79,6 +81,14 @@ class _Template:
 
     def __hash__(self) -> int:
         return hash(self._key) if self._key is not None else id(self.module)
+
+
+def _passes_path(module: Any) -> Path:
+    """Where the module's variables are in the module its passes were given for (see
+    ``ModuleKind.passes_path``): its path below its root, after the root's own."""
+    root = _object_root(module)
+    below = module.scope.path[len(root.prefix):] if isinstance(root, ObjectRoot) else module.scope.path
+    return root.passes_path + below
 
 
 def _template(module: Any) -> _Template:
@@ -143,6 +153,9 @@ class ModuleKind:
     def passes(self, module: Any) -> tuple | None:
         return _object_root(module).passes
 
+    def passes_path(self, module: Any) -> Path:
+        return _passes_path(module)
+
     def writer(self, module: Any) -> Callable[[list[Any]], None]:
         root = _object_root(module)
         if isinstance(root, ObjectRoot):
@@ -168,7 +181,8 @@ class ModuleKind:
         streams_ = tuple(sorted({c.path[0] for c in self.cells(module)
                                  if _is_rng_state(c.collection, c.path)}))
         inner = _template(module).module.clone(
-            parent=ObjectRoot(ctx, prefix, root.mutable, streams_, root.passes), name=module.name)
+            parent=ObjectRoot(ctx, prefix, root.mutable, streams_, root.passes,
+                              _passes_path(module)), name=module.name)
         object.__setattr__(inner, "scope", Scope(inner.scope.root, prefix))
         return inner
 
@@ -293,17 +307,21 @@ class _BoundDef:
     keys: tuple[tuple[str, Path], ...]
     mutable: Any
     passes: tuple = ()      # bind(passes=...): the calls of the rebuilt module run them
+    passes_path: Path = ()  # and see its variables there (``ModuleKind.passes_path``)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.template, self.keys, self.mutable, self.passes)))
+        object.__setattr__(self, "_hash", hash((self.template, self.keys, self.mutable, self.passes,
+                                                self.passes_path)))
 
     def __hash__(self) -> int:
         return self._hash
 
     def __eq__(self, other: Any) -> bool:
         return self is other or (isinstance(other, _BoundDef) and self._hash == other._hash
-                                 and (self.template, self.keys, self.mutable)
-                                 == (other.template, other.keys, other.mutable))
+                                 and (self.template, self.keys, self.mutable, self.passes,
+                                      self.passes_path)
+                                 == (other.template, other.keys, other.mutable, other.passes,
+                                     other.passes_path))
 
 
 def _bound_def(module: Any, root: Any, cells: list[Cell]) -> _BoundDef:
@@ -315,7 +333,8 @@ def _bound_def(module: Any, root: Any, cells: list[Cell]) -> _BoundDef:
         if found is not None and found[0] == root.layout:
             return found[1]
     made = _BoundDef(_template(module), tuple((c.collection, c.path) for c in cells),
-                     filters.freeze(root.mutable), getattr(root, "passes", ()))
+                     filters.freeze(root.mutable), getattr(root, "passes", ()),
+                     _passes_path(module))
     if isinstance(root, BoundRoot):
         root.defs[base] = (root.layout, made)
     return made
@@ -348,7 +367,7 @@ def unflatten_module(aux: Any, children: tuple) -> Any:
     variables: dict[str, Any] = {}
     for (col, path), value in zip(aux.keys, values):
         nested_set(variables.setdefault(col, {}), path, value)
-    root = BoundRoot.restore(variables, rng_part, aux.mutable, aux.passes)
+    root = BoundRoot.restore(variables, rng_part, aux.mutable, aux.passes, aux.passes_path)
     return aux.template.module.clone(parent=root, name=aux.template.module.name)
 
 
