@@ -18,7 +18,7 @@ from varjax import errors
 from varjax.context import site
 from varjax.lift_groups import partition
 from varjax.lifting import lift
-from varjax.objects import transforms as objects
+from varjax.objects import control_flow as objects
 from varjax.primitives import VarType
 from varjax.transforms.common import call_direct, object_call, object_options
 

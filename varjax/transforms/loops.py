@@ -24,7 +24,7 @@ from varjax import errors, filters
 from varjax.context import site
 from varjax.lift_groups import Group, set_aside
 from varjax.lifting import DerivedKeys, lift
-from varjax.objects import transforms as objects
+from varjax.objects import control_flow as objects
 from varjax.transforms.calls import checkpoint
 from varjax.transforms.common import (
     NO_INIT,
@@ -243,7 +243,7 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any = NO_IN
     ``passes``: passes run on ``cond_fn``'s and ``body_fn``'s IR (``vj.lift``).
 
     Without ``init``, JAX's signature in object mode: ``while_loop(cond_fun, body_fun,
-    init_val)``, objects in ``init_val`` carried (``varjax.objects.transforms``)."""
+    init_val)``, objects in ``init_val`` carried (``varjax.objects.control_flow``)."""
     if init is NO_INIT:
         object_options("while_loop", lambda f: f, carry_variables=(carry_variables, False),
                        broadcast_variables=(broadcast_variables, True),
