@@ -214,7 +214,9 @@ _X = jnp.ones(2)
     lambda m: vj.grad(lambda m: m(_X).sum())(m),
     lambda m: vj.cond(True, lambda m: m(_X), lambda m: m(_X), m),
     lambda m: vj.scan(lambda m, x: (m, m(x)))(m, jnp.ones((2, 2))),
-], ids=["jit", "grad", "cond", "scan"])
+    lambda m: vj.fori_loop(0, 2, lambda i, m: (m(_X), m)[1], m),
+    lambda m: vj.while_loop(lambda m: False, lambda m: (m(_X), m)[1], m),
+], ids=["jit", "grad", "cond", "scan", "fori_loop", "while_loop"])
 def test_object_mode_traceback_shows_no_varjax_frame_but_the_raise_site(call, monkeypatch):
     import os
     import traceback

@@ -234,6 +234,7 @@ def remat_scan(target: Any, lengths: Sequence[int] = (), policy: Any = None,
     return apply_to(target, "remat_scan", lambda fn: nest(fn, 0))
 
 
+@errors.api_boundary
 def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any = NO_INIT,
                carry_variables: Any = False, broadcast_variables: Any = True,
                split_rngs: Mapping[Any, bool] | None = None, passes: Any = ()) -> Any:
@@ -305,6 +306,7 @@ def _check_loop_step(what: str, given: tuple[Group, Group], returned: tuple[Grou
                    "write it in body_fn, with its collection in carry_variables", key)
 
 
+@errors.api_boundary
 def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any = NO_INIT,
               carry_variables: Any = False, broadcast_variables: Any = True,
               split_rngs: Mapping[Any, bool] | None = None, passes: Any = ()) -> Any:
