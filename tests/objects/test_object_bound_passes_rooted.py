@@ -166,3 +166,48 @@ def test_modules_bound_with_lora_of_different_ranks_each_use_their_adapters() ->
     got = vj.jit(lambda s, b: (s(X), b(X)))(small, big)
     for out, r in zip(got, (2, 4)):
         np.testing.assert_allclose(out, Two().apply(variables[r], X, passes=passes[r]), rtol=1e-6)
+
+
+class _Layer(nn.Module):
+    @nn.compact
+    def __call__(self, c: jax.Array, _: None) -> tuple[jax.Array, None]:
+        return jnp.tanh(nn.Dense(4)(c)), None
+
+
+class Scanned(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        layers = nn.scan(_Layer, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)
+        return layers(name="layers")(x, None)[0]
+
+
+def test_nested_call_runs_the_module_passes_once() -> None:
+    # The enclosing trace reads the stacked kernel only to hand the module in: quantizing
+    # that read too (one scale for all layers) would change the inner call's values.
+    passes = "fake-quant{bits=2,per_channel=true}"
+    variables = jax.tree.map(lambda a: a + 0.1, Scanned().init(jax.random.key(0), X))
+    want = jax.grad(lambda v: (Scanned().apply(v, X, passes=passes) ** 2).sum())(variables)
+    model = Scanned().bind(variables, passes=passes)
+    got = vj.jit(lambda m: vj.grad(_loss)(m))(model)
+    _assert_trees_close(vj.state(got, "params")["params"], want["params"], "jit(grad)")
+
+
+class Pair(nn.Module):
+    def setup(self) -> None:
+        self.enc = nn.Dense(3)
+        self.dec = nn.Dense(4)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.dec(jnp.tanh(self.enc(x)))
+
+
+def test_submodule_passed_alone_is_named_as_in_the_bound_module() -> None:
+    passes = "fake-quant{bits=2,collection=params},stop-gradient{collection=params,under=enc/bias}"
+    variables = jax.tree.map(lambda a: a + 0.1, Pair().init(jax.random.key(0), X))
+    want = jax.grad(lambda p: Pair().apply({"params": p}, X, passes=passes,
+                                           method=lambda m, x: (m.enc(x) ** 2).sum()))(variables["params"])
+    assert np.abs(want["enc"]["kernel"]).sum() > 0 and not np.abs(want["enc"]["bias"]).any()
+    encoder = Pair().bind(variables, passes=passes).enc
+    for name, call in [("grad", vj.grad(lambda e: (e(X) ** 2).sum())),
+                       ("jit(grad)", vj.jit(lambda e: vj.grad(lambda f: (f(X) ** 2).sum())(e)))]:
+        _assert_trees_close(vj.state(call(encoder), "params")["params"], want["enc"], name)

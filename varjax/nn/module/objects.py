@@ -24,7 +24,7 @@ from varjax import filters, scope, streams
 from varjax.context import TraceContext
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
 from varjax.objects.nodes import Cell, cell_writer, nested_set, register_kind, rng_state_cells
-from varjax.primitives import Key, Path
+from varjax.primitives import Key, Path, handing
 from varjax.rngs import Rngs, RngStream
 from varjax.statics import typed
 
@@ -264,10 +264,23 @@ def _bound_cell(root: BoundRoot, collection: str, path: Path, base: Path) -> Cel
                       lambda: parent[leaf], set_, parent, leaf)
 
 
+# What the reads and writes of a module's cells inside a trace carry as ``lift``: the
+# cells are read only to hand the module to a nested object-mode call (or to flatten it),
+# whose own pipeline runs the module's passes on the module code's reads.  The enclosing
+# pipeline leaves them alone, as it leaves a lifted transform's boundary (``handing``):
+# otherwise it would run the passes a second time, on the whole stacked kernel of a scan.
+_HANDED_TO = "object-mode call"
+
+
 def _traced_cell(ctx: TraceContext, collection: str, path: Path, base: Path) -> Cell:
-    return Cell((id(ctx.origin), collection, path), collection, path[len(base):],
-                lambda: scope.read_at(ctx, collection, path),
-                lambda value: scope.write_at(ctx, collection, path, value))
+    def get() -> Any:
+        with handing(_HANDED_TO):
+            return scope.read_at(ctx, collection, path)
+
+    def set_(value: Any) -> None:
+        with handing(_HANDED_TO):
+            scope.write_at(ctx, collection, path, value)
+    return Cell((id(ctx.origin), collection, path), collection, path[len(base):], get, set_)
 
 
 register_kind(ModuleKind())
