@@ -141,8 +141,10 @@ class ModuleKind:
         return (cell.collection, prefix + cell.path)
 
     def explicit_rngs(self, module: Any) -> dict[str, Any]:
-        """A module bound with keys draws what its n-th eager call would (``BoundRoot``):
-        the keys at call 0, then ``fold_in(key, n)``; n is a leaf of the pytree."""
+        """A module bound with keys draws from the keys of its n-th eager call
+        (``BoundRoot``): the keys at call 0, then ``fold_in(key, n)``; n is a leaf of the
+        pytree.  The draws fold in the module path, which here starts with the argument's
+        name, so they are not the eager call's (``notes/object-mode.md``, sharp edges)."""
         root = _object_root(module)
         if not isinstance(root, BoundRoot) or root.held is not None or not root.rngs:
             return {}
