@@ -150,3 +150,21 @@ def test_nested_call_after_a_draw_of_its_trace_draws_other_masks() -> None:
     own, nested = vj.jit(both)(_keyed())
     assert float(own) == float(vj.jit(_drop_loss)(_keyed()))
     assert float(nested) != float(own)
+
+
+class _OnlyDropout(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dropout(0.5, deterministic=False)(x)
+
+
+def test_two_modules_bound_with_keys_of_one_stream_in_one_call_is_an_error():
+    """One call draws from one key per stream: the first module would silently draw from
+    the second's key (its own key ignored), so this is refused, as two Rngs are."""
+    x = jnp.ones((1, 8))
+    a = _OnlyDropout().bind({}, rngs={"dropout": jax.random.key(1)})
+    b = _OnlyDropout().bind({}, rngs={"dropout": jax.random.key(2)})
+    with pytest.raises(vj.errors.TransformError,
+                       match=r"modules at p and q were both bound with a key for stream 'dropout'") as info:
+        vj.jit(lambda p, q: (p(x), q(x)))(a, b)
+    assert info.value.collection == "rngs" and "test_object_bound_root.py" in info.value.source

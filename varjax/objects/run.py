@@ -197,6 +197,27 @@ def _jax_outputs(what: str, out: Any) -> Any:
     return out
 
 
+def _explicit_rngs(graph: Graph, what: str) -> dict[str, Any]:
+    """The keys the argument nodes hand to the call (modules bound with ``rngs={...}``).
+    A call draws from one key per stream, so two modules bound with keys of one stream
+    would draw from one module's keys, silently: an error instead."""
+    rngs: dict[str, Any] = {}
+    owner: dict[str, Path] = {}
+    for node in graph.nodes:
+        for stream, key in node.kind.explicit_rngs(node.obj).items():
+            if stream in owner:
+                raise errors.TransformError(
+                    f"{what}: the modules at {errors.format_path(owner[stream])} and "
+                    f"{errors.format_path(node.prefix)} were both bound with a key for stream "
+                    f"'{stream}'; one call draws from one key per stream, so one of them would "
+                    "draw from the other's key.", collection="rngs", path=(stream,),
+                    **errors.where(),
+                    fix="bind one of the modules without rngs, or pass one module per call "
+                        "(as for two modules bound with vj.Rngs)")
+            owner[stream], rngs[stream] = node.prefix, key
+    return rngs
+
+
 def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence[str] = (),
         capture: Any = False, given: Mapping[Key, Any] | None = None,
         capture_root: Path = (), graph: Graph | None = None) -> tuple[Any, Result]:
@@ -234,8 +255,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     if capture is not False:
         mutable += (filters.freeze(capture),)
     rngs: dict[str, Any] = _handed_keys(enclosing, flat) if enclosing is not None else {}
-    for node in graph.nodes:
-        rngs.update(node.kind.explicit_rngs(node.obj))
+    rngs.update(_explicit_rngs(graph, what))
 
     passes = _passes(graph, enclosing)
     functionalized, holder = _functionalized(fn, capture, passes)
