@@ -58,20 +58,14 @@ def _assert_restored(restored: Any, source: Any, target: Any, box_module: str) -
         np.testing.assert_array_equal(got, want)
 
 
-def test_linen_boxed_checkpoint_restores_into_varjax_boxes_bitwise():
-    linen = LINEN.init(jax.random.key(0), X)
-    target = VARJAX.init(jax.random.key(1), X)
-    restored = serialization.from_bytes(target, serialization.to_bytes(linen))
-    _assert_restored(restored, linen, target, "varjax")
-    np.testing.assert_allclose(VARJAX.apply(restored, X), LINEN.apply(linen, X), rtol=1e-6)
-
-
-def test_varjax_boxed_checkpoint_restores_into_linen_boxes_bitwise():
-    ours = VARJAX.init(jax.random.key(0), X)
-    target = LINEN.init(jax.random.key(1), X)
-    restored = serialization.from_bytes(target, serialization.to_bytes(ours))
-    _assert_restored(restored, ours, target, "flax")
-    np.testing.assert_allclose(LINEN.apply(restored, X), VARJAX.apply(ours, X), rtol=1e-6)
+@pytest.mark.parametrize("source, target, box_module", [(LINEN, VARJAX, "varjax"), (VARJAX, LINEN, "flax")],
+                         ids=["linen-into-varjax", "varjax-into-linen"])
+def test_boxed_checkpoint_restores_into_the_other_librarys_boxes_bitwise(source, target, box_module):
+    saved = source.init(jax.random.key(0), X)
+    into = target.init(jax.random.key(1), X)
+    restored = serialization.from_bytes(into, serialization.to_bytes(saved))
+    _assert_restored(restored, saved, into, box_module)
+    np.testing.assert_allclose(target.apply(restored, X), source.apply(saved, X), rtol=1e-6)
 
 
 def test_unboxed_checkpoint_restores_into_varjax_boxes():
