@@ -9,30 +9,13 @@ own scratch space (RNG keys and loop counters) and always writable.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-from typing import Iterator
 
 from varjax import _jax, errors, filters
 from varjax.nested import enclosing_eqns, walk_eqns
 from varjax.passes.analysis import traffic
 from varjax.passes.base import Pass, PassContext
 from varjax.primitives import is_internal, var_set_p
-
-# The call whose ``mutable=`` the user gave: ``apply``, or ``bind`` for a module made by
-# ``bind`` (called eagerly or through an object-mode transform), so the fix names it.
-_GIVEN_BY: contextvars.ContextVar[str] = contextvars.ContextVar("mutable_given_by", default="apply")
-
-
-@contextlib.contextmanager
-def mutability_given_by(api: str) -> Iterator[None]:
-    """While the block runs, the fix of an immutable write names ``api``'s ``mutable=``."""
-    token = _GIVEN_BY.set(api)
-    try:
-        yield
-    finally:
-        _GIVEN_BY.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,5 +41,5 @@ class CheckMutability(Pass):
                     f"cannot write variable {errors.format_path(eqn.params['path'])}: collection "
                     f"'{col}' is immutable in this call.", collection=col,
                     path=eqn.params["path"], **where,
-                    fix=f"pass mutable=['{col}'] to {_GIVEN_BY.get()}")
+                    fix=errors.mutable_fix(col))
         return jaxpr

@@ -57,6 +57,7 @@ Sharp edges:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import sys
@@ -206,6 +207,27 @@ def hide_internal_frames(exc: BaseException) -> None:
     exc.__traceback__ = rebuilt
     if _FILTERED_NOTE not in getattr(exc, "__notes__", ()):
         exc.add_note(_FILTERED_NOTE)
+
+
+# The call whose ``mutable=`` the user gave: ``apply``, or ``bind`` for a module made by
+# ``bind`` (called eagerly or through an object-mode transform), so the fix names it.
+_MUTABLE_GIVEN_BY: contextvars.ContextVar[str] = contextvars.ContextVar("mutable_given_by",
+                                                                        default="apply")
+
+
+@contextlib.contextmanager
+def mutability_given_by(api: str) -> Iterator[None]:
+    """While the block runs, the fix of an immutable write names ``api``'s ``mutable=``."""
+    token = _MUTABLE_GIVEN_BY.set(api)
+    try:
+        yield
+    finally:
+        _MUTABLE_GIVEN_BY.reset(token)
+
+
+def mutable_fix(collection: str) -> str:
+    """The fix of a write to immutable ``collection``: the call that gave ``mutable=``."""
+    return f"pass mutable=['{collection}'] to {_MUTABLE_GIVEN_BY.get()}"
 
 
 def api_boundary(fn: _F) -> _F:

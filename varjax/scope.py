@@ -113,7 +113,7 @@ def immutable_error(ctx: TraceContext, collection: str, path: Path) -> errors.Im
     return errors.ImmutableCollectionError(
         f"variable {errors.format_path(path)} is written, but collection '{collection}' "
         "is not mutable.", collection=collection, path=path, **site(ctx),
-        fix=f"pass mutable=['{collection}'] to apply")
+        fix=errors.mutable_fix(collection))
 
 
 def is_initializing() -> bool:

@@ -168,3 +168,20 @@ def test_two_modules_bound_with_keys_of_one_stream_in_one_call_is_an_error():
                        match=r"modules at p and q were both bound with a key for stream 'dropout'") as info:
         vj.jit(lambda p, q: (p(x), q(x)))(a, b)
     assert info.value.collection == "rngs" and "test_object_bound_root.py" in info.value.source
+
+
+class _Caches(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        self.put_variable("cache", "n", x)     # a new variable in an immutable collection
+        return x
+
+
+def test_creating_a_variable_in_an_immutable_collection_of_a_bound_module_names_bind():
+    for call in (lambda m: m(X), lambda m: vj.jit(lambda m: m(X))(m)):
+        with pytest.raises(vj.errors.ImmutableCollectionError) as caught:
+            call(_Caches().bind({}))
+        assert caught.value.fix == "pass mutable=['cache'] to bind"
+    with pytest.raises(vj.errors.ImmutableCollectionError) as caught:
+        _Caches().apply({}, X)
+    assert caught.value.fix == "pass mutable=['cache'] to apply"

@@ -21,7 +21,6 @@ import jax
 from varjax import axis_metadata, errors, streams
 from varjax.context import TraceContext, active, current, site
 from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
-from varjax.passes.check_mutability import mutability_given_by
 from varjax.primitives import Path
 from varjax.protocols import Labelled
 from varjax.rngs import Rngs
@@ -153,7 +152,7 @@ class BoundRoot(_Root):
             if key is not None:
                 self._fns[key] = functionalized
         rngs = self._next_rngs()
-        with mutability_given_by("bind"):
+        with errors.mutability_given_by("bind"):
             if self.mutable is False:
                 return functionalized.apply(self.variables, *args, rngs=rngs, **kwargs)
             out, updated = functionalized.apply(self.variables, *args, rngs=rngs,

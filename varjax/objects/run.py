@@ -30,7 +30,6 @@ from varjax.functionalize import Functionalized
 from varjax.objects.graph import Graph
 from varjax.outputs import reveal
 from varjax.passes.base import program_paths
-from varjax.passes.check_mutability import mutability_given_by
 from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, Path
 
@@ -265,7 +264,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     holder.update(graph=graph, fn=fn)
     # A collection is immutable here because a bound module's bind(mutable=) left it out.
     bound = any(n.kind.passes(n.obj) is not None for n in graph.nodes)
-    with mutability_given_by("bind" if bound else "apply"):
+    with errors.mutability_given_by("bind" if bound else "apply"):
         out, written, _ = functionalized.call(flat, (stripped,), {}, rngs, mutable, False)
     if functionalized.static_outputs.seen:
         out = _jax_outputs(what, out)

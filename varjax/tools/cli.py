@@ -7,11 +7,12 @@
 
 ``FILE:NAME`` loads the file as a module and takes its attribute ``NAME``: a function, a
 ``vj.functionalize``-d function, a Module class (constructed with no arguments), a Module
-instance, or a ``functools.partial`` of a function, a module or a module's method.  Each ``--shape`` adds one positional argument of zeros.  ``dump`` initializes the
-variables with key 0 and then shows the effectful IR and the IR after every pass.  Each file
-or folder it writes (``--out``'s run folder, ``--dot``, ``--svg``, ``--png``) then gets a line
-``wrote PATH``, relative to the current folder.  ``--svg``/``--png`` draw the dataflow graph
-through Graphviz (``varjax.tools.dot``).
+instance, or a ``functools.partial`` of a function, a module or a module's method. Each
+``--shape`` adds one positional argument of zeros. ``dump`` initializes the variables with
+key 0 and then shows the effectful IR and the IR after every pass. Each file or folder it
+writes (``--out``'s run folder, ``--dot``, ``--svg``, ``--png``) then gets a line ``wrote
+PATH``, relative to the current folder. ``--svg``/``--png`` draw the dataflow graph through
+Graphviz (``varjax.tools.dot``).
 
 Exit status: 0 on success, 2 for usage errors, 1 when varjax reports an error (its message is
 printed, without a traceback: it already names the variable and the user's line).
