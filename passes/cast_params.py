@@ -5,7 +5,10 @@ their own dtype; every floating ``params`` read is cast to ``dtype`` (one
 ``Rule``), and the rewriter is taught autocasting, because lax-level
 equations do not promote: an equation mixing float dtypes computes in the
 narrowest one, and every region (the function, a loop body, a branch)
-returns the dtypes it declared, so loop carries and outputs keep their types.
+returns the dtypes it declared, so loop carries and outputs keep their types;
+a value written to a variable is cast back to the dtype the write declared (the
+variable's, or its initializer's when the write creates it), so stored variables
+never change dtype.
 Use as ``vj.functionalize(fn, passes="cast-params{dtype=bfloat16}")``.
 """
 from __future__ import annotations
@@ -19,7 +22,7 @@ from varjax import _jax, nested
 from varjax.passes.base import Pass, PassContext, Root, relative_path
 from varjax.passes.options import FloatDtype
 from varjax.passes.rewrite import Region, Rewriter, Rule
-from varjax.primitives import var_get_p
+from varjax.primitives import var_get_p, var_set_p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +48,7 @@ class Autocast(Rewriter):
     """Narrowest float dtype per first-order equation; declared dtypes at region edges."""
 
     def eqn(self, eqn: _jax.JaxprEqn, invals: list, region: Region) -> list:
-        if nested.bodies(eqn):   # bodies keep their signatures: hand them declared dtypes
+        if nested.bodies(eqn) or eqn.primitive is var_set_p:   # keep declared dtypes
             invals = [_cast(x, v.aval.dtype) for x, v in zip(invals, eqn.invars)]
         elif self.rule_for(eqn) is None:
             floats = {x.dtype for x in invals if jnp.issubdtype(jnp.result_type(x), jnp.floating)}
