@@ -26,7 +26,8 @@ import jax
 
 from varjax import _jax, errors, scope, streams, type_checks
 from varjax.context import IR_STORE, TraceContext, activate, current, run_init
-from varjax.primitives import Path, VarType
+from varjax.lifted_body import CreateOutside
+from varjax.primitives import Key, Path, VarType
 
 
 class PassScopes:
@@ -64,10 +65,16 @@ class PassScopes:
 
 
 def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callable[..., Any],
-            shape: tuple[int, ...], dtype: Any, source_info: Any) -> jax.Array:
+            shape: tuple[int, ...], dtype: Any, source_info: Any, beside: Key | None = None
+            ) -> jax.Array:
     """The array variable ``name`` that pass ``owner`` (its spec) declares at the module
     ``PassContext.in_module`` stands in: read when it exists, created from the module's next
     ``params`` draw when the collection is mutable.
+
+    ``beside`` is the variable it belongs with (an adapter's kernel).  It is created where
+    that one was: in a branch of a ``cond`` that was handed the kernel, the lift creates it
+    before the cond (``lifted_body.CreateOutside``) and hands it to every branch, as the
+    kernel is, rather than the branches that read the kernel creating it alone.
 
     A given one is checked against ``shape``/``dtype`` as a model's own variables are
     (``type_checks.mismatch``): adapters made with ``lora{rank=4}`` read by ``lora{rank=2}``
@@ -93,5 +100,26 @@ def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callabl
             fix=f"pass the variables that init returned with passes='{owner}' (they include "
                 f"the '{collection}' collection), or apply with mutable=['{collection}'] to "
                 "create them")
+    if beside is not None and _handed_in(ctx, beside):
+        module = ctx.path_prefix
+        raise CreateOutside((collection, path), lambda: _create_at(
+            module, owner, collection, name, init_fn, shape, dtype, source_info, beside))
     scope.write_at(ctx, collection, path, run_init(init_fn, scope.make_rng("params"), shape, dtype))
     return scope.read_at(ctx, collection, path)
+
+
+def _handed_in(ctx: TraceContext, key: Key) -> bool:
+    """Whether ``key`` was handed to the lifted body ``ctx`` traces, by a transform whose
+    pass variables are created outside it (``Lift.create_outside``)."""
+    return getattr(ctx.policy, "create_outside", False) and key in ctx.given
+
+
+def _create_at(module: Path, owner: str, *declared: Any) -> None:
+    """``declare`` in the current (enclosing) trace, at ``module``: run by the lift before
+    it traces its bodies again."""
+    ctx = current(owner)
+    previous, ctx.path_prefix = ctx.path_prefix, tuple(module)
+    try:
+        declare(owner, *declared)
+    finally:
+        ctx.path_prefix = previous
