@@ -44,7 +44,7 @@ import numpy as np
 
 from varjax import _jax
 from varjax.errors import PassError, PipelineError, VarjaxError, source_text
-from varjax.lifted_body import CreateOutside
+from varjax.pass_scopes import CreateOutside
 from varjax.passes.base import Pass, PassContext, get_pass
 from varjax.passes.dump import Dump
 from varjax.passes.instrument import DUMP_AFTER_ENV, DUMP_CHANGED_ENV, DUMP_DIR_ENV, Instrumentation, Timing

@@ -10,10 +10,10 @@ errors but signals to the lift, raised as exceptions and caught by ``Lift.__call
   another module): the lift runs again with that variable handed in;
 * ``DirectFallback`` -- a body run directly (``DictStore``) used a variable inside an
   inner JAX trace, which a dictionary cannot follow: the lift runs again through the IR;
-* ``CreateOutside`` -- a pass in a body of a transform that hands variables in as they
-  are (``cond``, ``switch``) declared a variable beside one the body was handed (a LoRA
-  adapter of a kernel created before the cond): the lift creates it in the enclosing trace
-  and runs again with it handed in, so every branch gets it.
+* ``pass_scopes.CreateOutside`` -- a pass in a body of a transform that hands variables
+  in as they are (``cond``, ``switch``) declared a variable beside one the body was handed
+  (a LoRA adapter of a kernel created before the cond): the lift creates it in the
+  enclosing trace and runs again with it handed in, so every branch gets it.
 
 The keys a body is handed may be ``DerivedKeys``: derived from the transform's keys only
 when the body first draws from a stream.  Under Linen's convention a body traced again
@@ -62,7 +62,7 @@ class Lifted:
     # e.g. a variable without the mapped axis): touching one is an error, not a creation.
     withheld: frozenset = frozenset()
     # Whether a pass's variable declared beside a handed-in one is created outside, before
-    # the transform (``Lift.create_outside``).
+    # the transform (``pass_scopes.CreateOutside``).
     create_outside: bool = False
 
     def check(self, ctx: TraceContext, collection: str, path: Path) -> None:
@@ -100,18 +100,6 @@ class LiftRetry(Exception):
     def __init__(self, key: Key):
         super().__init__(key)
         self.key = key
-
-
-class CreateOutside(Exception):
-    """A pass declared a variable the body must be handed rather than create (see
-    ``pass_scopes.declare``): not an error, the lift calls ``create`` in the enclosing trace
-    and traces again.  ``create`` may raise ``CreateOutside`` itself, for the lift that
-    encloses that trace, when the variable it stands beside was handed in there too."""
-
-    def __init__(self, key: Key, create: Callable[[], None]):
-        super().__init__(key)
-        self.key = key
-        self.create = create
 
 
 class DirectFallback(Exception):

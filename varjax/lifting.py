@@ -65,8 +65,8 @@ from varjax.context import IR_STORE, Store, TraceContext, activate, current, lif
 from varjax.effects import RngEffect
 from varjax.functionalize import Functionalized
 from varjax.lift_groups import Group, is_array
+from varjax.lifted_body import DerivedKeys as DerivedKeys  # part of vj.lift's API
 from varjax.lifted_body import (
-    CreateOutside,
     DictStore,
     DirectFallback,
     Lifted,
@@ -75,8 +75,8 @@ from varjax.lifted_body import (
     lifted_as,
     with_counts_moved,
 )
-from varjax.lifted_body import DerivedKeys as DerivedKeys  # part of vj.lift's API
 from varjax.outputs import reveal
+from varjax.pass_scopes import CreateOutside
 from varjax.passes.analysis import traffic as _traffic
 from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, VarType, handing
@@ -437,9 +437,7 @@ class Lift:
     fork: bool = False
     # Passes the bodies' pipelines add, after the enclosing ones.
     passes: tuple = ()
-    # A variable a pass declares beside one handed in is created before the transform, in
-    # the enclosing trace (``CreateOutside``): each branch of a cond is handed the same one.
-    create_outside: bool = False
+    create_outside: bool = False    # see lift()
 
     def _fork(self, outer: TraceContext, path: tuple[str, ...]) -> dict[str, Any]:
         linen = streams.linen_counts(outer.origin)
@@ -460,8 +458,8 @@ class Lift:
         direct = not (outer.passes or self.passes) and (
             not isinstance(outer.store, DictStore) or _jax.current_trace() is outer.top_trace)
         linen = streams.linen_counts(outer.origin)
+        start = linen.snapshot() if linen is not None else {}
         with errors.call_site(_jax.python_user_frame_text()):
-            start = linen.snapshot() if linen is not None else {}
             while True:
                 if linen is not None:
                     linen.restore(start)   # an attempt that retries has counted nothing
@@ -476,13 +474,8 @@ class Lift:
                     if not direct:
                         raise          # from an enclosing direct body: its fallback
                     direct = False
-                except CreateOutside as hoist:
-                    if not self.create_outside:
-                        raise          # from a body of an enclosing lift
-                    if linen is not None:
-                        linen.restore(start)
-                    hoist.create()     # draws as the enclosing trace's code at this call would
-                    start = linen.snapshot() if linen is not None else {}
+                except CreateOutside as hoist:   # only a create_outside lift's bodies raise it
+                    start = hoist.create(linen, start)
 
 
 def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
@@ -498,10 +491,7 @@ def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
     convention the body gets keys drawn at the module's path before it runs, and folds in
     paths relative to it (Linen's ``nn.jit`` and ``nn.fold_rngs``).  ``passes``: passes
     (instances or pipeline strings) run on the bodies' IR, after any the enclosing program
-    runs there (``init``/``apply``'s ``passes=``).  ``create_outside``: a variable a pass
-    declares in a body beside a variable the body was handed (a LoRA adapter of a kernel
-    created before the transform) is created in the enclosing trace and handed in, as
-    ``cond``/``switch`` need: a branch creating it alone would leave it on one path only."""
+    runs there (``init``/``apply``'s ``passes=``).  ``create_outside``: see ``CreateOutside``."""
     if not bodies:
         raise TypeError("vj.lift needs at least one body")
     fix = fix or (f"add '{{collection}}' to one of the variable filters of vj.{name}")

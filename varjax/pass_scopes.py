@@ -26,7 +26,6 @@ import jax
 
 from varjax import _jax, errors, scope, streams, type_checks
 from varjax.context import IR_STORE, TraceContext, activate, current, run_init
-from varjax.lifted_body import CreateOutside
 from varjax.primitives import Key, Path, VarType
 
 
@@ -64,6 +63,31 @@ class PassScopes:
             ctx.path_prefix, ctx.top_trace = previous
 
 
+class CreateOutside(Exception):
+    """A pass in a lifted body declared a variable the body must be handed rather than
+    create (``declare``): not an error, a signal that ``vj.lift(create_outside=True)``
+    catches.  Only the bodies of such a lift raise it (their policy says so), and a pass
+    runs after its body's trace, when no lift nested in the body is running, so the lift
+    that catches it is the body's own.  It calls ``create`` in the enclosing trace and
+    traces its bodies again; ``create`` raises ``CreateOutside`` itself, for the lift
+    around that trace, when the variable it stands beside was handed in there too."""
+
+    def __init__(self, key: Key, create: Callable[[], None]):
+        super().__init__(key)
+        self.key = key
+        self._create = create
+
+    def create(self, linen: streams.LinenCounts | None, start: dict) -> dict:
+        """Create the variable from Linen draw counts ``start`` (the failed trace's draws
+        uncounted); returns the counts after it, the next trace's start."""
+        if linen is None:
+            self._create()
+            return {}
+        linen.restore(start)
+        self._create()
+        return linen.snapshot()
+
+
 def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callable[..., Any],
             shape: tuple[int, ...], dtype: Any, source_info: Any, beside: Key | None = None
             ) -> jax.Array:
@@ -73,7 +97,7 @@ def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callabl
 
     ``beside`` is the variable it belongs with (an adapter's kernel).  It is created where
     that one was: in a branch of a ``cond`` that was handed the kernel, the lift creates it
-    before the cond (``lifted_body.CreateOutside``) and hands it to every branch, as the
+    before the cond (``CreateOutside``) and hands it to every branch, as the
     kernel is, rather than the branches that read the kernel creating it alone.
 
     A given one is checked against ``shape``/``dtype`` as a model's own variables are
