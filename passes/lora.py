@@ -118,12 +118,11 @@ class _Adapt(Rule):
         n_in, n_out = factor(w.shape, contracted)
         kernel = eqn.params["path"][-1]
         spec, collection, rank = self.lora.spec(), self.lora.collection, self.lora.rank
-        beside = (eqn.params["collection"], eqn.params["path"])
         with self.ctx.in_module(eqn):
             a = declare(spec, collection, (kernel, "a"), jax.nn.initializers.lecun_normal(),
-                        (n_in, rank), w.dtype, eqn.source_info, beside)
+                        (n_in, rank), w.dtype, eqn.source_info)
             b = declare(spec, collection, (kernel, "b"), jax.nn.initializers.zeros,
-                        (rank, n_out), w.dtype, eqn.source_info, beside)
+                        (rank, n_out), w.dtype, eqn.source_info)
         return [w + delta(a, b, w.shape, contracted, self.lora.scale).astype(w.dtype)]
 
 

@@ -76,7 +76,6 @@ from varjax.lifted_body import (
     with_counts_moved,
 )
 from varjax.outputs import reveal
-from varjax.pass_scopes import CreateOutside
 from varjax.passes.analysis import traffic as _traffic
 from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, VarType, handing
@@ -290,7 +289,7 @@ class _LiftedCall:
                 if i is not None:
                     self.stream_avals[i][name] = outer.rng_streams[streams.DEFAULT]
         self.view = Lifted(lifted.name, lifted.variables, frozenset(hidden), lifted.fix,
-                           frozenset(outside), create_outside=lifted.create_outside)
+                                 frozenset(outside))
 
     def rng_group_of(self, stream: str) -> int | None:
         return next((i for i, f in enumerate(self.lifted.rngs) if filters.matches(f, stream)), None)
@@ -437,7 +436,6 @@ class Lift:
     fork: bool = False
     # Passes the bodies' pipelines add, after the enclosing ones.
     passes: tuple = ()
-    create_outside: bool = False    # see lift()
 
     def _fork(self, outer: TraceContext, path: tuple[str, ...]) -> dict[str, Any]:
         linen = streams.linen_counts(outer.origin)
@@ -474,14 +472,12 @@ class Lift:
                     if not direct:
                         raise          # from an enclosing direct body: its fallback
                     direct = False
-                except CreateOutside as hoist:   # only a create_outside lift's bodies raise it
-                    start = hoist.create(linen, start)
 
 
 def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
          variables: Sequence[filters.Filter] = (True,), rngs: Sequence[filters.Filter] = (True,),
          name: str = "lift", fix: str | None = None, fork_rngs: bool = False,
-         passes: Sequence[Any] | str = (), create_outside: bool = False) -> Lift:
+         passes: Sequence[Any] | str = ()) -> Lift:
     """Lift ``transform`` over ``bodies``: see the module docstring.
 
     ``variables`` and ``rngs`` are sequences of collection / stream filters, one per
@@ -491,10 +487,10 @@ def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
     convention the body gets keys drawn at the module's path before it runs, and folds in
     paths relative to it (Linen's ``nn.jit`` and ``nn.fold_rngs``).  ``passes``: passes
     (instances or pipeline strings) run on the bodies' IR, after any the enclosing program
-    runs there (``init``/``apply``'s ``passes=``).  ``create_outside``: see ``CreateOutside``."""
+    runs there (``init``/``apply``'s ``passes=``)."""
     if not bodies:
         raise TypeError("vj.lift needs at least one body")
     fix = fix or (f"add '{{collection}}' to one of the variable filters of vj.{name}")
     return Lift(transform, tuple(bodies), tuple(filters.freeze(f) for f in variables),
                 tuple(filters.freeze(f) for f in rngs), name, fix, fork_rngs,
-                parse_entries(passes), create_outside)
+                parse_entries(passes))

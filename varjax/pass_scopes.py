@@ -26,7 +26,7 @@ import jax
 
 from varjax import _jax, errors, scope, streams, type_checks
 from varjax.context import IR_STORE, TraceContext, activate, current, run_init
-from varjax.primitives import Key, Path, VarType
+from varjax.primitives import Path, VarType
 
 
 class PassScopes:
@@ -63,42 +63,11 @@ class PassScopes:
             ctx.path_prefix, ctx.top_trace = previous
 
 
-class CreateOutside(Exception):
-    """A pass in a lifted body declared a variable the body must be handed rather than
-    create (``declare``): not an error, a signal that ``vj.lift(create_outside=True)``
-    catches.  Only the bodies of such a lift raise it (their policy says so), and a pass
-    runs after its body's trace, when no lift nested in the body is running, so the lift
-    that catches it is the body's own.  It calls ``create`` in the enclosing trace and
-    traces its bodies again; ``create`` raises ``CreateOutside`` itself, for the lift
-    around that trace, when the variable it stands beside was handed in there too."""
-
-    def __init__(self, key: Key, create: Callable[[], None]):
-        super().__init__(key)
-        self.key = key
-        self._create = create
-
-    def create(self, linen: streams.LinenCounts | None, start: dict) -> dict:
-        """Create the variable from Linen draw counts ``start`` (the failed trace's draws
-        uncounted); returns the counts after it, the next trace's start."""
-        if linen is None:
-            self._create()
-            return {}
-        linen.restore(start)
-        self._create()
-        return linen.snapshot()
-
-
 def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callable[..., Any],
-            shape: tuple[int, ...], dtype: Any, source_info: Any, beside: Key | None = None
-            ) -> jax.Array:
+            shape: tuple[int, ...], dtype: Any, source_info: Any) -> jax.Array:
     """The array variable ``name`` that pass ``owner`` (its spec) declares at the module
     ``PassContext.in_module`` stands in: read when it exists, created from the module's next
     ``params`` draw when the collection is mutable.
-
-    ``beside`` is the variable it belongs with (an adapter's kernel).  It is created where
-    that one was: in a branch of a ``cond`` that was handed the kernel, the lift creates it
-    before the cond (``CreateOutside``) and hands it to every branch, as the
-    kernel is, rather than the branches that read the kernel creating it alone.
 
     A given one is checked against ``shape``/``dtype`` as a model's own variables are
     (``type_checks.mismatch``): adapters made with ``lora{rank=4}`` read by ``lora{rank=2}``
@@ -124,26 +93,5 @@ def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callabl
             fix=f"pass the variables that init returned with passes='{owner}' (they include "
                 f"the '{collection}' collection), or apply with mutable=['{collection}'] to "
                 "create them")
-    if beside is not None and _handed_in(ctx, beside):
-        module = ctx.path_prefix
-        raise CreateOutside((collection, path), lambda: _create_at(
-            module, owner, collection, name, init_fn, shape, dtype, source_info, beside))
     scope.write_at(ctx, collection, path, run_init(init_fn, scope.make_rng("params"), shape, dtype))
     return scope.read_at(ctx, collection, path)
-
-
-def _handed_in(ctx: TraceContext, key: Key) -> bool:
-    """Whether ``key`` was handed to the lifted body ``ctx`` traces, by a transform whose
-    pass variables are created outside it (``Lift.create_outside``)."""
-    return getattr(ctx.policy, "create_outside", False) and key in ctx.given
-
-
-def _create_at(module: Path, owner: str, *declared: Any) -> None:
-    """``declare`` in the current (enclosing) trace, at ``module``: run by the lift before
-    it traces its bodies again."""
-    ctx = current(owner)
-    previous, ctx.path_prefix = ctx.path_prefix, tuple(module)
-    try:
-        declare(owner, *declared)
-    finally:
-        ctx.path_prefix = previous
