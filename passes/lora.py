@@ -118,11 +118,12 @@ class _Adapt(Rule):
         n_in, n_out = factor(w.shape, contracted)
         kernel = eqn.params["path"][-1]
         spec, collection, rank = self.lora.spec(), self.lora.collection, self.lora.rank
+        beside = (eqn.params["collection"], eqn.params["path"])
         with self.ctx.in_module(eqn):
             a = declare(spec, collection, (kernel, "a"), jax.nn.initializers.lecun_normal(),
-                        (n_in, rank), w.dtype, eqn.source_info)
+                        (n_in, rank), w.dtype, eqn.source_info, beside)
             b = declare(spec, collection, (kernel, "b"), jax.nn.initializers.zeros,
-                        (rank, n_out), w.dtype, eqn.source_info)
+                        (rank, n_out), w.dtype, eqn.source_info, beside)
         return [w + delta(a, b, w.shape, contracted, self.lora.scale).astype(w.dtype)]
 
 

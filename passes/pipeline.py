@@ -44,6 +44,7 @@ import numpy as np
 
 from varjax import _jax
 from varjax.errors import PassError, PipelineError, VarjaxError, source_text
+from varjax.pass_scopes import CreateOutside
 from varjax.passes.base import Pass, PassContext, get_pass
 from varjax.passes.dump import Dump
 from varjax.passes.instrument import DUMP_AFTER_ENV, DUMP_CHANGED_ENV, DUMP_DIR_ENV, Instrumentation, Timing
@@ -137,7 +138,7 @@ class Pipeline:
             except Exception as exc:
                 for h in reversed(hooks):
                     h.pass_failed(p, jaxpr, exc, ctx)
-                if isinstance(exc, VarjaxError):
+                if isinstance(exc, (VarjaxError, CreateOutside)):  # CreateOutside: for the lift
                     raise
                 # Notes (the Rewriter's "while rewriting <equation>") name the culprit.
                 notes = "".join(f"\n{n}" for n in getattr(exc, "__notes__", ()))

@@ -161,6 +161,9 @@ class _Effectful:
     out_tree: Any
     context: TraceContext
     key: _Key
+    # Linen draw counts a trace adopted from another start ends at (the counts when its
+    # passes run are its start: its Python did not run), for the passes' draws.
+    linen_end: dict | None = None
 
 
 @dataclasses.dataclass
@@ -274,11 +277,11 @@ class Functionalized:
         """The cached effectful traces (a lifted body keeps them: see ``Traced``)."""
         return list(self._traces.values())
 
-    def adopt(self, like: _Effectful, jaxpr: _jax.ClosedJaxpr) -> None:
+    def adopt(self, like: _Effectful, jaxpr: _jax.ClosedJaxpr, linen_end: dict) -> None:
         """Cache ``jaxpr`` as the trace for ``like``'s key, as if traced here: a lifted
         body that another body's trace gives without running its Python again
         (``lifted_body.with_counts_moved``)."""
-        self._traces[like.key] = _Effectful(jaxpr, like.out_tree, like.context, like.key)
+        self._traces[like.key] = _Effectful(jaxpr, like.out_tree, like.context, like.key, linen_end)
 
     # -- machinery ------------------------------------------------------------------
     def _inspected(self, variables, args, kwargs, rngs, mutable) -> "_Key":
@@ -357,7 +360,7 @@ class Functionalized:
         context = traced.context    # not ``traced``: the result may keep this closure alive
         pctx = PassContext.for_inputs(dict(key.variables), key.mutable, dict(key.rngs),
                                       reenter=lambda types: activate(context.snapshot(types)))
-        pctx.modules = PassScopes(traced.context)   # passes that create variables
+        pctx.modules = PassScopes(traced.context, traced.linen_end)   # passes' variables
         pctx.region = self.inline                   # a lifted transform's body
         pctx.asked = frozenset(traced.context.origin.asked)
         return pipeline.run(traced.jaxpr, pctx, label=self.__name__), pctx

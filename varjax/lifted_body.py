@@ -9,7 +9,11 @@ errors but signals to the lift, raised as exceptions and caught by ``Lift.__call
 * ``LiftRetry`` -- the body touched a variable outside the lifted module (a closure over
   another module): the lift runs again with that variable handed in;
 * ``DirectFallback`` -- a body run directly (``DictStore``) used a variable inside an
-  inner JAX trace, which a dictionary cannot follow: the lift runs again through the IR.
+  inner JAX trace, which a dictionary cannot follow: the lift runs again through the IR;
+* ``pass_scopes.CreateOutside`` -- a pass in a body of a transform that hands variables
+  in as they are (``cond``, ``switch``) declared a variable beside one the body was handed
+  (a LoRA adapter of a kernel created before the cond): the lift creates it in the
+  enclosing trace and runs again with it handed in, so every branch gets it.
 
 The keys a body is handed may be ``DerivedKeys``: derived from the transform's keys only
 when the body first draws from a stream.  Under Linen's convention a body traced again
@@ -57,6 +61,9 @@ class Lifted:
     # Variables the transform was given but did not hand to this body (it set them aside,
     # e.g. a variable without the mapped axis): touching one is an error, not a creation.
     withheld: frozenset = frozenset()
+    # Whether a pass's variable declared beside a handed-in one is created outside, before
+    # the transform (``pass_scopes.CreateOutside``).
+    create_outside: bool = False
 
     def check(self, ctx: TraceContext, collection: str, path: Path) -> None:
         key = (collection, path)

@@ -76,6 +76,7 @@ from varjax.lifted_body import (
     with_counts_moved,
 )
 from varjax.outputs import reveal
+from varjax.pass_scopes import CreateOutside
 from varjax.passes.analysis import traffic as _traffic
 from varjax.passes.pipeline import parse_entries
 from varjax.primitives import Key, VarType, handing
@@ -166,7 +167,7 @@ class LiftedRegion:
                     continue   # seeded already, or a draw's path may not be its counted one
                 moved = with_counts_moved(traced.jaxpr, dict(other), found[1], start)
                 if moved is not None:
-                    fn.adopt(traced, moved[0])
+                    fn.adopt(traced, *moved)
                     ends[id(moved[0])] = (*moved, True)
                     seeded.add(traced.key)
         return ends
@@ -289,7 +290,7 @@ class _LiftedCall:
                 if i is not None:
                     self.stream_avals[i][name] = outer.rng_streams[streams.DEFAULT]
         self.view = Lifted(lifted.name, lifted.variables, frozenset(hidden), lifted.fix,
-                                 frozenset(outside))
+                           frozenset(outside), create_outside=lifted.create_outside)
 
     def rng_group_of(self, stream: str) -> int | None:
         return next((i for i, f in enumerate(self.lifted.rngs) if filters.matches(f, stream)), None)
@@ -436,6 +437,7 @@ class Lift:
     fork: bool = False
     # Passes the bodies' pipelines add, after the enclosing ones.
     passes: tuple = ()
+    create_outside: bool = False    # see lift()
 
     def _fork(self, outer: TraceContext, path: tuple[str, ...]) -> dict[str, Any]:
         linen = streams.linen_counts(outer.origin)
@@ -456,7 +458,7 @@ class Lift:
         direct = not (outer.passes or self.passes) and (
             not isinstance(outer.store, DictStore) or _jax.current_trace() is outer.top_trace)
         linen = streams.linen_counts(outer.origin)
-        start = linen.snapshot() if linen is not None else {}
+        start = drawn = linen.snapshot() if linen is not None else {}   # drawn: CreateOutside
         with errors.call_site(_jax.python_user_frame_text()):
             while True:
                 if linen is not None:
@@ -472,12 +474,14 @@ class Lift:
                     if not direct:
                         raise          # from an enclosing direct body: its fallback
                     direct = False
+                except CreateOutside as hoist:   # only a create_outside lift's bodies raise it
+                    drawn = hoist.create(linen, start, drawn)
 
 
 def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
          variables: Sequence[filters.Filter] = (True,), rngs: Sequence[filters.Filter] = (True,),
          name: str = "lift", fix: str | None = None, fork_rngs: bool = False,
-         passes: Sequence[Any] | str = ()) -> Lift:
+         passes: Sequence[Any] | str = (), create_outside: bool = False) -> Lift:
     """Lift ``transform`` over ``bodies``: see the module docstring.
 
     ``variables`` and ``rngs`` are sequences of collection / stream filters, one per
@@ -487,10 +491,10 @@ def lift(transform: Callable[..., Any], *bodies: Callable[..., Any],
     convention the body gets keys drawn at the module's path before it runs, and folds in
     paths relative to it (Linen's ``nn.jit`` and ``nn.fold_rngs``).  ``passes``: passes
     (instances or pipeline strings) run on the bodies' IR, after any the enclosing program
-    runs there (``init``/``apply``'s ``passes=``)."""
+    runs there (``init``/``apply``'s ``passes=``).  ``create_outside``: see ``CreateOutside``."""
     if not bodies:
         raise TypeError("vj.lift needs at least one body")
     fix = fix or (f"add '{{collection}}' to one of the variable filters of vj.{name}")
     return Lift(transform, tuple(bodies), tuple(filters.freeze(f) for f in variables),
                 tuple(filters.freeze(f) for f in rngs), name, fix, fork_rngs,
-                parse_entries(passes))
+                parse_entries(passes), create_outside)

@@ -5,7 +5,9 @@ what the branches write, and a branch that does not write a variable passes
 its value through -- so, beyond Linen, branches may mutate different
 variables.  A variable *created* by some branches but not all would exist on
 one path only: that raises ``VariableCreationError`` naming the variable and
-the branches.
+the branches.  A variable a pass declares beside one handed to the branches (a
+LoRA adapter of a kernel made before the cond) is created before the branches
+and handed to all of them (``lift(create_outside=True)``, ``pass_scopes.declare``).
 """
 from __future__ import annotations
 
@@ -112,5 +114,6 @@ def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl
         return jax.lax.switch(index, [branch(i) for i in range(len(regions))], groups,
                               rng_groups, *leaves)
 
-    lifted = lift(transform, *fns, variables=(variables,), rngs=(rngs,), name=name, passes=passes)
+    lifted = lift(transform, *fns, variables=(variables,), rngs=(rngs,), name=name, passes=passes,
+                  create_outside=True)
     return call_direct(lifted, mdl, index, *operands)
