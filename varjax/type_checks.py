@@ -98,6 +98,22 @@ def shape_error(collection: str, path: Path, have: VarType, want: VarType, why: 
         collection=collection, path=path, **where_, fix=fix)
 
 
+def branch_types_error(what: str, collection: str, path: Path, first: tuple[str, VarType],
+                       other: tuple[str, VarType], before: VarType | None = None,
+                       **where: Any) -> errors.VariableStructureError:
+    """Two branches of a cond/switch leave a variable with different types: JAX would name
+    only the position of the mismatch in varjax's own output, so name the variable and the
+    branches (``(label, type)`` each) here, for the lifted and the object-mode forms."""
+    was = f" (it was {before.describe()} before)" if before is not None else ""
+    return errors.VariableStructureError(
+        f"{what}: variable {errors.format_path(path)} of collection '{collection}' is "
+        f"{first[1].describe()} after {first[0]} but {other[1].describe()} after {other[0]}"
+        f"{was}; JAX needs every branch to leave it with one type.",
+        collection=collection, path=path, **where,
+        fix="write the variable a value of its own dtype in every branch "
+            "(x.astype(v.value.dtype))")
+
+
 def check_type(collection: str, path: Path, have: VarType, want: VarType,
                module: Labelled | None = None) -> None:
     """``VariableShapeError`` unless ``have`` can stand for ``want`` (see ``mismatch``);

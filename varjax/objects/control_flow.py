@@ -23,6 +23,7 @@ from varjax.objects.nodes import is_node, kind_of
 from varjax.objects.run import Result, arg_names, graph_of, run
 from varjax.objects.transforms import dealias, wrapper
 from varjax.primitives import VarType
+from varjax.type_checks import branch_types_error
 
 # --- control flow -------------------------------------------------------------------------
 
@@ -107,15 +108,9 @@ def _same_types(what: str, before: Graph, a: tuple[str, Graph], b: tuple[str, Gr
     for (_, old), (_, cell_a), (node, cell_b) in zip(before.cells, a[1].cells, b[1].cells):
         types = [VarType.of(c.get()) for c in (old, cell_a, cell_b)]
         if types[1] != types[2]:
-            path = node.prefix + cell_b.path
-            raise errors.VariableStructureError(
-                f"{what}: variable {errors.format_path(path)} of collection "
-                f"'{cell_b.collection}' is {types[1].describe()} after {a[0]} but "
-                f"{types[2].describe()} after {b[0]} (it was {types[0].describe()} before); "
-                "JAX needs every branch to leave it with one type.",
-                collection=cell_b.collection, path=path, **errors.where(),
-                fix="write the variable a value of its own dtype in every branch "
-                    "(x.astype(v.value.dtype))")
+            raise branch_types_error(what, cell_b.collection, node.prefix + cell_b.path,
+                                     (a[0], types[1]), (b[0], types[2]), types[0],
+                                     **errors.where())
 
 
 # --- loops --------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from varjax.lifting import lift
 from varjax.objects import control_flow as objects
 from varjax.primitives import VarType
 from varjax.transforms.common import call_direct, object_call, object_options
+from varjax.type_checks import branch_types_error
 
 
 @errors.api_boundary
@@ -71,17 +72,12 @@ def _check_creations(name: str, labels: list[str], created: list[set]) -> None:
 
 
 def _check_types(name: str, first: tuple[str, dict], this: tuple[str, dict]) -> None:
-    """Every branch must leave a variable with one type (JAX's cond would name only the
-    position of the mismatch in varjax's own output)."""
+    """Every branch must leave a variable with one type."""
     for key, have in this[1].items():
         want = first[1].get(key, have)
         if want != have:
-            raise errors.VariableStructureError(
-                f"vj.{name}: variable {errors.format_path(key[1])} is {want.describe()} after "
-                f"{first[0]} but {have.describe()} after {this[0]}; JAX needs every branch to "
-                "leave it with one type.", collection=key[0], path=key[1], **site(),
-                fix="write the variable a value of its own dtype in every branch "
-                    "(x.astype(v.value.dtype))")
+            raise branch_types_error(f"vj.{name}", key[0], key[1], (first[0], want),
+                                     (this[0], have), **site())
 
 
 def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl: Any,
