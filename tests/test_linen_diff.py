@@ -536,16 +536,18 @@ def _without(tree: dict, path: tuple) -> dict:
 
 def _check_unrolled(spec: M.Spec, desc: str, rngs: dict, variables: dict, x, tangent, mutable) -> None:
     """varjax with the pass against varjax with the pass on the same model with its
-    ``remat`` and ``jit`` lifts taken off (``M.strip_lifts``): what a lifted body computes
-    with a pass is what the same code computes unlifted.  The oracle of a pass Linen cannot
-    imitate: ``cast-params`` computes each lax equation that mixes float dtypes in the
-    narrowest (``passes/cast_params.py``), where Linen's layers promote to the widest."""
-    flat = M.strip_lifts(spec.root, ("remat", "jit"))
+    ``remat`` and ``jit`` lifts replaced by raw ``jax.jit`` regions (``M.strip_lifts``,
+    ``region=True``): what a lifted body computes with a pass is what the same code computes
+    in a region of plain JAX.  The oracle of a pass Linen cannot imitate: ``cast-params``
+    computes each lax equation that mixes float dtypes in the narrowest
+    (``passes/cast_params.py``), where Linen's layers promote to the widest, and every region
+    edge, a lift's or a ``jax.jit``'s, keeps its declared dtypes."""
+    flat = M.strip_lifts(spec.root, ("remat", "jit"), region=True)
     if flat == spec.root:
         _stats[f"pass {spec.passes.kind}: no lift to unroll"] += 1
         return
     pipeline = _pipeline(spec.passes.kind, dict(spec.passes.options))
-    desc += f"\npasses={pipeline!r}, against the model without its remat and jit lifts"
+    desc += f"\npasses={pipeline!r}, against the model with raw jax.jit regions for its remat and jit lifts"
     use = _Use({"passes": pipeline}, hide=("params",))
     lifted, unrolled = (jax.jit(_run_all(M.build(vj_nn, root), mutable, rngs, {}, False, use))
                         for root in (spec.root, flat))
@@ -554,17 +556,9 @@ def _check_unrolled(spec: M.Spec, desc: str, rngs: dict, variables: dict, x, tan
     # Layouts only: a lift is a boundary of the RNG derivation (in Linen too), so the
     # unrolled model's initial values are not the lifted one's.
     assert_layout(got[0], want[0], "init" + desc + "\nvariables")
-    tol = _lift_boundary_tolerance(dict(spec.passes.options)["dtype"])
-    mismatches = []
+    tol = _region_tolerance(dict(spec.passes.options)["dtype"])
     for part, label in ((1, "apply"), (2, "derivative")):
-        try:
-            assert_close(got[part], want[part], f"with {spec.passes.kind}: {label}" + desc,
-                         rtol=tol, atol=tol)
-        except Mismatch as m:
-            m.part = part
-            mismatches.append(m)
-    if mismatches:
-        _settle(mismatches, unrolled, lifted, variables, x, tangent, True)
+        assert_close(got[part], want[part], f"with {spec.passes.kind}: {label}" + desc, rtol=tol, atol=tol)
     _stats[f"pass {spec.passes.kind}: checked against the unrolled model"] += 1
 
 
@@ -572,17 +566,16 @@ _UNROLLED = ("cast-params",)      # the passes checked by _check_unrolled, not a
 _PASS_ORACLES = {"fake-quant": _fake_quant, "stop-gradient": _stop_gradient,
                  "tie": _tie, "lora": _lora}
 
-LOW_DTYPE_ULPS = 32
+LOW_DTYPE_ULPS = 4
 
 
-def _lift_boundary_tolerance(dtype: str) -> float:
-    """``cast-params``'s lifted and unlifted models round differently: a lift boundary
-    returns the dtypes its body declared (float32, ``notes/pass-library.md``), so what
-    follows a lifted layer computes in float32 where the unlifted model computes in the low
-    dtype.  Both are the exact answer within a few roundings to the low dtype, amplified by
-    what follows (a normalization, a derivative): ``LOW_DTYPE_ULPS`` of its epsilon (3% at
-    float16, 25% at bfloat16; the fuzzer saw up to 2% at float16).  A wrong answer (a
-    param missed, a term dropped) is off by the size of the values."""
+def _region_tolerance(dtype: str) -> float:
+    """A lifted model and its raw-``jax.jit`` twin compute the same equations in the same
+    dtypes (bitwise equal in every case measured); ``LOW_DTYPE_ULPS`` of the low dtype's
+    epsilon leaves room for XLA fusing a checkpointed body differently from a jitted one,
+    and none for a model that rounds at other places: a lift boundary that let the low dtype
+    through where a region edge keeps float32 differs by percents after a normalization
+    (9% at float16 in a derivative through two BatchNorms)."""
     return LOW_DTYPE_ULPS * float(jnp.finfo(jnp.dtype(dtype)).eps)
 
 
@@ -785,6 +778,26 @@ _HAND = {
                   variable_axes={"batch_stats": 0, "params": 0})),
         M.Dense(3, False))),
         (3, 2, 2), 94, ("list", ("batch_stats",))),
+    # Found by the fuzzer (issue 33): cast-params over a remat'd BatchNorm in a while loop,
+    # after a cond over a BatchNorm used twice.  Checked against the model without its lifts,
+    # the derivative differed by 9%: the lift's edge keeps float32, so the LayerNorm after
+    # it computes in float32 where unlifted code computes in float16.  Against a raw
+    # jax.jit region in place of the lift it is bitwise equal.
+    "remat_cast_params_batchnorm_in_while": M.Spec(M.Node("Model", "compact", (
+        M.Dense(3),
+        M.Cond(M.Node("Block", "compact", (_BN2 := M.BatchNorm(False, 0.5, True), M.Reuse(0, _BN2))), "neg"),
+        M.Sub(M.Node("Block", "compact", (
+            M.Dropout(0.0),
+            M.Sub(M.Node("Unit", "compact", (M.Counter("counter", "n0", "int"),), scan_body=True),
+                  _lift("scan", in_axes=1, length=3, out_axes=1, split_rngs={"dropout": True},
+                        variable_axes={"counter": 0}), "sub1"),
+            M.Counter("stats", "n0", "int")))),
+        M.While(M.Node("Head", "compact", (
+            M.Conv(3, 1, False),
+            M.Sub(M.Node("Layer", "compact", (M.Counter("stats", "n0", "int"), M.BatchNorm(False, 0.9, True))),
+                  M.Lift("remat", form="method")),
+            M.LayerNorm(True, False))), 1, ("batch_stats", "stats"), ()))),
+        (3, 3, 3), 3, ("all",), passes=M.PassUse("cast-params", (("dtype", "float16"),), 251)),
 }
 
 
@@ -828,27 +841,29 @@ def test_float32_roundoff_is_told_from_a_wrong_answer():
         _settle(mismatches(wrong), linen, wrong, variables, x, None, False)
 
 
-def _jit_then_norm(lift: bool):
-    """A Dense, lifted by ``nn.jit`` or not, then a LayerNorm: what follows the lift."""
+def _jit_then_norm(how: str):
+    """A Dense, called through ``nn.jit``, a raw ``jax.jit`` or directly, then a LayerNorm:
+    what follows the lift or region computes in its declared float32 or in the low dtype."""
     class Model(vj_nn.Module):
         @vj_nn.compact
         def __call__(self, x):
-            dense = vj_nn.Dense(4, name="dense")
-            h = vj_nn.jit(lambda m, x: m(x))(dense, x) if lift else dense(x)
+            dense = vj_nn.Dense(2, name="dense")
+            h = {"lift": lambda: vj_nn.jit(lambda m, x: m(x))(dense, x),
+                 "region": lambda: jax.jit(lambda x: dense(x))(x),
+                 "plain": lambda: dense(x)}[how]()
             return vj_nn.LayerNorm(use_scale=False)(h)
     return Model()
 
 
-def test_cast_params_lift_tolerance_admits_the_boundary_rounding_not_a_wrong_answer():
+def test_cast_params_lift_rounds_as_a_raw_jit_region_not_as_unlifted_code():
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3)), jnp.float32)
-    variables = _jit_then_norm(False).init(jax.random.key(0), x)
-    other = _jit_then_norm(False).init(jax.random.key(1), x)
+    variables = _jit_then_norm("plain").init(jax.random.key(0), x)
+    other = _jit_then_norm("plain").init(jax.random.key(1), x)
     spec = "cast-params{dtype=float16}"
-    lifted, unlifted, wrong = (_jit_then_norm(lift).apply(v, x, passes=spec)
-                               for lift, v in ((True, variables), (False, variables), (False, other)))
-    tol = _lift_boundary_tolerance("float16")
-    with pytest.raises(Mismatch):   # the lift boundary returns float32: they round differently
-        assert_close(lifted, unlifted, "lifted")
-    assert_close(lifted, unlifted, "lifted", rtol=tol, atol=tol)
+    lifted, region, unlifted, wrong = (_jit_then_norm(how).apply(v, x, passes=spec) for how, v in (
+        ("lift", variables), ("region", variables), ("plain", variables), ("plain", other)))
+    np.testing.assert_array_equal(lifted, region)
+    assert not np.array_equal(lifted, unlifted)   # unlifted, the LayerNorm computes in float16
+    tol = _region_tolerance("float16")
     with pytest.raises(Mismatch):
         assert_close(lifted, wrong, "other params", rtol=tol, atol=tol)

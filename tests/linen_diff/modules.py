@@ -120,7 +120,7 @@ class Counter:
 class Lift:
     """A lifted transform and its options (a sorted tuple of ``(name, value)``; dict-valued
     options are tuples of pairs too, so specs stay hashable)."""
-    kind: str    # 'remat' | 'jit' | 'vmap' | 'scan'
+    kind: str    # 'remat' | 'jit' | 'vmap' | 'scan' ('region': raw jax.jit, see strip_lifts)
     options: tuple = ()
     form: str = "class"   # 'class': nn.jit(Cls); 'method': decorates Cls.__call__; 'fn': a function
                           # taking the module first, nn.jit(lambda mdl, h: mdl(h))(child, h)
@@ -298,21 +298,26 @@ def format_spec(spec: Spec) -> str:
     return "\n".join(lines)
 
 
-def strip_lifts(node: Node, kinds: tuple) -> Node:
+def strip_lifts(node: Node, kinds: tuple, region: bool = False) -> Node:
     """``node`` with the lifts of ``kinds`` taken off its children where that keeps every
     variable's path: a lifted *class* is named after the lift (``CheckpointCell_0``) when
     compact code names it automatically, so those stay.  For ``remat`` and ``jit`` the result
-    computes the same function: the "unrolled" model a pass is checked against."""
+    computes the same function: the "unrolled" model a pass is checked against.
+
+    With ``region``, each lift taken off leaves a plain ``jax.jit`` around the child's call
+    (``Lift('region', form='fn')``): the same code in a region of raw JAX, where a pass that
+    makes region edges keep their declared dtypes (``cast-params``) rounds as at the lift."""
     def strip(op):
         if isinstance(op, Sub):
             keep = op.lift is None or op.lift.kind not in kinds or (
                 op.lift.form == "class" and node.style == "compact" and op.name is None)
-            return Sub(strip_lifts(op.node, kinds), op.lift if keep else None, op.name)
+            left = Lift("region", form="fn") if region else None
+            return Sub(strip_lifts(op.node, kinds, region), op.lift if keep else left, op.name)
         if isinstance(op, Cond):
-            b = strip_lifts(op.b, kinds) if isinstance(op.b, Node) else op.b
-            return Cond(strip_lifts(op.a, kinds), b, op.pre_init)
+            b = strip_lifts(op.b, kinds, region) if isinstance(op.b, Node) else op.b
+            return Cond(strip_lifts(op.a, kinds, region), b, op.pre_init)
         if isinstance(op, While):
-            return dataclasses.replace(op, node=strip_lifts(op.node, kinds))
+            return dataclasses.replace(op, node=strip_lifts(op.node, kinds, region))
         if isinstance(op, Reuse):
             return Reuse(op.index, strip(op.op))
         return op
@@ -639,6 +644,8 @@ class _Builder:
         return self.classes[node, method_lift]
 
     def transform(self, lift: Lift, target):
+        if lift.kind == "region":      # strip_lifts(region=True): raw jax.jit, no lift
+            return lambda child, *args: jax.jit(lambda *a: target(child, *a))(*args)
         kw = lift.kwargs()
         if "policy" in kw:
             kw["policy"] = getattr(jax.checkpoint_policies, POLICIES[kw["policy"]])
