@@ -31,9 +31,10 @@ import jax.numpy as jnp
 
 import varjax as vj
 from bench.harness import Table, count_eqns, measure
-from varjax import filters, passes
-from varjax.functionalize import flatten_variables
-from varjax.primitives import VarType
+from varjax import passes
+from varjax.functionalization.functionalized import flatten_variables
+from varjax.ir import filters
+from varjax.ir.primitives import VarType
 
 SIZES = {1_000: 5, 10_000: 5, 100_000: 3}  # target equations -> timed repetitions
 EQNS_PER_STEP = 4
@@ -139,7 +140,7 @@ def _check_same_as_apply(ours: Any, theirs: Any) -> None:
     if (count_eqns(ours), ours.in_avals, ours.out_avals) != \
             (count_eqns(theirs), theirs.in_avals, theirs.out_avals):
         raise AssertionError("bench pipeline run differs from functionalize's; "
-                             "update pipeline_run to match varjax/functionalize.py")
+                             "update pipeline_run to match varjax/functionalization/functionalized.py")
 
 
 def pipeline_run(model, variables: dict, mutable: Any):

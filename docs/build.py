@@ -3,11 +3,12 @@
     python -m docs.build docs/api        # or: make docs
 
 One page per public module: ``varjax``, ``varjax.nn``, ``varjax.passes`` and the
-modules they export by name (``varjax.errors``, ``varjax.nn.initializers``, ...).
+modules they export by name (``varjax.errors``, whose page is ``varjax.ir.errors``,
+``varjax.nn.initializers``, ...).
 A page lists the module's public names: its ``__all__`` where it has one, else the
 names it defines or re-exports explicitly (``from m import x as x`` or a star import),
 which is how ``varjax/__init__.py`` marks its API.  Submodules that are not exported
-(``varjax.scope``, ``varjax.nn.linear``, ...) get no page: their public names are
+(``varjax.trace.variable_api``, ``varjax.nn.linear``, ...) get no page: their public names are
 documented where they are exported.
 
 ``build`` returns the warnings pdoc emitted (a docstring it cannot parse, an annotation

@@ -12,7 +12,7 @@ pass adds ``W + A @ B`` to every matmul kernel it finds in the traced program,
 
 and ``jax.grad`` with respect to the ``lora`` collection alone trains the adapters while
 the pretrained ``params`` stay frozen.  Inside ``nn.scan`` the adapters are stacked per
-layer like the kernels they adapt.  Afterwards ``varjax.passes.lora.merge`` folds them into
+layer like the kernels they adapt.  Afterwards ``varjax.passes.library.lora.merge`` folds them into
 the kernels, and the plain model (no pass) computes what the adapted one does.
 
 The script checks what LoRA promises: the adapters start as the identity (B = 0), the
@@ -58,7 +58,7 @@ import optax
 from char_lm import TransformerLM
 from common import OUT, plot_losses
 
-from varjax.passes.lora import merge
+from varjax.passes.library.lora import merge
 
 SEED = 0
 LORA = "lora{rank=4}"       # the pass's pipeline spelling: adapters of rank 4 on every matmul kernel

@@ -1,4 +1,4 @@
-"""``varjax.axis_metadata`` against Flax's ``flax.core.meta`` / ``flax.linen.spmd``: the
+"""``varjax.ir.axis_metadata`` against Flax's ``flax.core.meta`` / ``flax.linen.spmd``: the
 boxes, their pytree structure, Linen's logical-to-mesh resolution and every error path."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from varjax import axis_metadata as am
 from varjax import errors
+from varjax.ir import axis_metadata as am
 
 U = P.UNCONSTRAINED
 

@@ -11,8 +11,8 @@ import pytest
 
 import varjax as vj
 import varjax.nn as nn
-from varjax import caches
-from varjax.statics import typed
+from varjax.ir import caches
+from varjax.ir.statics import typed
 
 X = jnp.ones(2)
 # Pairs, not a dict: as dict keys 1, 1.0 and True are one key.

@@ -1,5 +1,5 @@
 """Every user-triggerable ``varjax.errors`` raise site names what it can: collection, variable
-path, module, the user's ``file:line`` and a one-sentence fix (layout: ``varjax/errors.py``).
+path, module, the user's ``file:line`` and a one-sentence fix (layout: ``varjax/ir/errors.py``).
 
 Each case is a small trigger function; the test asserts the exception's attributes.  The
 ``module`` is ``Module._label()`` for errors raised while tracing (``Net/inner (Inner)``) and
@@ -20,7 +20,7 @@ import pytest
 import varjax as vj
 from varjax import errors, nn
 from varjax.passes import REGISTRY, CheckMutability, Pass, PassContext, Pipeline
-from varjax.passes.verify import verify
+from varjax.passes.framework.verify import verify
 
 X = jnp.ones((2,), jnp.float32)
 KEY = jax.random.key(0)
@@ -91,7 +91,7 @@ def _in_net(fn: Callable) -> Net:
     return Net(Lambda(fn))
 
 
-# --- variables: trace time (varjax.scope) ---------------------------------------------------
+# --- variables: trace time (varjax.trace.variable_api) ---------------------------------------------------
 
 def scope_outside_functionalize():
     vj.param("w", ones, (2,))

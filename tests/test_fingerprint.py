@@ -22,7 +22,7 @@ def test_library_jits_are_shared_across_init_traces_until_a_variable_op_runs_ins
     out = run_fresh("""
         import jax, jax.numpy as jnp
         import varjax as vj
-        from varjax import fingerprint
+        from varjax.trace import fingerprint
         traces = []
 
         @jax.jit
@@ -47,7 +47,7 @@ def test_the_first_variable_op_in_an_inner_trace_makes_fingerprints_strict():
     out = run_fresh("""
         import jax, jax.numpy as jnp
         import varjax as vj
-        from varjax import fingerprint
+        from varjax.trace import fingerprint
         traces = []
 
         @jax.jit

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 import varjax as vj
-from varjax import streams
-from varjax.effects import is_varjax_effect
-from varjax.nested import walk_eqns
-from varjax.primitives import VARJAX_PRIMITIVES
+from varjax.ir import streams
+from varjax.ir.effects import is_varjax_effect
+from varjax.ir.nested import walk_eqns
+from varjax.ir.primitives import VARJAX_PRIMITIVES
 
 X = jnp.ones((2, 3), jnp.float32)
 

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from varjax import streams
+from varjax.ir import streams
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fuzz import programs as P  # noqa: E402

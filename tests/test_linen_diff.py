@@ -540,7 +540,7 @@ def _check_unrolled(spec: M.Spec, desc: str, rngs: dict, variables: dict, x, tan
     ``region=True``): what a lifted body computes with a pass is what the same code computes
     in a region of plain JAX.  The oracle of a pass Linen cannot imitate: ``cast-params``
     computes each lax equation that mixes float dtypes in the narrowest
-    (``passes/cast_params.py``), where Linen's layers promote to the widest, and every region
+    (``passes/library/cast_params.py``), where Linen's layers promote to the widest, and every region
     edge, a lift's or a ``jax.jit``'s, keeps its declared dtypes."""
     flat = M.strip_lifts(spec.root, ("remat", "jit"), region=True)
     if flat == spec.root:
@@ -794,7 +794,8 @@ _HAND = {
             M.Counter("stats", "n0", "int")))),
         M.While(M.Node("Head", "compact", (
             M.Conv(3, 1, False),
-            M.Sub(M.Node("Layer", "compact", (M.Counter("stats", "n0", "int"), M.BatchNorm(False, 0.9, True))),
+            M.Sub(M.Node("Layer", "compact",
+                         (M.Counter("stats", "n0", "int"), M.BatchNorm(False, 0.9, True))),
                   M.Lift("remat", form="method")),
             M.LayerNorm(True, False))), 1, ("batch_stats", "stats"), ()))),
         (3, 3, 3), 3, ("all",), passes=M.PassUse("cast-params", (("dtype", "float16"),), 251)),

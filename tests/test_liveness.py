@@ -1,4 +1,4 @@
-"""``varjax.liveness``: JAX's dead-code elimination, except that an equation with clean
+"""``varjax.ir.liveness``: JAX's dead-code elimination, except that an equation with clean
 bodies is kept without asking its rule, so nothing dead means the same jaxpr back."""
 import os
 import sys
@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from varjax import _jax, liveness
-from varjax.nested import walk_eqns
+from varjax import _jax
+from varjax.ir import liveness
+from varjax.ir.nested import walk_eqns
 from varjax.passes import Pipeline
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -1,8 +1,8 @@
-"""``varjax.stack_headroom``: traces start from a frame big enough that CPython maps them a
+"""``varjax.ir.stack_headroom``: traces start from a frame big enough that CPython maps them a
 fresh frame-stack chunk (the speed it buys is measured in ``bench/``, not here)."""
 import pytest
 
-from varjax import stack_headroom
+from varjax.ir import stack_headroom
 
 
 def test_call_with_headroom_calls_through_and_lets_errors_out():

@@ -2,7 +2,8 @@
 
 Trace stateful code into a jaxpr whose variable reads, writes and RNG draws
 are effectful primitives; rewrite it with passes; functionalize it per
-collection.  This file is the whole public API.
+collection.  This file is the whole public API; the errors it raises are the classes of
+``varjax.errors`` (they live in `varjax.ir.errors`, the IR core's folder).
 
 
 The names below are imported on first use (PEP 562), all at once and in this order, so that
@@ -14,6 +15,8 @@ block spells the same imports out for type checkers and editors
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -21,17 +24,17 @@ from typing import TYPE_CHECKING, Any
 # public name -> the module it comes from; ``_SUBMODULES`` are modules themselves
 _SUBMODULES = ("errors", "passes")
 _API: dict[str, str] = {
-    "errors": "varjax.errors",
+    "errors": "varjax.ir.errors",
     "passes": "varjax.passes",
-    "PARTITION_NAME": "varjax.axis_metadata",
-    "clear_caches": "varjax.caches",
-    "set_cache_size": "varjax.caches",
-    "DenyList": "varjax.filters",
-    "Functionalized": "varjax.functionalize",
-    "functionalize": "varjax.functionalize",
-    "from_tree": "varjax.lift_groups",
-    "lift": "varjax.lifting",
-    "to_tree": "varjax.lift_groups",
+    "PARTITION_NAME": "varjax.ir.axis_metadata",
+    "clear_caches": "varjax.ir.caches",
+    "set_cache_size": "varjax.ir.caches",
+    "DenyList": "varjax.ir.filters",
+    "Functionalized": "varjax.functionalization.functionalized",
+    "functionalize": "varjax.functionalization.functionalized",
+    "from_tree": "varjax.lifting.groups",
+    "lift": "varjax.lifting.region",
+    "to_tree": "varjax.lifting.groups",
     "capture": "varjax.objects.capture",
     "transform_metadata": "varjax.objects.metadata",
     "GraphDef": "varjax.objects.state",
@@ -39,18 +42,18 @@ _API: dict[str, str] = {
     "split": "varjax.objects.state",
     "state": "varjax.objects.state",
     "update": "varjax.objects.state",
-    "pretty": "varjax.printing",
-    "Rngs": "varjax.rngs",
-    "RngStream": "varjax.rngs",
-    "reseed": "varjax.rngs",
-    "Variable": "varjax.scope",
-    "has_variable": "varjax.scope",
-    "is_initializing": "varjax.scope",
-    "is_mutable_collection": "varjax.scope",
-    "make_rng": "varjax.scope",
-    "param": "varjax.scope",
-    "sow": "varjax.scope",
-    "variable": "varjax.scope",
+    "pretty": "varjax.ir.printing",
+    "Rngs": "varjax.trace.rngs",
+    "RngStream": "varjax.trace.rngs",
+    "reseed": "varjax.trace.rngs",
+    "Variable": "varjax.trace.variable_api",
+    "has_variable": "varjax.trace.variable_api",
+    "is_initializing": "varjax.trace.variable_api",
+    "is_mutable_collection": "varjax.trace.variable_api",
+    "make_rng": "varjax.trace.variable_api",
+    "param": "varjax.trace.variable_api",
+    "sow": "varjax.trace.variable_api",
+    "variable": "varjax.trace.variable_api",
     "dataflow": "varjax.tools.dataflow",
     "dead_params": "varjax.tools.dataflow",
     "dump": "varjax.tools.ir_dump",
@@ -95,7 +98,7 @@ def _load() -> None:
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:   # `from varjax import errors` in varjax's own modules: just that
-        return importlib.import_module(f"varjax.{name}")
+        return importlib.import_module(_API[name])
     if name in _API and not _loading:
         _load()
         return globals()[name]
@@ -106,32 +109,48 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_API))
 
 
-class _Package(types.ModuleType):
-    """Importing a submodule binds it on its package (``varjax.functionalize`` the module,
-    before ``_load``): where a public name is such a module's, that binding is skipped, so
-    the name still loads the API (``vj.functionalize`` is the function)."""
+# Modules that moved into the layer folders, at the import paths the notes once showed:
+# the old path loads the module itself (one object under two names).
+_MOVED = {
+    "varjax.errors": "varjax.ir.errors",
+    "varjax.primitives": "varjax.ir.primitives",
+    "varjax.nested": "varjax.ir.nested",
+    "varjax.streams": "varjax.ir.streams",
+    "varjax.passes.cast_params": "varjax.passes.library.cast_params",
+    "varjax.passes.lora": "varjax.passes.library.lora",
+    "varjax.passes.options": "varjax.passes.framework.options",
+}
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _API and name not in _SUBMODULES and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
+
+class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds an old path of ``_MOVED`` and answers it with the module at the new one."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.util.spec_from_loader(name, self) if name in _MOVED else None
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        return importlib.import_module(_MOVED[spec.name])
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
 
 
-sys.modules[__name__].__class__ = _Package
+sys.meta_path.append(_Moved())
 
 
 if TYPE_CHECKING:
-    from varjax import errors as errors
     from varjax import passes as passes
-    from varjax.axis_metadata import PARTITION_NAME as PARTITION_NAME
-    from varjax.caches import clear_caches as clear_caches
-    from varjax.caches import set_cache_size as set_cache_size
-    from varjax.filters import DenyList as DenyList
-    from varjax.functionalize import Functionalized as Functionalized
-    from varjax.functionalize import functionalize as functionalize
-    from varjax.lift_groups import from_tree as from_tree
-    from varjax.lift_groups import to_tree as to_tree
-    from varjax.lifting import lift as lift
+    from varjax.functionalization.functionalized import Functionalized as Functionalized
+    from varjax.functionalization.functionalized import functionalize as functionalize
+    from varjax.ir import errors as errors
+    from varjax.ir.axis_metadata import PARTITION_NAME as PARTITION_NAME
+    from varjax.ir.caches import clear_caches as clear_caches
+    from varjax.ir.caches import set_cache_size as set_cache_size
+    from varjax.ir.filters import DenyList as DenyList
+    from varjax.ir.printing import pretty as pretty
+    from varjax.lifting.groups import from_tree as from_tree
+    from varjax.lifting.groups import to_tree as to_tree
+    from varjax.lifting.region import lift as lift
     from varjax.objects.capture import capture as capture
     from varjax.objects.metadata import transform_metadata as transform_metadata
     from varjax.objects.state import GraphDef as GraphDef
@@ -139,21 +158,20 @@ if TYPE_CHECKING:
     from varjax.objects.state import split as split
     from varjax.objects.state import state as state
     from varjax.objects.state import update as update
-    from varjax.printing import pretty as pretty
-    from varjax.rngs import Rngs as Rngs
-    from varjax.rngs import RngStream as RngStream
-    from varjax.rngs import reseed as reseed
-    from varjax.scope import Variable as Variable
-    from varjax.scope import has_variable as has_variable
-    from varjax.scope import is_initializing as is_initializing
-    from varjax.scope import is_mutable_collection as is_mutable_collection
-    from varjax.scope import make_rng as make_rng
-    from varjax.scope import param as param
-    from varjax.scope import sow as sow
-    from varjax.scope import variable as variable
     from varjax.tools.dataflow import dataflow as dataflow
     from varjax.tools.dataflow import dead_params as dead_params
     from varjax.tools.ir_dump import dump as dump
+    from varjax.trace.rngs import Rngs as Rngs
+    from varjax.trace.rngs import RngStream as RngStream
+    from varjax.trace.rngs import reseed as reseed
+    from varjax.trace.variable_api import Variable as Variable
+    from varjax.trace.variable_api import has_variable as has_variable
+    from varjax.trace.variable_api import is_initializing as is_initializing
+    from varjax.trace.variable_api import is_mutable_collection as is_mutable_collection
+    from varjax.trace.variable_api import make_rng as make_rng
+    from varjax.trace.variable_api import param as param
+    from varjax.trace.variable_api import sow as sow
+    from varjax.trace.variable_api import variable as variable
     from varjax.transforms import broadcast as broadcast
     from varjax.transforms import checkpoint as checkpoint
     from varjax.transforms import cond as cond

@@ -9,7 +9,7 @@ so a JAX upgrade touches this file alone.  Pinned to the jax 0.10 series.
 Sharp edges:
   * Parameter *names* of JAX's higher-order primitives (``jaxpr``,
     ``num_consts``, ``branches``...) are plain dict keys read in
-    ``varjax/nested.py``, ``passes/discharge/``, ``analysis.py`` and ``lower_rng.py``;
+    ``varjax/ir/nested.py``, ``passes/default/discharge/``, ``analysis.py`` and ``lower_rng.py``;
     a rename in JAX shows up there.
 """
 from __future__ import annotations
@@ -38,8 +38,8 @@ from jax._src.pjit import jit_p as jit_p
 from jax._src.random import prng as _prng
 from jax._src.shard_map import shard_map_p as shard_map_p
 
-from varjax.stack_headroom import FILENAME as STACK_HEADROOM_FILE
-from varjax.stack_headroom import call_with_headroom
+from varjax.ir.stack_headroom import FILENAME as STACK_HEADROOM_FILE
+from varjax.ir.stack_headroom import call_with_headroom
 
 Primitive = core.Primitive
 ClosedJaxpr = core.ClosedJaxpr
@@ -146,7 +146,7 @@ def trace_to_jaxpr(fun: Callable, in_avals: list[AbstractValue], name: str = "va
     """
     dbg = core.DebugInfo(name, api_util.fun_sourceinfo(fun), None, core.initial_result_paths)
     wrapped = lu.wrap_init(fun, debug_info=dbg)
-    # From a fresh stretch of CPython's frame stack (see varjax.stack_headroom).
+    # From a fresh stretch of CPython's frame stack (see varjax.ir.stack_headroom).
     jaxpr, _, consts = call_with_headroom(pe.trace_to_jaxpr_dynamic, wrapped, tuple(in_avals))
     return ClosedJaxpr(jaxpr, consts)
 
@@ -341,7 +341,7 @@ exclude_from_user_frames("<string>")
 exclude_from_user_frames(STACK_HEADROOM_FILE)
 
 
-# --- custom-rule closures (passes/discharge/closures.py) -------------------------------------------
+# --- custom-rule closures (passes/default/discharge/closures.py) -------------------------------------------
 
 def thunk_identity(thunk: Any) -> Any:
     """What identifies the custom function a rule thunk belongs to: its debug info, which
@@ -375,7 +375,7 @@ def staged_producer(x: Any) -> tuple[Primitive, dict, list] | None:
     return parent.primitive, parent.params, list(parent.in_tracers)
 
 
-# --- raw shard_map (varjax/nested.py, passes/discharge/) ------------------------------------
+# --- raw shard_map (varjax/ir/nested.py, passes/default/discharge/) ------------------------------------
 
 def varying_axes(x: Any) -> frozenset:
     """The mesh axes over which ``x`` may differ between shards, inside a ``shard_map``

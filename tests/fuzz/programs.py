@@ -36,7 +36,7 @@ RNG semantics the reference implements for explicit keys (Linen's convention,
 ``notes/randomness.md``; every draw is at the root path): each draw *statement*
 gets a count ``c`` in trace order -- every statement once, loop bodies once,
 all branches of a cond / switch in order (lax.cond traces the true branch
-first) -- and returns ``fold_in(key, h(c))``, ``h = varjax.streams.linen_data``.
+first) -- and returns ``fold_in(key, h(c))``, ``h = varjax.ir.streams.linen_data``.
 Inside a loop whose body draws from the stream, the loop keeps a dynamic count
 ``i``: the i-th draw executed inside the loop (over all iterations) returns
 ``fold_in(fold_in(L, h(c)), i)``, with ``L`` the stream key; a nested drawing
@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
-from varjax import streams
+from varjax.ir import streams
 
 COLLECTIONS = ("params", "state", "stats")
 STREAMS = ("params", "dropout")

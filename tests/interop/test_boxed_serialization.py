@@ -3,7 +3,7 @@
 either library into the other's boxes, bitwise, the names coming from the target.
 
 varjax does not import flax: its boxes are registered with ``flax.serialization`` when the
-user imports it, before varjax or after (``varjax.axis_metadata``)."""
+user imports it, before varjax or after (``varjax.ir.axis_metadata``)."""
 from __future__ import annotations
 
 import subprocess

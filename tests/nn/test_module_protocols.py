@@ -1,4 +1,4 @@
-"""The lower layers' protocols (``varjax.protocols``) hold for the objects above them.
+"""The lower layers' protocols (``varjax.ir.protocols``) hold for the objects above them.
 
 ``lifting``, ``transforms`` and the tracing layer never import ``Module``; they rely on
 these contracts, so a rename on the nn side must fail here.
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 import varjax.nn as nn
-from varjax import protocols
+from varjax.ir import protocols
 
 
 class Scale(nn.Module):

@@ -346,7 +346,7 @@ def test_flax_boxes_given_to_varjax_are_named_as_flax_boxes_in_the_error():
     x = jnp.ones((1, 3))
     flax_variables = make(linen).init(jax.random.key(0), x)
     with pytest.raises(errors.VariableShapeError, match="flax.core.meta.Partitioned, not the expected "
-                                                       "varjax.axis_metadata.Partitioned"):
+                                                       "varjax.ir.axis_metadata.Partitioned"):
         make(nn).apply(flax_variables, x)
     np.testing.assert_array_equal(make(nn).apply(linen.unbox(flax_variables), x),
                                   make(linen).apply(flax_variables, x))

@@ -192,8 +192,8 @@ def test_functional_cond_branch_writing_another_dtype_names_the_variable_and_bra
         vj.variable("counts", "n", jnp.zeros, (), jnp.int32)
         return vj.cond(x > 0, bump, lambda: jnp.zeros(()), None)
     with pytest.raises(vj.errors.VariableStructureError,
-                       match=r"variable n of collection .counts. is float32\[\] after true_fun \(bump\) but int32\[\] "
-                             r"after false_fun") as info:
+                       match=r"variable n of collection .counts. is float32\[\] after true_fun \(bump\) "
+                             r"but int32\[\] after false_fun") as info:
         f.init({}, 1.0)
     assert info.value.collection == "counts" and "test_object_round2.py" in info.value.source
 

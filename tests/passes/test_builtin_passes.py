@@ -6,7 +6,8 @@ import pytest
 
 import varjax as vj
 from golden import assert_ir, context, run_pass
-from varjax import errors, streams
+from varjax import errors
+from varjax.ir import streams
 from varjax.passes import get_pass
 
 V = {"s": {"a": jnp.zeros((), jnp.float32)}}

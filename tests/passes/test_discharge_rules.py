@@ -11,12 +11,13 @@ import pytest
 
 import varjax as vj
 from golden import context
-from varjax import errors, nested
+from varjax import errors
+from varjax.ir import nested
+from varjax.ir.primitives import VarType, bind_get, bind_set
 from varjax.passes import Discharge, PassContext, verify
-from varjax.passes.analysis import traffic
-from varjax.passes.discharge import RULES, register_discharge_rule
-from varjax.passes.discharge.core import leaves_of, store, var_type
-from varjax.primitives import VarType, bind_get, bind_set
+from varjax.passes.default.discharge import RULES, register_discharge_rule
+from varjax.passes.default.discharge.core import leaves_of, store, var_type
+from varjax.passes.framework.analysis import traffic
 
 KEY = ("s", ("a",))
 F32 = jax.core.ShapedArray((), jnp.float32)

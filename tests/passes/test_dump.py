@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import pytest
 
 from varjax.errors import PassError, PipelineError, VerificationError
-from varjax.passes.base import Pass, PassContext
-from varjax.passes.dump import Dump, Recorder
-from varjax.passes.instrument import DUMP_AFTER_ENV, DUMP_CHANGED_ENV, DUMP_DIR_ENV
-from varjax.passes.pipeline import Pipeline
+from varjax.passes.framework.base import Pass, PassContext
+from varjax.passes.framework.dump import Dump, Recorder
+from varjax.passes.framework.instrument import DUMP_AFTER_ENV, DUMP_CHANGED_ENV, DUMP_DIR_ENV
+from varjax.passes.framework.pipeline import Pipeline
 
 
 def _jaxpr():
@@ -226,7 +226,7 @@ def test_diff_ignores_renaming_and_shows_the_inserted_equation(tmp_path):
 
 def test_diff_shows_an_operand_change():
     """Variables are matched through their binders, so reading another variable is a change."""
-    from varjax.passes.dump import unified_diff
+    from varjax.passes.framework.dump import unified_diff
     before = ("{ lambda ; a:f32[2]. let\n    b:f32[2] = sin a\n    c:f32[2] = mul b 2.0:f32[]\n"
               "    var_set[params:w] c\n  in (c, b) }")
     after = ("{ lambda ; a:f32[2]. let\n    b:f32[2] = neg a\n    c:f32[2] = sin b\n"
@@ -252,7 +252,7 @@ def test_pretty_shows_no_line_of_another_trace_in_a_cached_body():
     not show that program's line when a later program reuses it: JAX traces nested bodies
     under their own source info, so their equations hold no user line at all."""
     from varjax import _jax
-    from varjax.printing import pretty
+    from varjax.ir.printing import pretty
     x = jnp.ones((7, 5), jnp.float32)        # shapes no other test traces these with
     a_eqn = jax.make_jaxpr(_stale_a)(x).eqns[0]
 
@@ -269,7 +269,7 @@ def test_pretty_shows_no_line_of_another_trace_in_a_cached_body():
 def test_pretty_keeps_the_lines_of_a_jitted_helper():
     """A jitted function's body has its own lines (JAX stops its traceback at the jit),
     right for every caller."""
-    from varjax.printing import pretty
+    from varjax.ir.printing import pretty
 
     @jax.jit
     def helper(y):

@@ -13,9 +13,10 @@ import pytest
 
 import varjax as vj
 import varjax.nn as nn
-from varjax import errors, streams
+from varjax import errors
+from varjax.ir import streams
 from varjax.passes import Lora, PassContext, Pipeline
-from varjax.passes.lora import merge
+from varjax.passes.library.lora import merge
 
 LORA = "lora{rank=2}"
 

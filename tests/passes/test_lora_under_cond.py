@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import varjax.nn as nn
-from varjax.passes.lora import merge
+from varjax.passes.library.lora import merge
 
 PASS = "lora{rank=2,scale=0.5}"
 X = jnp.array([[0.5, -1.0]])

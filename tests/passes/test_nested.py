@@ -1,4 +1,4 @@
-"""varjax.nested: bodies found by type for reading, by table for rewriting; the renamer and
+"""varjax.ir.nested: bodies found by type for reading, by table for rewriting; the renamer and
 the per-jaxpr memo."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import pytest
 from jax.custom_batching import custom_vmap
 
-from varjax import errors, nested
+from varjax import errors
+from varjax.ir import nested
 from varjax.passes import Rewriter, Rule
 
 X = jnp.ones(2, jnp.float32)

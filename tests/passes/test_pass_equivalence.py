@@ -59,7 +59,7 @@ def test_dead_reads_counts_exactly_what_jax_dce_removes():
     dead reads, and apply, where usually nothing is dead) its ``removed`` statistic
     equals the equations JAX's DCE removes, and the pass returns DCE's jaxpr."""
     from varjax import _jax
-    from varjax.nested import walk_eqns
+    from varjax.ir.nested import walk_eqns
 
     def size(jaxpr):
         return sum(1 for _ in walk_eqns(jaxpr))

@@ -15,7 +15,7 @@ import varjax as vj
 from golden import assert_ir, run_pass
 from varjax import errors, nn
 from varjax.passes import FakeQuant, Pass, Pipeline, StopGradient, Tie
-from varjax.passes.fake_quant import fake_quantize
+from varjax.passes.library.fake_quant import fake_quantize
 
 KEY = jax.random.key(0)
 normal = jax.nn.initializers.normal(1.0)

@@ -10,7 +10,7 @@ import pytest
 import varjax.nn as nn
 from varjax import errors
 from varjax.passes import CastParams, Lora, Pipeline
-from varjax.passes.lora import merge
+from varjax.passes.library.lora import merge
 
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 KEY = jax.random.key(0)

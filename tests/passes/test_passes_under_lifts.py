@@ -16,7 +16,7 @@ import pytest
 
 import varjax as vj
 import varjax.nn as nn
-from varjax.primitives import lift_of, var_get_p
+from varjax.ir.primitives import lift_of, var_get_p
 
 LAYERS = 2
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)

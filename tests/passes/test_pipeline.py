@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from varjax.errors import ImmutableCollectionError, PassError, PipelineError
-from varjax.passes.base import Pass, PassContext
-from varjax.passes.instrument import Instrumentation, Timing
-from varjax.passes.pipeline import Pipeline
+from varjax.passes.framework.base import Pass, PassContext
+from varjax.passes.framework.instrument import Instrumentation, Timing
+from varjax.passes.framework.pipeline import Pipeline
 
 
 def _pure_jaxpr():

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import pytest
 
 from varjax import errors
-from varjax import primitives as prims
+from varjax.ir import primitives as prims
 from varjax.passes import Pass, PassContext, Pipeline, Recorder, Region, Rewriter, Rule
-from varjax.passes.cast_params import CastRead
-from varjax.passes.rewrite import NOTE_PREFIX
+from varjax.passes.framework.rewrite import NOTE_PREFIX
+from varjax.passes.library.cast_params import CastRead
 
 X = jnp.ones(2, jnp.float32)
 SIN = jax.lax.sin_p
@@ -43,7 +43,7 @@ class ToCos(Rule):
 
 
 def names(jaxpr):
-    from varjax.nested import walk_eqns
+    from varjax.ir.nested import walk_eqns
     return [e.primitive.name for e, _ in walk_eqns(jaxpr)]
 
 

@@ -8,13 +8,13 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import pytest
 
-from varjax import primitives as prims
-from varjax.effects import VariableEffect
 from varjax.errors import VerificationError
-from varjax.nested import subjaxprs, walk_eqns
-from varjax.passes.base import Pass, PassContext
-from varjax.passes.pipeline import Pipeline
-from varjax.passes.verify import verify
+from varjax.ir import primitives as prims
+from varjax.ir.effects import VariableEffect
+from varjax.ir.nested import subjaxprs, walk_eqns
+from varjax.passes.framework.base import Pass, PassContext
+from varjax.passes.framework.pipeline import Pipeline
+from varjax.passes.framework.verify import verify
 
 AVALS = (jax.core.ShapedArray((2,), jnp.float32),)
 LEAF = jax.tree.structure(0)
@@ -259,7 +259,7 @@ def test_pipeline_verifies_collections_the_context_knows():
 
 
 def test_known_collections_follow_the_mutable_filter():
-    from varjax.filters import DenyList
+    from varjax.ir.filters import DenyList
     types = {("params", ("w",)): prims.VarType(LEAF, AVALS)}
     assert PassContext.for_inputs(types).known_collections() == {"params"}
     assert PassContext.for_inputs(types, mutable="stats").known_collections() == {"params", "stats"}

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from varjax import streams
+from varjax.ir import streams
 
 PARAMS = {"stream": "params", "path": ("Dense_0",), "count": 2}
 DATA = streams.linen_data(("Dense_0", 2))

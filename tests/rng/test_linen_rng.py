@@ -13,7 +13,7 @@ import pytest
 
 import varjax as vj
 import varjax.nn as vnn
-from varjax import lifting
+from varjax.lifting import region as lifting
 
 KEY = jax.random.key(0)
 RNGS = {"params": jax.random.key(0), "dropout": jax.random.key(1)}

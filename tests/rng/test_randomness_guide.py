@@ -13,7 +13,7 @@ import numpy as np
 
 import varjax as vj
 import varjax.nn as nn
-from varjax import streams
+from varjax.ir import streams
 
 WIDTH = 64    # wide enough that two independent rate-0.5 masks are never equal in practice
 RATE = 0.5

@@ -6,7 +6,8 @@ import pytest
 
 import varjax as vj
 import varjax.nn as nn
-from varjax import errors, streams
+from varjax import errors
+from varjax.ir import streams
 
 X = jnp.ones((1, 4), jnp.float32)
 

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import varjax as vj
 import varjax.nn as nn
-from varjax import streams
+from varjax.ir import streams
 from varjax.passes import Pipeline
 
 KEY = jax.random.key(0)

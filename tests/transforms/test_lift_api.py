@@ -1,6 +1,6 @@
 """``vj.lift`` used directly: a user's own transform over a stateful body.
 
-Checks the contract of ``varjax/lifting.py`` (and ``notes/lifting.md``): how variables and
+Checks the contract of ``varjax/lifting/region.py`` (and ``notes/lifting.md``): how variables and
 streams are grouped, what ``region`` and ``region.traffic`` return, that the body's writes
 are stored, the IR ``lift`` emits around the transform, and that nesting traces each body
 once per level.
@@ -15,7 +15,7 @@ from transform_checks import close as _close
 
 import varjax as vj
 import varjax.nn as nn
-from varjax.lifting import BodyTraffic
+from varjax.lifting.region import BodyTraffic
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3)), jnp.float32)
 INIT = jax.nn.initializers.normal(1.0)

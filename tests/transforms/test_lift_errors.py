@@ -1,4 +1,4 @@
-"""Every error a user can trigger in ``varjax/lifting.py`` and ``varjax/transforms/batching.py``.
+"""Every error a user can trigger in ``varjax/lifting/region.py`` and ``varjax/transforms/batching.py``.
 
 Each test asserts the error class, its ``collection`` / ``path`` fields where it has them,
 the user's source line (``test_lift_errors.py:<line>``, found by a ``# LINE:<tag>`` marker)

@@ -18,7 +18,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import varjax as vj
-from varjax import errors, nn, streams
+from varjax import errors, nn
+from varjax.ir import streams
 
 HERE = "test_raw_shard_map.py:"
 X = jnp.arange(4.0)

@@ -4,15 +4,15 @@ Every public name of ``flax.linen`` is here, or is listed with the reason it is 
 ``tests/nn/test_linen_names.py`` (see ``notes/linen-parity.md``).  The submodules carry
 Linen's module paths too (``nn.linear.PrecisionLike``, ``nn.transforms.scan``).
 """
-from varjax.axis_metadata import PARTITION_NAME as PARTITION_NAME
-from varjax.axis_metadata import Partitioned as Partitioned
-from varjax.axis_metadata import get_logical_axis_rules as get_logical_axis_rules
-from varjax.axis_metadata import get_partition_spec as get_partition_spec
-from varjax.axis_metadata import get_sharding as get_sharding
-from varjax.axis_metadata import logical_axis_rules as logical_axis_rules
-from varjax.axis_metadata import set_logical_axis_rules as set_logical_axis_rules
-from varjax.axis_metadata import unbox as unbox
-from varjax.filters import DenyList as DenyList
+from varjax.ir.axis_metadata import PARTITION_NAME as PARTITION_NAME
+from varjax.ir.axis_metadata import Partitioned as Partitioned
+from varjax.ir.axis_metadata import get_logical_axis_rules as get_logical_axis_rules
+from varjax.ir.axis_metadata import get_partition_spec as get_partition_spec
+from varjax.ir.axis_metadata import get_sharding as get_sharding
+from varjax.ir.axis_metadata import logical_axis_rules as logical_axis_rules
+from varjax.ir.axis_metadata import set_logical_axis_rules as set_logical_axis_rules
+from varjax.ir.axis_metadata import unbox as unbox
+from varjax.ir.filters import DenyList as DenyList
 from varjax.nn import fp8_ops as fp8_ops
 from varjax.nn import initializers as initializers
 from varjax.nn import meta as meta
@@ -93,5 +93,5 @@ from varjax.nn.spmd import with_logical_constraint as with_logical_constraint
 from varjax.nn.spmd import with_logical_partitioning as with_logical_partitioning
 from varjax.nn.stochastic import Dropout as Dropout
 from varjax.nn.transforms import add_metadata_axis as add_metadata_axis
-from varjax.scope import Variable as Variable
+from varjax.trace.variable_api import Variable as Variable
 from varjax.transforms import *  # noqa: F403  (the lifted transforms, as in flax.linen)

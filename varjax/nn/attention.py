@@ -21,8 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
 from varjax.nn import initializers
 from varjax.nn.dtypes import merge_param, promote_dtype
 from varjax.nn.linear import DenseGeneral, default_kernel_init
@@ -34,6 +33,7 @@ from varjax.nn.typing import Initializer as Initializer
 from varjax.nn.typing import PrecisionLike as PrecisionLike
 from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.nn.typing import Shape as Shape
+from varjax.trace.context import site
 
 __all__ = [
     "dot_product_attention_weights", "dot_product_attention", "make_attention_mask",

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
+from varjax.trace.context import site
 
 __all__ = ["BatchApply"]
 

@@ -18,12 +18,17 @@ from typing import Any, Callable, Hashable, Mapping
 
 import jax
 
-from varjax import axis_metadata, errors, streams
-from varjax.context import TraceContext, active, current, site
-from varjax.functionalize import Functionalized, flatten_variables, normalize_rngs, unflatten_variables
-from varjax.primitives import Path
-from varjax.protocols import Labelled
-from varjax.rngs import Rngs
+from varjax.functionalization.functionalized import (
+    Functionalized,
+    flatten_variables,
+    normalize_rngs,
+    unflatten_variables,
+)
+from varjax.ir import axis_metadata, errors, streams
+from varjax.ir.primitives import Path
+from varjax.ir.protocols import Labelled
+from varjax.trace.context import TraceContext, active, current, site
+from varjax.trace.rngs import Rngs
 
 
 class _Root:

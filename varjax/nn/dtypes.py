@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 import jax
 import jax.numpy as jnp
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
 from varjax.nn.typing import Dtype as Dtype
+from varjax.trace.context import site
 
 __all__ = ["canonicalize_dtype", "promote_dtype", "merge_param", "cast"]
 

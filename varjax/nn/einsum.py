@@ -12,11 +12,11 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
 from varjax.nn import dtypes, initializers
 from varjax.nn.module import Module, compact
 from varjax.nn.typing import Dtype, Initializer, PrecisionLike, Shape
+from varjax.trace.context import site
 
 __all__ = ["Einsum"]
 

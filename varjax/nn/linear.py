@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from varjax import axis_metadata
+from varjax.ir import axis_metadata
 from varjax.nn import dtypes, initializers
 from varjax.nn.dtypes import promote_dtype as promote_dtype
 from varjax.nn.einsum import Einsum as Einsum

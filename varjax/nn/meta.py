@@ -3,7 +3,7 @@
 A box (``Partitioned``) wraps a variable's value with the mesh axis each of its axes is
 sharded over; ``with_partitioning(init, names)`` makes an initializer return one, so
 ``init`` returns boxed variables, ``get_partition_spec`` reads their ``PartitionSpec`` s
-and ``unbox`` strips them.  The boxes and helpers are ``varjax.axis_metadata``'s (the IR
+and ``unbox`` strips them.  The boxes and helpers are ``varjax.ir.axis_metadata``'s (the IR
 layer, where variable types carry the names); this module adds Linen's initializer
 wrapper and its names for the active mesh.
 """
@@ -14,19 +14,19 @@ from typing import Any, Callable
 
 import jax
 
-from varjax.axis_metadata import PARTITION_NAME as PARTITION_NAME
-from varjax.axis_metadata import AxisMetadata as AxisMetadata
-from varjax.axis_metadata import LogicalNames as LogicalNames
-from varjax.axis_metadata import Partitioned as Partitioned
-from varjax.axis_metadata import add_axis as add_axis
-from varjax.axis_metadata import get_partition_spec as get_partition_spec
-from varjax.axis_metadata import get_sharding as get_sharding
-from varjax.axis_metadata import global_mesh
-from varjax.axis_metadata import is_axis_metadata as is_axis_metadata
-from varjax.axis_metadata import map_axis_meta as map_axis_meta
-from varjax.axis_metadata import remove_axis as remove_axis
-from varjax.axis_metadata import replace_boxed as replace_boxed
-from varjax.axis_metadata import unbox as unbox
+from varjax.ir.axis_metadata import PARTITION_NAME as PARTITION_NAME
+from varjax.ir.axis_metadata import AxisMetadata as AxisMetadata
+from varjax.ir.axis_metadata import LogicalNames as LogicalNames
+from varjax.ir.axis_metadata import Partitioned as Partitioned
+from varjax.ir.axis_metadata import add_axis as add_axis
+from varjax.ir.axis_metadata import get_partition_spec as get_partition_spec
+from varjax.ir.axis_metadata import get_sharding as get_sharding
+from varjax.ir.axis_metadata import global_mesh
+from varjax.ir.axis_metadata import is_axis_metadata as is_axis_metadata
+from varjax.ir.axis_metadata import map_axis_meta as map_axis_meta
+from varjax.ir.axis_metadata import remove_axis as remove_axis
+from varjax.ir.axis_metadata import replace_boxed as replace_boxed
+from varjax.ir.axis_metadata import unbox as unbox
 
 __all__ = ["PARTITION_NAME", "AxisMetadata", "Partitioned", "add_axis", "get_global_mesh",
            "get_partition_spec", "get_sharding", "global_mesh_defined", "is_axis_metadata",

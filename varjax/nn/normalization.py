@@ -41,8 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
 from varjax.nn import initializers
 from varjax.nn.dtypes import canonicalize_dtype, cast, merge_param, promote_dtype
 from varjax.nn.module import Module, compact, nowrap
@@ -54,6 +53,7 @@ from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.nn.typing import Shape as Shape
 from varjax.nn.weight_normalization import SpectralNorm as SpectralNorm
 from varjax.nn.weight_normalization import WeightNorm as WeightNorm
+from varjax.trace.context import site
 
 __all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "SpectralNorm", "WeightNorm"]
 

@@ -22,10 +22,10 @@ from typing import Any, Callable, NoReturn
 
 # Registers the boxes with flax.serialization once the user imports it (see its docstring).
 import varjax.nn.serialization  # noqa: F401
-from varjax.axis_metadata import get_logical_axis_rules as get_axis_rules
-from varjax.axis_metadata import logical_axis_rules as axis_rules
-from varjax.axis_metadata import logical_to_mesh_axes as logical_to_mesh_axes
-from varjax.axis_metadata import set_logical_axis_rules as set_axis_rules
+from varjax.ir.axis_metadata import get_logical_axis_rules as get_axis_rules
+from varjax.ir.axis_metadata import logical_axis_rules as axis_rules
+from varjax.ir.axis_metadata import logical_to_mesh_axes as logical_to_mesh_axes
+from varjax.ir.axis_metadata import set_logical_axis_rules as set_axis_rules
 from varjax.nn.spmd import RulesFallback as RulesFallback
 from varjax.nn.spmd import logical_to_mesh as logical_to_mesh
 from varjax.nn.spmd import with_logical_constraint as with_sharding_constraint

@@ -20,8 +20,8 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
-from varjax import axis_metadata, errors
-from varjax.axis_metadata import Partitioned
+from varjax.ir import axis_metadata, errors
+from varjax.ir.axis_metadata import Partitioned
 from varjax.nn.frozen_dict import FrozenDict
 
 _FLAX_SERIALIZATION = "flax.serialization"

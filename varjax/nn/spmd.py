@@ -6,7 +6,7 @@ on any mesh by swapping the table.  ``with_logical_partitioning`` boxes an initi
 result in ``LogicallyPartitioned``; ``logical_to_mesh`` / ``logical_to_mesh_sharding``
 turn trees of logical ``PartitionSpec`` s into mesh ones; ``with_logical_constraint``
 constrains an activation by logical names.  The resolution itself (``logical_to_mesh_axes``)
-and the rule state are ``varjax.axis_metadata``'s, shared with the IR passes.
+and the rule state are ``varjax.ir.axis_metadata``'s, shared with the IR passes.
 
 Sharp edges:
   * Outside a mesh (``jax.set_mesh``) and without ``mesh=``, ``with_logical_constraint``
@@ -23,12 +23,12 @@ from typing import Any, Callable
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from varjax import axis_metadata as am
-from varjax import errors
-from varjax.axis_metadata import LogicallyPartitioned as LogicallyPartitioned
-from varjax.axis_metadata import LogicalNames, LogicalRules
-from varjax.axis_metadata import get_logical_axis_rules as get_logical_axis_rules
-from varjax.axis_metadata import logical_to_mesh_axes as logical_to_mesh_axes
+from varjax.ir import axis_metadata as am
+from varjax.ir import errors
+from varjax.ir.axis_metadata import LogicallyPartitioned as LogicallyPartitioned
+from varjax.ir.axis_metadata import LogicalNames, LogicalRules
+from varjax.ir.axis_metadata import get_logical_axis_rules as get_logical_axis_rules
+from varjax.ir.axis_metadata import logical_to_mesh_axes as logical_to_mesh_axes
 
 __all__ = ["LogicallyPartitioned", "RulesFallback", "get_logical_axis_rules", "logical_to_mesh",
            "logical_to_mesh_axes", "logical_to_mesh_sharding", "with_logical_constraint",

@@ -3,7 +3,7 @@
 ``nn.transforms.scan`` (and ``from flax.linen.transforms import vmap``) resolve to
 ``varjax.transforms``; see ``notes/transforms.md``.  Linen's lifting internals in that
 module (``lift_transform``, ``get_module_scopes``, ...) have no counterpart: varjax
-lifts through ``varjax.lifting`` instead.
+lifts through ``varjax.lifting.region`` instead.
 
 ``add_metadata_axis`` is Linen's helper for boxed metadata (``nn.Partitioned``) across a
 hand-written transform boundary: the target sees its boxes without an axis and stores
@@ -12,7 +12,7 @@ them with it, as ``nn.vmap``/``nn.scan`` with ``metadata_params`` do.  It is
 """
 from typing import Any, Mapping
 
-from varjax.axis_metadata import add_axis, remove_axis
+from varjax.ir.axis_metadata import add_axis, remove_axis
 from varjax.nn.frozen_dict import FrozenDict
 from varjax.transforms import *  # noqa: F403
 from varjax.transforms import __all__ as _lifted

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
+from varjax.trace.context import site
 
 __all__ = ["not_provided", "unprovided_class"]
 

@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
 from varjax.nn import initializers
 from varjax.nn.dtypes import canonicalize_dtype, promote_dtype
 from varjax.nn.module import Module, compact, nowrap
 from varjax.nn.typing import Axes, Dtype, Initializer
+from varjax.trace.context import site
 from varjax.transforms.calls import map_variables
 
 __all__ = ["WeightNorm", "SpectralNorm"]

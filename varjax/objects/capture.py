@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping
 
-from varjax import errors
-from varjax.functionalize import unflatten_variables
+from varjax.functionalization.functionalized import unflatten_variables
+from varjax.ir import errors
 from varjax.objects.nodes import is_node
 from varjax.objects.run import arg_names, graph_of, run
 from varjax.objects.state import flatten_state

@@ -16,14 +16,15 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from varjax import _jax, errors
-from varjax.caches import LRU
+from varjax import _jax
+from varjax.ir import errors
+from varjax.ir.caches import LRU
+from varjax.ir.primitives import VarType
 from varjax.objects.graph import Graph
 from varjax.objects.nodes import is_node, kind_of
 from varjax.objects.run import Result, arg_names, graph_of, run
 from varjax.objects.transforms import dealias, wrapper
-from varjax.primitives import VarType
-from varjax.type_checks import branch_types_error
+from varjax.trace.type_checks import branch_types_error
 
 # --- control flow -------------------------------------------------------------------------
 

@@ -15,10 +15,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from varjax import errors
-from varjax.context import active
+from varjax.ir import errors
+from varjax.ir.primitives import Path
 from varjax.objects.nodes import Cell, NodeKind, is_node, kind_of
-from varjax.primitives import Path
+from varjax.trace.context import active
 
 
 def key_name(entry: Any) -> str:

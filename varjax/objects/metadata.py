@@ -29,9 +29,9 @@ from typing import Any, Callable
 
 import jax
 
-from varjax import axis_metadata, errors
+from varjax.ir import axis_metadata, errors
 from varjax.objects.nodes import is_node
-from varjax.scope import Variable
+from varjax.trace.variable_api import Variable
 
 _KEY = "out_sharding"
 

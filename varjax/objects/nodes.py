@@ -9,7 +9,7 @@ one bound module root reached through two modules.
 
 A node kind also says how to *bind* a node to a trace: give back an object of
 the same kind whose every access is a ``var_get``/``var_set`` of the running
-trace (``scope.Variable.at`` for a variable).  That is how object mode stays on
+trace (``variable_api.Variable.at`` for a variable).  That is how object mode stays on
 the IR: the body of an object-mode transform sees only bound objects, and the
 discharge pass says which variables it wrote.
 """
@@ -20,10 +20,11 @@ from typing import Any, Callable, Hashable, Protocol
 
 import jax
 
-from varjax import scope, streams
-from varjax.context import TraceContext
-from varjax.primitives import Key, Path
-from varjax.rngs import Rngs, RngStream
+from varjax.ir import streams
+from varjax.ir.primitives import Key, Path
+from varjax.trace import variable_api
+from varjax.trace.context import TraceContext
+from varjax.trace.rngs import Rngs, RngStream
 
 
 @dataclasses.dataclass(eq=False)
@@ -140,27 +141,27 @@ class VariableKind:
     """A ``vj.Variable``: one cell, at the node's own path."""
 
     def accepts_type(self, t: type) -> bool:
-        return t is scope.Variable
+        return t is variable_api.Variable
 
     def accepts(self, x: Any) -> bool:
         return True
 
-    def cells(self, node: scope.Variable) -> list[Cell]:
+    def cells(self, node: variable_api.Variable) -> list[Cell]:
         identity = id(node) if node.path is None else (id(node._origin), node.collection, node.path)
         def set_(value: Any) -> None:
             node.value = value
         return [Cell(identity, node.collection, (), lambda: node.value, set_)]
 
-    def mutable(self, node: scope.Variable) -> Any:
+    def mutable(self, node: variable_api.Variable) -> Any:
         return node.collection
 
-    def watch(self, node: scope.Variable) -> Callable[[], Hashable] | None:
+    def watch(self, node: variable_api.Variable) -> Callable[[], Hashable] | None:
         return None
 
-    def reader(self, node: scope.Variable) -> Callable[[], tuple]:
+    def reader(self, node: variable_api.Variable) -> Callable[[], tuple]:
         return lambda: (node.value,)
 
-    def trace_key(self, node: scope.Variable, cell: Cell, prefix: Path) -> Key:
+    def trace_key(self, node: variable_api.Variable, cell: Cell, prefix: Path) -> Key:
         return (node.collection, prefix)
 
     def explicit_rngs(self, node: Any) -> dict[str, Any]:
@@ -172,13 +173,13 @@ class VariableKind:
     def passes_path(self, node: Any) -> Path:
         return ()
 
-    def bind(self, node: scope.Variable, prefix: Path, ctx: TraceContext) -> scope.Variable:
-        return scope.Variable.at(node.collection, prefix, node.get_metadata(), ctx.origin)
+    def bind(self, node: variable_api.Variable, prefix: Path, ctx: TraceContext) -> variable_api.Variable:
+        return variable_api.Variable.at(node.collection, prefix, node.get_metadata(), ctx.origin)
 
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("a Variable has no variables below it")
 
-    def writer(self, node: scope.Variable) -> Callable[[list[Any]], None]:
+    def writer(self, node: variable_api.Variable) -> Callable[[list[Any]], None]:
         def write(updates: list[Any]) -> None:
             if updates[0] is not None:
                 node.value = updates[0]
@@ -190,7 +191,7 @@ class VariableKind:
 class _TracedStream(RngStream):
     """A stream of an ``Rngs`` inside an object-mode body: key and count are variables."""
 
-    def __init__(self, tag: str, key: scope.Variable, count: scope.Variable):
+    def __init__(self, tag: str, key: variable_api.Variable, count: variable_api.Variable):
         self.tag, self._key, self._count = tag, key, count
 
     key = property(lambda self: self._key.value)
@@ -251,8 +252,8 @@ class RngsKind:
         return ()
 
     def bind(self, node: Rngs, prefix: Path, ctx: TraceContext) -> Rngs:
-        def var(name: str, part: str) -> scope.Variable:
-            return scope.Variable.at(streams.STATE, prefix + (name, part), None, ctx.origin)
+        def var(name: str, part: str) -> variable_api.Variable:
+            return variable_api.Variable.at(streams.STATE, prefix + (name, part), None, ctx.origin)
         bound = object.__new__(Rngs)
         bound._streams = {name: _TracedStream(name, var(name, "key"), var(name, "count"))
                           for name in node}

@@ -23,15 +23,16 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from varjax import errors, filters, scope, streams
-from varjax.caches import LRU
-from varjax.context import TraceContext, active, current
-from varjax.functionalize import Functionalized
+from varjax.functionalization.functionalized import Functionalized
+from varjax.functionalization.outputs import reveal
+from varjax.ir import errors, filters, streams
+from varjax.ir.caches import LRU
+from varjax.ir.primitives import Key, Path
 from varjax.objects.graph import Graph
-from varjax.outputs import reveal
-from varjax.passes.base import program_paths
-from varjax.passes.pipeline import parse_entries
-from varjax.primitives import Key, Path
+from varjax.passes.framework.base import program_paths
+from varjax.passes.framework.pipeline import parse_entries
+from varjax.trace import variable_api
+from varjax.trace.context import TraceContext, active, current
 
 
 @dataclasses.dataclass
@@ -160,7 +161,7 @@ def _handed_keys(enclosing: TraceContext, flat: Mapping[Key, Any]) -> dict[str, 
     which no call of a bound module uses (its n-th call folds n >= 1 into the key), so
     those draws differ.  A stream whose state the arguments hold (an ``Rngs``) is theirs."""
     wanted = [s for s in enclosing.rng_streams
-              if scope.hands_as_is(enclosing, s) and (streams.STATE, (s, "key")) not in flat]
+              if variable_api.hands_as_is(enclosing, s) and (streams.STATE, (s, "key")) not in flat]
     if not wanted:
         return {}
     handed = _HANDED.get(enclosing.origin, 0)
@@ -168,7 +169,7 @@ def _handed_keys(enclosing: TraceContext, flat: Mapping[Key, Any]) -> dict[str, 
     drawn = streams.linen_counts(enclosing.origin).counts
     keys = {}
     for s in wanted:
-        key = scope.hand_key_at(enclosing, s, ())
+        key = variable_api.hand_key_at(enclosing, s, ())
         n = handed + any(stream == s for stream, _ in drawn)
         keys[s] = key if n == 0 else streams.derive(streams.derive(key, 0), n)
     return keys
@@ -183,7 +184,7 @@ def _static(node: Any) -> Any:
 def _jax_outputs(what: str, out: Any) -> Any:
     """Object-mode transforms are JAX transforms of ``run``: their outputs are what JAX
     takes (arrays and numbers), not the strings and other values ``init``/``apply`` return
-    (``varjax.outputs``)."""
+    (``varjax.functionalization.outputs``)."""
     out = reveal(out)
     for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
         if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex)):

@@ -22,10 +22,11 @@ from typing import Any, Mapping
 
 import jax
 
-from varjax import errors, filters, type_checks
-from varjax.functionalize import unflatten_variables
+from varjax.functionalization.functionalized import unflatten_variables
+from varjax.ir import errors, filters
+from varjax.ir.primitives import Key, VarType
 from varjax.objects.graph import Graph
-from varjax.primitives import Key, VarType
+from varjax.trace import type_checks
 
 _FIX_TYPE = "pass a state of this model's architecture (what vj.split or vj.state of it returns)"
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from varjax import errors
+from varjax.ir import errors
 from varjax.objects.graph import ArgumentGraphs, Graph
 from varjax.objects.nodes import is_node
 from varjax.objects.run import Result, arg_names, graph_of, run

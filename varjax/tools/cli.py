@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from varjax.errors import VarjaxError
+    from varjax.ir.errors import VarjaxError
     from varjax.tools.summary import summary
 
     inputs = [jnp.zeros(s.shape, s.dtype) for s in shapes]

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import networkx as nx
 
-from varjax.errors import MissingDependencyError
+from varjax.ir.errors import MissingDependencyError
 
 _SHAPE = {
     "read": "shape=ellipse",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from varjax.functionalize import function_name
+from varjax.functionalization.functionalized import function_name
 from varjax.nn.module import Module
 from varjax.nn.module.summary import Row, Summary, Totals, format_bytes, summarize
 from varjax.tools.target import as_functionalized

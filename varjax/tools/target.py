@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from varjax.functionalize import Functionalized, functionalize
+from varjax.functionalization.functionalized import Functionalized, functionalize
 from varjax.nn.module import Module
 
 

@@ -1,4 +1,4 @@
-"""The built-in lifted transforms, each a ``vj.lift`` call (see ``varjax.lifting``).
+"""The built-in lifted transforms, each a ``vj.lift`` call (see ``varjax.lifting.region``).
 
 Exported from ``varjax`` and ``varjax.nn``; one file per family: ``batching``
 (vmap, shard_map, pmap), ``loops`` (scan, remat_scan, while_loop, fori_loop),

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from varjax.lift_groups import from_tree, is_array, partition, to_tree
-from varjax.lifting import lift
+from varjax.lifting.groups import from_tree, is_array, partition, to_tree
+from varjax.lifting.region import lift
 from varjax.objects import transforms as objects
 from varjax.transforms.common import NO_INIT, call_direct, object_options, reject
 
@@ -78,7 +78,7 @@ def vjp(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axe
 
     def transform(region: Callable, groups: tuple, rngs_: tuple, *primals: Any) -> Any:
         # The groups hold the module's own variables (as in Linen) and those of any other
-        # module the function reads (varjax.lifting hands closures in); all are
+        # module the function reads (varjax.lifting.region hands closures in); all are
         # differentiated, every other variable is a constant.
         d, rest = groups
 

@@ -10,7 +10,7 @@ or ``False``; every other stream is broadcast (the same key for all members).
 
 A group of a plain function's body holds every variable of its collections in
 the enclosing trace; one that lacks the mapped axis (or is not divisible by
-the mesh) is set aside (``varjax.lift_groups.set_aside``): passed through
+the mesh) is set aside (``varjax.lifting.groups.set_aside``): passed through
 unchanged, and a body that touches it raises ``TransformError``.  Keyword
 arguments of the call are broadcast by ``vmap`` (Linen ignores them with a
 warning) and must be static (non-array) for ``shard_map`` / ``pmap``.
@@ -25,11 +25,11 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from varjax import errors, filters
-from varjax.context import site
-from varjax.lift_groups import is_array, set_aside
-from varjax.lifting import lift
+from varjax.ir import errors, filters
+from varjax.lifting.groups import is_array, set_aside
+from varjax.lifting.region import lift
 from varjax.objects import transforms as objects
+from varjax.trace.context import site
 from varjax.transforms.common import (
     apply_to,
     array_axes,

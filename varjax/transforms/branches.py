@@ -16,14 +16,14 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from varjax import errors
-from varjax.context import site
-from varjax.lift_groups import partition
-from varjax.lifting import lift
+from varjax.ir import errors
+from varjax.ir.primitives import VarType
+from varjax.lifting.groups import partition
+from varjax.lifting.region import lift
 from varjax.objects import control_flow as objects
-from varjax.primitives import VarType
+from varjax.trace.context import site
+from varjax.trace.type_checks import branch_types_error
 from varjax.transforms.common import call_direct, object_call, object_options
-from varjax.type_checks import branch_types_error
 
 
 @errors.api_boundary

@@ -2,7 +2,7 @@
 ``fold_rngs``: transforms that run the body once, as a call.
 
 Every lifted call is already one ``jit`` equation in the IR (see
-``varjax.lifting``); ``jit`` adds JAX's own options (static arguments,
+``varjax.lifting.region``); ``jit`` adds JAX's own options (static arguments,
 donation) and ``remat`` wraps the region in ``jax.checkpoint``.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from varjax.lift_groups import from_tree, is_array, partition, to_tree
-from varjax.lifting import is_module, lift
+from varjax.lifting.groups import from_tree, is_array, partition, to_tree
+from varjax.lifting.region import is_module, lift
 from varjax.objects import transforms as objects
-from varjax.scope import is_initializing
+from varjax.trace.variable_api import is_initializing
 from varjax.transforms.common import apply_to, object_options, reject
 
 

@@ -14,12 +14,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from varjax import axis_metadata, errors
-from varjax.context import active, site
-from varjax.lift_groups import is_array
-from varjax.lifting import is_module
+from varjax.ir import axis_metadata, errors
+from varjax.ir.protocols import LiftableModuleClass
+from varjax.lifting.groups import is_array
+from varjax.lifting.region import is_module
 from varjax.objects.nodes import is_node
-from varjax.protocols import LiftableModuleClass
+from varjax.trace.context import active, site
 
 
 def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],

@@ -20,11 +20,11 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from varjax import errors, filters
-from varjax.context import site
-from varjax.lift_groups import Group, set_aside
-from varjax.lifting import DerivedKeys, lift
+from varjax.ir import errors, filters
+from varjax.lifting.groups import Group, set_aside
+from varjax.lifting.region import DerivedKeys, lift
 from varjax.objects import control_flow as objects
+from varjax.trace.context import site
 from varjax.transforms.calls import checkpoint
 from varjax.transforms.common import (
     NO_INIT,
@@ -68,7 +68,7 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
     broadcast variables and advances the draw counts, so keys equal Linen's
     (``check_constancy_invariants=False`` skips it, as in Linen).  The loop's own trace is
     then that trace with its draw counts moved, not a second run of the body's Python
-    (``lifted_body.with_counts_moved``), so nested scans run their body once.
+    (``lifting.body.with_counts_moved``), so nested scans run their body once.
     ``metadata_params={nn.PARTITION_NAME: name}`` inserts ``name`` into the partition
     names of boxed variables at their scanned axis, as Linen does (a kernel stacked over
     layers reads ``P('layers', ...)``); ``data_transform`` is not supported.  ``passes``:

@@ -5,7 +5,7 @@ no state.  ``init`` / ``apply`` are ``vj.functionalize`` of a function that
 clones the template, binds the clone to the running trace and calls the
 method.  A bound module has a ``Scope`` (its root and its path); every
 ``self.param`` / ``self.variable`` / ``self.make_rng`` is the path-based
-operation of ``varjax.scope`` on the active trace, so the variables a module
+operation of ``varjax.trace.variable_api`` on the active trace, so the variables a module
 touches are ordinary ``var_get`` / ``var_set`` equations whose path starts
 with the module path (``params:Dense_0/kernel``).  Each wrapped method call also
 enters ``jax.named_scope(<module name>)``, so every equation it traces carries

@@ -13,8 +13,7 @@ import inspect
 import typing
 from typing import Any, Callable
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
 from varjax.nn.module.lifecycle import compact, module_stack
 from varjax.nn.module.lifted import LiftHooks
@@ -22,17 +21,18 @@ from varjax.nn.module.objects import register_pytree
 from varjax.nn.module.state import UNSPECIFIED, ModuleState
 from varjax.nn.module.tabulation import Tabulation
 from varjax.nn.module.variables import VariableAPI
+from varjax.trace.context import site
 
 
 class Module(VariableAPI, LiftHooks, Tabulation):
     """Base class of all varjax.nn modules: Flax Linen's ``nn.Module``.
 
-    Implements ``varjax.protocols.Labelled``, ``LiftableModule`` and ``LiftableModuleClass``."""
+    Implements ``varjax.ir.protocols.Labelled``, ``LiftableModule`` and ``LiftableModuleClass``."""
 
     # ``typing.Any``, not ``Any``: the generated ``__init__`` of a subclass resolves this
     # annotation in the subclass's module, which need not import ``Any`` (pdoc does that).
     parent: typing.Any = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
-    # The marker by which varjax.lifting recognises a module (``protocols.LiftableModule``):
+    # The marker by which varjax.lifting.region recognises a module (``protocols.LiftableModule``):
     # lifted transforms close over a leading Module argument.
     _varjax_module = True
     name: str | None = dataclasses.field(default=None, kw_only=True)

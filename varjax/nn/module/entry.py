@@ -14,13 +14,14 @@ from typing import Any, Callable, Mapping, Self, Sequence, Union
 
 import jax
 
-from varjax import _jax, errors, filters, liveness
-from varjax.context import current, site
-from varjax.functionalize import Functionalized, flatten_variables, function_name
+from varjax import _jax
+from varjax.functionalization.functionalized import Functionalized, flatten_variables, function_name
+from varjax.ir import errors, filters, liveness
+from varjax.ir.statics import typed
 from varjax.nn.binding import BoundRoot, TraceRoot
 from varjax.nn.module.interception import cache_key
 from varjax.nn.module.lifecycle import Lifecycle
-from varjax.statics import typed
+from varjax.trace.context import current, site
 
 # What ``passes=`` takes: a pipeline string or a sequence of ``Pass`` instances and strings.
 Passes = Union[str, Sequence[Any]]

@@ -13,11 +13,11 @@ import functools
 import threading
 from typing import Any, Callable, Self
 
-from varjax import errors
-from varjax.context import active, site
+from varjax.ir import errors
 from varjax.nn.module.interception import cache_key, run_intercepted, scope
 from varjax.nn.module.naming import Naming, adopt_submodules
 from varjax.nn.module.state import UNSPECIFIED, SetupSnapshot
+from varjax.trace.context import active, site
 
 
 def compact(fun: Callable) -> Callable:

@@ -1,9 +1,9 @@
 """The hooks through which lifted transforms (``nn.vmap``, ``nn.scan``, ...) see a module.
 
-``varjax.lifting`` sits below ``varjax.nn`` and never imports it: it recognises a
+``varjax.lifting.region`` sits below ``varjax.nn`` and never imports it: it recognises a
 module by ``_varjax_module`` and calls ``_varjax_bodies`` on it, and
 ``varjax.transforms`` calls ``_varjax_lift_class`` on a module class.  These are the
-protocols ``varjax.protocols.LiftableModule`` and ``LiftableModuleClass``; this file
+protocols ``varjax.ir.protocols.LiftableModule`` and ``LiftableModuleClass``; this file
 implements them.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Iterable
 
-from varjax import errors
+from varjax.ir import errors
 from varjax.nn.module.lifecycle import Lifecycle
 
 

@@ -12,10 +12,10 @@ import functools
 import types
 from typing import TYPE_CHECKING, Any, Callable
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
+from varjax.ir.primitives import Path
 from varjax.nn.binding import Scope
-from varjax.primitives import Path
+from varjax.trace.context import site
 
 if TYPE_CHECKING:
     from varjax.nn.module.state import ModuleState
@@ -33,9 +33,9 @@ class Naming:
     def _label(self) -> str:
         """The module in error messages: its scope as JAX's name stack shows it (the root's
         class, then submodule names) and its class, ``MLP/hidden (Dense)``; the root is
-        ``MLP``, a module that is not bound ``Dense (unbound)`` (see ``varjax.errors``).
+        ``MLP``, a module that is not bound ``Dense (unbound)`` (see ``varjax.ir.errors``).
 
-        Implements ``varjax.protocols.Labelled``."""
+        Implements ``varjax.ir.protocols.Labelled``."""
         if self.scope is None:
             return f"{type(self).__name__} (unbound)"
         root = self

@@ -20,13 +20,14 @@ from typing import Any, Callable, Hashable
 
 import jax
 
-from varjax import filters, scope, streams
-from varjax.context import TraceContext
+from varjax.ir import filters, streams
+from varjax.ir.primitives import Key, Path, handing
+from varjax.ir.statics import typed
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
 from varjax.objects.nodes import Cell, cell_writer, nested_set, register_kind, rng_state_cells
-from varjax.primitives import Key, Path, handing
-from varjax.rngs import Rngs, RngStream
-from varjax.statics import typed
+from varjax.trace import variable_api
+from varjax.trace.context import TraceContext
+from varjax.trace.rngs import Rngs, RngStream
 
 
 class ObjectRoot(TraceRoot):
@@ -192,7 +193,7 @@ class ModuleKind:
         root = _object_root(module)
         full = module.scope.path + path
         if isinstance(root, ObjectRoot):
-            scope.write_at(root.ctx, collection, full, value)
+            variable_api.write_at(root.ctx, collection, full, value)
             return
         nested_set(root.variables.setdefault(collection, {}), full, value)
         root.version = root.new_version()
@@ -277,11 +278,11 @@ _HANDED_TO = "object-mode call"
 def _traced_cell(ctx: TraceContext, collection: str, path: Path, base: Path) -> Cell:
     def get() -> Any:
         with handing(_HANDED_TO):
-            return scope.read_at(ctx, collection, path)
+            return variable_api.read_at(ctx, collection, path)
 
     def set_(value: Any) -> None:
         with handing(_HANDED_TO):
-            scope.write_at(ctx, collection, path, value)
+            variable_api.write_at(ctx, collection, path, value)
     return Cell((id(ctx.origin), collection, path), collection, path[len(base):], get, set_)
 
 

@@ -31,11 +31,11 @@ import jax
 import numpy as np
 
 from varjax import _jax
-from varjax.functionalize import Functionalized, flatten_variables
-from varjax.nested import walk_eqns
+from varjax.functionalization.functionalized import Functionalized, flatten_variables
+from varjax.ir.nested import walk_eqns
+from varjax.ir.primitives import Key, var_get_p, var_set_p
 from varjax.nn.module.entry import DEFAULT_INIT_MUTABLE
-from varjax.passes.analysis import key_of
-from varjax.primitives import Key, var_get_p, var_set_p
+from varjax.passes.framework.analysis import key_of
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,11 +31,11 @@ from typing import Any, Callable, Mapping
 import jax
 import numpy as np
 
-from varjax import errors
-from varjax.context import site
+from varjax.ir import errors
 from varjax.nn.module.entry import DEFAULT_INIT_MUTABLE, EntryPoints, resolve_method
 from varjax.nn.module.interception import InterceptorContext, intercept_methods
 from varjax.nn.module.summary import Row, summarize
+from varjax.trace.context import site
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The variable API on ``self``: ``param``, ``variable``, ``sow``, ``make_rng``, ...
 
-Each call is the path-based operation of ``varjax.scope`` (``param_at``,
+Each call is the path-based operation of ``varjax.trace.variable_api`` (``param_at``,
 ``variable_at``, ``draw_at``, ...) at ``module path + (name,)`` on the active trace,
 after the module's name reservation (``Naming._reserve_variable``).  A module made by
 ``bind`` and used from outside any trace reads its root's variables directly, and
@@ -13,13 +13,14 @@ from typing import Any, Callable, Self
 
 import jax
 
-from varjax import axis_metadata, errors, filters, scope, streams, type_checks
-from varjax.context import TraceContext, site
-from varjax.functionalize import flatten_variables, unflatten_variables
+from varjax.functionalization.functionalized import flatten_variables, unflatten_variables
+from varjax.ir import axis_metadata, errors, filters, streams
+from varjax.ir.primitives import Path, VarType
 from varjax.nn.binding import BoundVariable
 from varjax.nn.module.lifecycle import Lifecycle
-from varjax.primitives import Path, VarType
-from varjax.scope import Variable
+from varjax.trace import type_checks, variable_api
+from varjax.trace.context import TraceContext, site
+from varjax.trace.variable_api import Variable
 
 
 class VariableAPI(Lifecycle):
@@ -67,7 +68,7 @@ class VariableAPI(Lifecycle):
         else:
             ctx = self._ctx("Module.param")
             self._reserve_variable("parameter", "params", name)
-            value = scope.param_at(ctx, self._path(name), init_fn, init_args)
+            value = variable_api.param_at(ctx, self._path(name), init_fn, init_args)
         return axis_metadata.unbox(value, apply_constraint=False) if unbox else value
 
     def variable(self, col: str, name: str, init_fn: Callable[..., Any] | None = None,
@@ -83,35 +84,35 @@ class VariableAPI(Lifecycle):
             return BoundVariable(self.scope.root, col, self._path(name), unbox)
         ctx = self._ctx("Module.variable")
         self._reserve_variable("variable", col, name)
-        return scope.variable_at(ctx, col, self._path(name), init_fn, init_args, unbox)
+        return variable_api.variable_at(ctx, col, self._path(name), init_fn, init_args, unbox)
 
     def has_variable(self, col: str, name: str) -> bool:
         if self.scope is not None and self.scope.eager():
             return self.scope.root.has(col, self._path(name))
-        return scope.has_at(self._ctx("Module.has_variable"), col, self._path(name))
+        return variable_api.has_at(self._ctx("Module.has_variable"), col, self._path(name))
 
     def get_variable(self, col: str, name: str, default: Any = None) -> Any:
         if not self.has_variable(col, name):
             return default
         if self.scope.eager():
             return self.scope.root.read(col, self._path(name))
-        return scope.read_at(self._ctx("Module.get_variable"), col, self._path(name))
+        return variable_api.read_at(self._ctx("Module.get_variable"), col, self._path(name))
 
     def put_variable(self, col: str, name: str, value: Any) -> None:
         if self.scope is not None and self.scope.eager():
             return self._eager(lambda m: m.put_variable(col, name, value))
-        scope.write_at(self._ctx("Module.put_variable"), col, self._path(name), value)
+        variable_api.write_at(self._ctx("Module.put_variable"), col, self._path(name), value)
 
     def sow(self, col: str, name: str, value: Any,
-            reduce_fn: Callable[[Any, Any], Any] = scope.append,
+            reduce_fn: Callable[[Any, Any], Any] = variable_api.append,
             init_fn: Callable[[], Any] = tuple) -> bool:
         """Store ``value`` if ``col`` is mutable (Linen's ``sow``); False if not."""
         if self.scope is not None and self.scope.eager():
             return self._eager(lambda m: m.sow(col, name, value, reduce_fn, init_fn))
         ctx = self._ctx("Module.sow")
-        if ctx.is_mutable(col) and not scope.has_at(ctx, col, self._path(name)):
+        if ctx.is_mutable(col) and not variable_api.has_at(ctx, col, self._path(name)):
             self._reserve_variable("sown variable", col, name, anywhere=True)
-        return scope.sow_at(ctx, col, self._path(name), value, reduce_fn, init_fn)
+        return variable_api.sow_at(ctx, col, self._path(name), value, reduce_fn, init_fn)
 
     def perturb(self, name: str, value: Any, collection: str = "perturbations") -> Any:
         """``value`` plus a zero-initialized variable, whose gradient is d loss / d value."""
@@ -129,7 +130,7 @@ class VariableAPI(Lifecycle):
         if self.scope is not None and self.scope.eager():
             return self._eager(lambda m: m.make_rng(name))
         ctx = self._ctx("Module.make_rng")
-        return scope.draw_at(ctx, name, self.scope.path, (streams.DEFAULT, streams.PARAMS))
+        return variable_api.draw_at(ctx, name, self.scope.path, (streams.DEFAULT, streams.PARAMS))
 
     def has_rng(self, name: str) -> bool:
         if self.scope is not None and self.scope.eager():
@@ -164,6 +165,6 @@ class VariableAPI(Lifecycle):
                     for k, (t, ls) in flatten_variables(self.scope.root.variables).items()}
         else:
             ctx = self._ctx("Module.variables")
-            flat = {k: scope.read_at(ctx, *k) for k in ctx.variables if k[1][:len(prefix)] == prefix}
+            flat = {k: variable_api.read_at(ctx, *k) for k in ctx.variables if k[1][:len(prefix)] == prefix}
         return unflatten_variables({(c, p[len(prefix):]): v for (c, p), v in flat.items()
                                     if p[:len(prefix)] == prefix and len(p) > len(prefix)})

@@ -1,0 +1,116 @@
+"""shard-variables: sharding constraints on the reads and writes of annotated variables.
+
+A variable initialised through ``nn.with_partitioning`` / ``nn.with_logical_partitioning``
+holds a box (``varjax.ir.axis_metadata``), and a variable's treedef is a parameter of its
+``var_get``/``var_set`` equations, so its partition names are *in the IR*: every
+equation touching the variable carries them (``vj.pretty`` prints them,
+``var_get[params:Dense_0/kernel ('embed', 'mlp')]``).  This pass reads them there and
+constrains the value of each annotated read (right after the ``var_get``) and of each
+annotated write (right before the ``var_set``) with ``with_sharding_constraint``, under
+the mesh active while the function is traced (``jax.set_mesh``) and the active logical
+axis rules (``nn.logical_axis_rules``), or the box's own ``mesh``/``rules``.  After
+``discharge`` reads are inputs and writes outputs, so XLA sees sharded parameters,
+batch statistics and caches without the user threading a ``PartitionSpec`` anywhere.
+
+Linen applies the same constraint when a module unboxes a parameter (``param(...,
+unbox=True)``); varjax's modules unbox without it and leave the job to this pass, so a
+box read but never unboxed, a box written (a cache, batch statistics) and an
+object-mode variable are constrained alike, and the constraints can be seen, dumped and
+switched off (``vj.functionalize(..., passes=...)`` cannot drop a default pass, but with
+no mesh active and no box carrying a mesh the pass changes nothing).
+
+Sharp edges:
+  * The mesh and rules are read when the function is traced; ``vj.functionalize`` keys
+    its trace cache on them, a raw ``jax.jit`` around ``apply`` keys on the mesh only
+    (as with Linen, changing the rules under a live ``jax.jit`` cache needs a new jit).
+  * A body a lifted transform runs directly (``notes/lifting.md``) reads its variables
+    from a dictionary, not through ``var_get``: its values are constrained where the
+    transform reads them, in the enclosing trace, with the enclosing names (a stacked
+    kernel under ``nn.scan`` with ``metadata_params``: ``('layers', 'embed', 'mlp')``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from varjax import _jax
+from varjax.ir import axis_metadata, errors
+from varjax.ir.primitives import var_get_p, var_set_p
+from varjax.passes.framework.base import Pass, PassContext
+from varjax.passes.framework.rewrite import Region, Rewriter, Rule
+
+
+def annotated(tree: Any) -> bool:
+    """Whether a variable of treedef ``tree`` holds a box constrained under the active
+    mesh and rules (``axis_metadata.constraint_of``)."""
+    return any(axis_metadata.constraint_of(b) is not None for b in axis_metadata.boxes_of(tree))
+
+
+def constrain(eqn: _jax.JaxprEqn, leaves: list[Any]) -> list[Any]:
+    """``leaves`` of ``eqn``'s variable, each box's value constrained as Linen's
+    ``Partitioned.unbox()`` constrains it."""
+    def one(box: Any) -> Any:
+        sharding = axis_metadata.constraint_of(box)
+        if sharding is None:
+            return box
+        try:
+            return box.replace_boxed(jax.lax.with_sharding_constraint(box.value, sharding))
+        except AssertionError as e:   # JAX's check under Explicit mesh axes
+            collection, path = eqn.params["collection"], eqn.params["path"]
+            raise errors.PartitioningError(
+                f"variable {errors.format_path(path)} of collection '{collection}' is "
+                f"partitioned {box.names}, but its value's sharding does not match: {e}",
+                collection=collection, path=path, **errors.where(eqn.source_info),
+                fix="with Explicit mesh axes a sharding is part of the type: place the "
+                    "variables with jax.device_put(v, nn.get_sharding(boxed, mesh)) first, "
+                    "or make the mesh with AxisType.Auto axes") from None
+    value = axis_metadata.map_axis_meta(one, jax.tree.unflatten(eqn.params["tree"], leaves))
+    return jax.tree.leaves(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Annotated(Rule):
+    # A lift's boundary too: there the box names include the axes the transform adds.
+    handed = True
+    constrained: list    # one entry per rewritten equation, for the pass's counter
+
+    def match(self, eqn: _jax.JaxprEqn) -> bool:
+        return annotated(eqn.params["tree"])
+
+
+class ShardRead(_Annotated):
+    primitive = var_get_p
+
+    def rewrite(self, eqn: _jax.JaxprEqn, invals: list, region: Region) -> list:
+        self.constrained.append(eqn)
+        return constrain(eqn, region.bind(eqn, invals))
+
+
+class ShardWrite(_Annotated):
+    primitive = var_set_p
+
+    def rewrite(self, eqn: _jax.JaxprEqn, invals: list, region: Region) -> list:
+        self.constrained.append(eqn)
+        return region.bind(eqn, constrain(eqn, invals))
+
+
+class _Local(Rewriter):
+    local = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardVariables(Pass):
+    name = "shard-variables"
+    summary = "constrain reads and writes of partitioned variables to their shardings"
+    after = ("forward-stores", "dead-reads")
+    before = ("discharge",)
+    rootable = True     # a variable's own box says how to shard it, whoever holds it
+
+    def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
+        constrained: list = []
+        out = _Local([ShardRead(constrained), ShardWrite(constrained)]).run(jaxpr)
+        if constrained:
+            ctx.count(self.name, "constrained", len(constrained))
+        return out

@@ -1,0 +1,70 @@
+"""Variable groups as a lifted transform handles them (see ``varjax.lifting.region``).
+
+A transform receives its variables as groups, dicts ``{(collection, path): value}``, and
+its arguments as they were passed; these helpers are what every transform needs around
+them: setting aside the variables that do not fit the transform, separating array
+arguments from the rest, and converting a group to Linen's nested dicts and back.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from varjax.trace.variable_dicts import flatten_variables
+
+Group = dict  # {(collection, path): value}
+
+
+def is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def to_tree(group: Group, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A group as Linen's nested ``{collection: {name: ...}}`` dict, relative to ``path``
+    (variables outside ``path`` keep their full path)."""
+    tree: dict[str, Any] = {}
+    for (col, full), value in sorted(group.items()):
+        rel = full[len(path):] if full[:len(path)] == path else full
+        node = tree.setdefault(col, {})
+        for name in rel[:-1]:
+            node = node.setdefault(name, {})
+        node[rel[-1]] = value
+    return tree
+
+
+def from_tree(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Group:
+    """The inverse of ``to_tree``: a nested dict relative to ``path`` as a group."""
+    return {(col, path + rel): jax.tree.unflatten(t, leaves)
+            for (col, rel), (t, leaves) in flatten_variables(tree).items()}
+
+
+def set_aside(groups: Sequence[Group], fits: Callable[[int, Any], bool]
+              ) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
+    """Each group split into the variables whose every leaf ``fits(group_index, leaf)`` and
+    the rest.  A transform hands the first to the region and returns the rest unchanged; a
+    body that touches a withheld variable raises ``TransformError``.  (A group holds every
+    variable of its collections that the body may use, which for a plain function is every
+    variable of the enclosing trace, so some may not fit the transform.)"""
+    kept, aside = [], []
+    for i, group in enumerate(groups):
+        ok = {k: v for k, v in group.items() if all(fits(i, x) for x in jax.tree.leaves(v))}
+        kept.append(ok)
+        aside.append({k: v for k, v in group.items() if k not in ok})
+    return tuple(kept), tuple(aside)
+
+
+def partition(args: tuple) -> tuple[list[Any], Callable[[Sequence[Any]], tuple]]:
+    """Split ``args`` into its array leaves and a function rebuilding ``args`` from new
+    ones: transforms that only take arrays (``jax.checkpoint``, ``lax.cond``) pass the
+    arrays through and close over everything else (Python scalars, modules, None)."""
+    leaves, tree = jax.tree.flatten(args)
+    at = [i for i, x in enumerate(leaves) if is_array(x)]
+
+    def rebuild(arrays: Sequence[Any]) -> tuple:
+        full = list(leaves)
+        for i, x in zip(at, arrays):
+            full[i] = x
+        return jax.tree.unflatten(tree, full)
+    return [leaves[i] for i in at], rebuild
