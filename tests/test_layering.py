@@ -22,6 +22,7 @@ MAX_LINES = 500
 # in ".*" matches a package and everything in it.
 LAYERS = {
     "ir": ["varjax._jax", "varjax.ir.*"],
+    "functional": ["varjax.functional.*"],
     "tracing": ["varjax.trace.*"],
     "passes": ["varjax.passes.*"],
     "functionalization": ["varjax.functionalization.*"],
