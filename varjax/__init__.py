@@ -37,11 +37,11 @@ _API: dict[str, str] = {
     "to_tree": "varjax.lifting.groups",
     "capture": "varjax.objects.capture",
     "transform_metadata": "varjax.objects.metadata",
-    "GraphDef": "varjax.objects.state",
-    "merge": "varjax.objects.state",
-    "split": "varjax.objects.state",
-    "state": "varjax.objects.state",
-    "update": "varjax.objects.state",
+    "GraphDef": "varjax.objects.split_merge",
+    "merge": "varjax.objects.split_merge",
+    "split": "varjax.objects.split_merge",
+    "state": "varjax.objects.split_merge",
+    "update": "varjax.objects.split_merge",
     "pretty": "varjax.ir.printing",
     "Rngs": "varjax.trace.rngs",
     "RngStream": "varjax.trace.rngs",
@@ -153,11 +153,11 @@ if TYPE_CHECKING:
     from varjax.lifting.region import lift as lift
     from varjax.objects.capture import capture as capture
     from varjax.objects.metadata import transform_metadata as transform_metadata
-    from varjax.objects.state import GraphDef as GraphDef
-    from varjax.objects.state import merge as merge
-    from varjax.objects.state import split as split
-    from varjax.objects.state import state as state
-    from varjax.objects.state import update as update
+    from varjax.objects.split_merge import GraphDef as GraphDef
+    from varjax.objects.split_merge import merge as merge
+    from varjax.objects.split_merge import split as split
+    from varjax.objects.split_merge import state as state
+    from varjax.objects.split_merge import update as update
     from varjax.tools.dataflow import dataflow as dataflow
     from varjax.tools.dataflow import dead_params as dead_params
     from varjax.tools.ir_dump import dump as dump

@@ -16,7 +16,7 @@ from varjax.ir import nested
 from varjax.ir.primitives import VarType, bind_get, bind_set
 from varjax.passes import Discharge, PassContext, verify
 from varjax.passes.default.discharge import RULES, register_discharge_rule
-from varjax.passes.default.discharge.core import leaves_of, store, var_type
+from varjax.passes.default.discharge.discharger import leaves_of, store, var_type
 from varjax.passes.framework.analysis import traffic
 
 KEY = ("s", ("a",))

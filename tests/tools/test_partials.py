@@ -12,7 +12,7 @@ import pytest
 import varjax as vj
 import varjax.nn as nn
 from varjax.tools.cli import main
-from varjax.tools.summary import summary
+from varjax.tools.model_summary import summary
 
 X = jnp.arange(6.0).reshape(2, 3)
 

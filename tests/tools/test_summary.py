@@ -1,10 +1,10 @@
-"""``varjax.tools.summary``: variables per module and collection, from abstract traces."""
+"""``varjax.tools.model_summary``: variables per module and collection, from abstract traces."""
 import jax
 import jax.numpy as jnp
 
 import varjax as vj
 import varjax.nn as nn
-from varjax.tools.summary import Totals, format_bytes, summary
+from varjax.tools.model_summary import Totals, format_bytes, summary
 
 
 class MLP(nn.Module):

@@ -86,7 +86,7 @@ class BoundRoot(_Root):
         self.mutable = mutable
         self.origin: TraceContext | None = None  # set while one of our calls traces
         # Which variables exist changes only when this moves on: object mode keeps the
-        # cells of a module per layout (``varjax.nn.module.objects``).
+        # cells of a module per layout (``varjax.nn.module.as_node``).
         self.layout = 0
         self.cells: dict[Path, tuple[int, list]] = {}
         self.defs: dict[Path, tuple[int, Any]] = {}

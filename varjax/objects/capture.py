@@ -15,7 +15,7 @@ from varjax.functionalization.functionalized import unflatten_variables
 from varjax.ir import errors
 from varjax.objects.nodes import is_node
 from varjax.objects.run import arg_names, graph_of, run
-from varjax.objects.state import flatten_state
+from varjax.objects.split_merge import flatten_state
 
 _SELF = "self"
 

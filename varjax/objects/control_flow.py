@@ -1,7 +1,7 @@
 """Object-mode control flow: ``cond``/``switch`` and the loops over object carries.
 
 The branches and loop bodies run through ``run`` as the other object-mode transforms do
-(``varjax.objects.transforms``), inside ``jax.lax``'s own control flow.  What is particular
+(``varjax.objects.object_transforms``), inside ``jax.lax``'s own control flow.  What is particular
 to them: every branch must leave the operands' variables with one type; a loop body may
 move its carry objects to other places, so the updates are written back by object, followed
 through the trip count (``_Carried``); and nothing may be created where it would exist in
@@ -22,8 +22,8 @@ from varjax.ir.caches import LRU
 from varjax.ir.primitives import VarType
 from varjax.objects.graph import Graph
 from varjax.objects.nodes import is_node, kind_of
+from varjax.objects.object_transforms import dealias, wrapper
 from varjax.objects.run import Result, arg_names, graph_of, run
-from varjax.objects.transforms import dealias, wrapper
 from varjax.trace.type_checks import branch_types_error
 
 # --- control flow -------------------------------------------------------------------------

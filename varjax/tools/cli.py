@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import jax.numpy as jnp
 
     from varjax.ir.errors import VarjaxError
-    from varjax.tools.summary import summary
+    from varjax.tools.model_summary import summary
 
     inputs = [jnp.zeros(s.shape, s.dtype) for s in shapes]
     keys = jax.random.split(jax.random.key(0), len(args.rng) + 1)

@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec
 from varjax.ir import errors, filters
 from varjax.lifting.groups import is_array, set_aside
 from varjax.lifting.region import lift
-from varjax.objects import transforms as objects
+from varjax.objects import object_transforms as objects
 from varjax.trace.context import site
 from varjax.transforms.common import (
     apply_to,

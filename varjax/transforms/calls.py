@@ -15,7 +15,7 @@ import numpy as np
 
 from varjax.lifting.groups import from_tree, is_array, partition, to_tree
 from varjax.lifting.region import is_module, lift
-from varjax.objects import transforms as objects
+from varjax.objects import object_transforms as objects
 from varjax.trace.variable_api import is_initializing
 from varjax.transforms.common import apply_to, object_options, reject
 

@@ -7,7 +7,7 @@ collections a region does not touch never appear in its signature.
 
 The package is a pass plus a rule registry, as JAX registers its own rules:
 
-* ``core.py``: the environment, ``DischargeRule`` and ``register_discharge_rule``, the
+* ``discharger.py``: the environment, ``DischargeRule`` and ``register_discharge_rule``, the
   ``Discharger`` that re-traces a jaxpr dispatching to the rules, the binder-editing
   fast path (``discharge_flat``) and the ``Discharge`` pass;
 * ``control_flow.py``: ``jit``, ``closed_call``, ``checkpoint``, ``scan``, ``while``,
@@ -33,11 +33,11 @@ Sharp edges:
 from varjax.passes.default.discharge import control_flow as control_flow  # registers its rules
 from varjax.passes.default.discharge import custom as custom  # registers its rules
 from varjax.passes.default.discharge import shard_map as shard_map  # registers its rule
-from varjax.passes.default.discharge.core import RULES as RULES
-from varjax.passes.default.discharge.core import Discharge as Discharge
-from varjax.passes.default.discharge.core import Discharger as Discharger
-from varjax.passes.default.discharge.core import DischargeRule as DischargeRule
-from varjax.passes.default.discharge.core import Env as Env
-from varjax.passes.default.discharge.core import Signature as Signature
-from varjax.passes.default.discharge.core import discharge_flat as discharge_flat
-from varjax.passes.default.discharge.core import register_discharge_rule as register_discharge_rule
+from varjax.passes.default.discharge.discharger import RULES as RULES
+from varjax.passes.default.discharge.discharger import Discharge as Discharge
+from varjax.passes.default.discharge.discharger import Discharger as Discharger
+from varjax.passes.default.discharge.discharger import DischargeRule as DischargeRule
+from varjax.passes.default.discharge.discharger import Env as Env
+from varjax.passes.default.discharge.discharger import Signature as Signature
+from varjax.passes.default.discharge.discharger import discharge_flat as discharge_flat
+from varjax.passes.default.discharge.discharger import register_discharge_rule as register_discharge_rule

@@ -14,7 +14,7 @@ differentiates, which may be after the functionalize trace has ended:
   library rule (``jax.nn.relu``'s, by the file its thunk names) keeps nothing, so that a
   compiled function does not hold its effectful trace.
 
-Nothing here knows the discharger: the pass core (``core.py``) and the custom-derivative
+Nothing here knows the discharger: the pass core (``discharger.py``) and the custom-derivative
 rules (``custom.py``) build on it.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ import jax
 from varjax import _jax
 from varjax.ir import errors, nested
 from varjax.ir.primitives import Key
-from varjax.passes.default.discharge.core import (
+from varjax.passes.default.discharge.discharger import (
     Discharger,
     Env,
     check_same,

@@ -32,7 +32,7 @@ from varjax.passes.default.discharge.closures import (
     reject_rule_variables,
     unpassed_closure,
 )
-from varjax.passes.default.discharge.core import (
+from varjax.passes.default.discharge.discharger import (
     Discharger,
     Env,
     leaves_of,

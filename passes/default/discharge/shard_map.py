@@ -15,7 +15,7 @@ import jax
 from varjax import _jax
 from varjax.ir import errors, nested
 from varjax.ir.primitives import Key, var_set_p
-from varjax.passes.default.discharge.core import (
+from varjax.passes.default.discharge.discharger import (
     Discharger,
     Env,
     leaves_of,

@@ -26,7 +26,7 @@ The class is assembled from one file per concern; ``README.md`` says what lives 
 """
 from varjax.nn.binding import Scope
 from varjax.nn.dtypes import merge_param
-from varjax.nn.module.core import CompactNameScope, Module
+from varjax.nn.module.definition import CompactNameScope, Module
 from varjax.nn.module.entry import (
                                     DEFAULT_INIT_MUTABLE,
                                     apply,

@@ -15,8 +15,8 @@ from typing import Any, Callable, Self
 
 from varjax.ir import errors
 from varjax.nn.module.interception import cache_key, run_intercepted, scope
+from varjax.nn.module.lifecycle_state import UNSPECIFIED, SetupSnapshot
 from varjax.nn.module.naming import Naming, adopt_submodules
-from varjax.nn.module.state import UNSPECIFIED, SetupSnapshot
 from varjax.trace.context import active, site
 
 

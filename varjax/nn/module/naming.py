@@ -18,7 +18,7 @@ from varjax.nn.binding import Scope
 from varjax.trace.context import site
 
 if TYPE_CHECKING:
-    from varjax.nn.module.state import ModuleState
+    from varjax.nn.module.lifecycle_state import ModuleState
 
 
 class Naming:

@@ -34,7 +34,7 @@ import numpy as np
 from varjax.ir import errors
 from varjax.nn.module.entry import DEFAULT_INIT_MUTABLE, EntryPoints, resolve_method
 from varjax.nn.module.interception import InterceptorContext, intercept_methods
-from varjax.nn.module.summary import Row, summarize
+from varjax.nn.module.ir_summary import Row, summarize
 from varjax.trace.context import site
 
 

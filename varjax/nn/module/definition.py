@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 from varjax.ir import errors
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
+from varjax.nn.module.as_node import register_pytree
 from varjax.nn.module.lifecycle import compact, module_stack
+from varjax.nn.module.lifecycle_state import UNSPECIFIED, ModuleState
 from varjax.nn.module.lifted import LiftHooks
-from varjax.nn.module.objects import register_pytree
-from varjax.nn.module.state import UNSPECIFIED, ModuleState
 from varjax.nn.module.tabulation import Tabulation
 from varjax.nn.module.variables import VariableAPI
 from varjax.trace.context import site

@@ -1,6 +1,6 @@
 """``summary``: the variables of a model, per module and collection, read from the IR.
 
-``vj``'s entry point to the IR summary of ``varjax.nn.module.summary`` (which says how it is
+``vj``'s entry point to the IR summary of ``varjax.nn.module.ir_summary`` (which says how it is
 computed: two abstract traces, no computation), for anything the inspection tools accept:
 a Module, a method of one, or a function using ``vj.param`` & co.  ``Module.tabulate`` is
 Linen's table over the same summary.
@@ -11,7 +11,7 @@ from typing import Any
 
 from varjax.functionalization.functionalized import function_name
 from varjax.nn.module import Module
-from varjax.nn.module.summary import Row, Summary, Totals, format_bytes, summarize
+from varjax.nn.module.ir_summary import Row, Summary, Totals, format_bytes, summarize
 from varjax.tools.target import as_functionalized
 
 __all__ = ["Row", "Summary", "Totals", "format_bytes", "summary"]

@@ -13,7 +13,7 @@ A variable at path ``('Dense_0', 'kernel')`` belongs to module ``Dense_0``; the 
 (or a plain function using ``vj.param``) is ``""``.  Sizes are in 1024-based units.
 
 It lives with the modules, below ``varjax.tools``, because ``Module.tabulate`` (Linen's
-table, ``tabulation.py``) is built on it; ``varjax.tools.summary`` is its entry point for
+table, ``tabulation.py``) is built on it; ``varjax.tools.model_summary`` is its entry point for
 any function, module or method, and the command line's.
 
 Sharp edges:
