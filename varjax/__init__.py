@@ -106,7 +106,9 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_API))
+    """The API and the module's dunders: not the helpers this file imports (``sys``,
+    ``importlib``) nor the submodules importing binds here (``varjax.ir``, ...)."""
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__") and n.endswith("__")})
 
 
 # Modules that moved into the layer folders, at the import paths the notes once showed:

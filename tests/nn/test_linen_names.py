@@ -132,7 +132,7 @@ SUBMODULE_NAMES = {
 
 
 def _public(module: types.ModuleType) -> set[str]:
-    return {name for name in dir(module) if not name.startswith("__")}
+    return {name for name in dir(module) if not name.startswith("_")}
 
 
 def _kind(obj: object) -> str:
@@ -164,6 +164,15 @@ def test_every_linen_name_is_in_varjax_nn_or_listed():
 def test_every_extra_varjax_nn_name_is_listed():
     unexplained = sorted(_public(nn) - _public(linen) - set(EXTRA))
     assert not unexplained, f"varjax.nn names flax.linen lacks: {unexplained}. List them in EXTRA, with why."
+
+
+def test_star_import_gives_varjax_nn_all_its_public_names_but_the_submodules_python_binds():
+    namespace: dict = {}
+    exec("from varjax.nn import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(nn.__all__)
+    bound = {n for n in _public(nn) if isinstance(getattr(nn, n), types.ModuleType)} - set(nn._SUBMODULES)
+    assert bound and set(nn.__all__) == _public(nn) - bound
+    assert {"Dense", "scan", "initializers", "relu"} <= set(nn.__all__) and "linear" not in nn.__all__
 
 
 def test_listed_differences_are_still_true():

@@ -56,6 +56,19 @@ def test_moved_modules_load_at_their_old_import_paths():
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
 
 
+def test_dir_of_varjax_is_its_api_and_dunders():
+    done = python("""
+        import varjax as vj
+        import varjax.nn
+        vj.functionalize                        # loads the API: submodules bind on the package
+        names = dir(vj)
+        assert [n for n in names if not n.startswith("__")] == sorted(vj.__all__), names
+        assert "__doc__" in names and "sys" not in names and "ir" not in names
+        print("ok")
+    """)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
 def test_type_checking_imports_match_the_lazy_table():
     tree = ast.parse(INIT.read_text())
     (block,) = [node for node in tree.body if isinstance(node, ast.If)

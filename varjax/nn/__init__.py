@@ -4,6 +4,8 @@ Every public name of ``flax.linen`` is here, or is listed with the reason it is 
 ``tests/nn/test_linen_names.py`` (see ``notes/linen-parity.md``).  The submodules carry
 Linen's module paths too (``nn.linear.PrecisionLike``, ``nn.transforms.scan``).
 """
+import types as _types
+
 from varjax.ir.axis_metadata import PARTITION_NAME as PARTITION_NAME
 from varjax.ir.axis_metadata import Partitioned as Partitioned
 from varjax.ir.axis_metadata import get_logical_axis_rules as get_logical_axis_rules
@@ -95,3 +97,9 @@ from varjax.nn.stochastic import Dropout as Dropout
 from varjax.nn.transforms import add_metadata_axis as add_metadata_axis
 from varjax.trace.variable_api import Variable as Variable
 from varjax.transforms import *  # noqa: F403  (the lifted transforms, as in flax.linen)
+
+_SUBMODULES = ("fp8_ops", "initializers", "meta", "partitioning", "spmd", "summary", "transforms")
+# Everything imported above by name or by star, and the submodules imported as themselves;
+# not the submodules Python binds here on import (``linear``, ``module``, ...).
+__all__ = sorted(name for name, value in globals().items() if not name.startswith("_")
+                 and (not isinstance(value, _types.ModuleType) or name in _SUBMODULES))
