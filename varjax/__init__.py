@@ -46,7 +46,7 @@ _API: dict[str, str] = {
     "Rngs": "varjax.trace.rngs",
     "RngStream": "varjax.trace.rngs",
     "reseed": "varjax.trace.rngs",
-    "Variable": "varjax.trace.variable_api",
+    "Variable": "varjax.trace.variable",
     "has_variable": "varjax.trace.variable_api",
     "is_initializing": "varjax.trace.variable_api",
     "is_mutable_collection": "varjax.trace.variable_api",
@@ -166,7 +166,7 @@ if TYPE_CHECKING:
     from varjax.trace.rngs import Rngs as Rngs
     from varjax.trace.rngs import RngStream as RngStream
     from varjax.trace.rngs import reseed as reseed
-    from varjax.trace.variable_api import Variable as Variable
+    from varjax.trace.variable import Variable as Variable
     from varjax.trace.variable_api import has_variable as has_variable
     from varjax.trace.variable_api import is_initializing as is_initializing
     from varjax.trace.variable_api import is_mutable_collection as is_mutable_collection

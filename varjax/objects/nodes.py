@@ -9,33 +9,39 @@ one bound module root reached through two modules.
 
 A node kind also says how to *bind* a node to a trace: give back an object of
 the same kind whose every access is a ``var_get``/``var_set`` of the running
-trace (``variable_api.Variable.at`` for a variable).  That is how object mode stays on
+trace (``Variable.at`` for a variable).  That is how object mode stays on
 the IR: the body of an object-mode transform sees only bound objects, and the
 discharge pass says which variables it wrote.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Hashable, Protocol
+from typing import Any, Callable, Hashable, Mapping, Protocol
 
 import jax
 
 from varjax.ir import streams
 from varjax.ir.primitives import Key, Path
-from varjax.trace import variable_api
 from varjax.trace.context import TraceContext
 from varjax.trace.rngs import Rngs, RngStream
+from varjax.trace.variable import Variable
 
 
 @dataclasses.dataclass(eq=False)
 class Cell:
-    """One variable of a node: ``(collection, path)`` inside the node, and access to it."""
+    """One variable of a node: ``(collection, path)`` inside the node, and access to it.
+
+    ``var_type`` is the ``Variable`` class the variable is (``Variable`` for a variable of
+    a bound module or an ``Rngs``), ``metadata`` its metadata (``out_sharding=...``): what
+    a trace needs to hand the variable on as an object of its own class."""
 
     identity: Hashable
     collection: str
     path: Path
     get: Callable[[], Any]
     set: Callable[[Any], None]
+    var_type: type[Variable] = dataclasses.field(default=Variable, kw_only=True)
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict, kw_only=True)
 
 
 class NodeKind(Protocol):
@@ -138,30 +144,31 @@ def is_node(x: Any) -> bool:
 # --- vj.Variable ------------------------------------------------------------------------
 
 class VariableKind:
-    """A ``vj.Variable``: one cell, at the node's own path."""
+    """A ``vj.Variable`` or an instance of any subclass: one cell, at the node's own path."""
 
     def accepts_type(self, t: type) -> bool:
-        return t is variable_api.Variable
+        return issubclass(t, Variable)
 
     def accepts(self, x: Any) -> bool:
         return True
 
-    def cells(self, node: variable_api.Variable) -> list[Cell]:
+    def cells(self, node: Variable) -> list[Cell]:
         identity = id(node) if node.path is None else (id(node._origin), node.collection, node.path)
         def set_(value: Any) -> None:
             node.value = value
-        return [Cell(identity, node.collection, (), lambda: node.value, set_)]
+        return [Cell(identity, node.collection, (), lambda: node.value, set_,
+                     var_type=type(node), metadata=node._metadata)]
 
-    def mutable(self, node: variable_api.Variable) -> Any:
+    def mutable(self, node: Variable) -> Any:
         return node.collection
 
-    def watch(self, node: variable_api.Variable) -> Callable[[], Hashable] | None:
+    def watch(self, node: Variable) -> Callable[[], Hashable] | None:
         return None
 
-    def reader(self, node: variable_api.Variable) -> Callable[[], tuple]:
+    def reader(self, node: Variable) -> Callable[[], tuple]:
         return lambda: (node.value,)
 
-    def trace_key(self, node: variable_api.Variable, cell: Cell, prefix: Path) -> Key:
+    def trace_key(self, node: Variable, cell: Cell, prefix: Path) -> Key:
         return (node.collection, prefix)
 
     def explicit_rngs(self, node: Any) -> dict[str, Any]:
@@ -173,13 +180,13 @@ class VariableKind:
     def passes_path(self, node: Any) -> Path:
         return ()
 
-    def bind(self, node: variable_api.Variable, prefix: Path, ctx: TraceContext) -> variable_api.Variable:
-        return variable_api.Variable.at(node.collection, prefix, node.get_metadata(), ctx.origin)
+    def bind(self, node: Variable, prefix: Path, ctx: TraceContext) -> Variable:
+        return type(node).at(node.collection, prefix, node.get_metadata(), ctx.origin)
 
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("a Variable has no variables below it")
 
-    def writer(self, node: variable_api.Variable) -> Callable[[list[Any]], None]:
+    def writer(self, node: Variable) -> Callable[[list[Any]], None]:
         def write(updates: list[Any]) -> None:
             if updates[0] is not None:
                 node.value = updates[0]
@@ -191,7 +198,7 @@ class VariableKind:
 class _TracedStream(RngStream):
     """A stream of an ``Rngs`` inside an object-mode body: key and count are variables."""
 
-    def __init__(self, tag: str, key: variable_api.Variable, count: variable_api.Variable):
+    def __init__(self, tag: str, key: Variable, count: Variable):
         self.tag, self._key, self._count = tag, key, count
 
     key = property(lambda self: self._key.value)
@@ -252,8 +259,8 @@ class RngsKind:
         return ()
 
     def bind(self, node: Rngs, prefix: Path, ctx: TraceContext) -> Rngs:
-        def var(name: str, part: str) -> variable_api.Variable:
-            return variable_api.Variable.at(streams.STATE, prefix + (name, part), None, ctx.origin)
+        def var(name: str, part: str) -> Variable:
+            return Variable.at(streams.STATE, prefix + (name, part), None, ctx.origin)
         bound = object.__new__(Rngs)
         bound._streams = {name: _TracedStream(name, var(name, "key"), var(name, "count"))
                           for name in node}
@@ -282,12 +289,6 @@ def cell_writer(cells: list[Cell]) -> Callable[[list[Any]], None]:
             if value is not None:
                 cell.set(value)
     return write
-
-
-def nested_set(tree: dict, path: Path, value: Any) -> None:
-    for name in path[:-1]:
-        tree = tree.setdefault(name, {})
-    tree[path[-1]] = value
 
 
 def stream_leaves(rngs: Rngs) -> tuple[list[Any], Any]:

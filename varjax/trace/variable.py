@@ -1,0 +1,205 @@
+"""``vj.Variable`` and its subclasses: one class hierarchy, one registry of collections.
+
+A ``Variable`` is one variable, held or handled (``notes/object-mode.md``, "Variables"):
+
+* *held*: ``vj.Variable(value, collection='params', **metadata)`` keeps its value in
+  Python, for object mode, where the variable lives in an object rather than in a
+  variables dict;
+* a *handle*: ``Variable.at(collection, path)`` names a variable of the running trace and
+  holds nothing; each access is a ``var_get``/``var_set`` (``variable_access``).
+
+A subclass names its collection once, for all its instances::
+
+    class Param(vj.Variable, collection="params"): ...
+    class Counter(vj.Variable): ...          # collection 'Counter', its class name
+
+The registry maps each subclass to its collection and back (``collection_of``,
+``variable_type``): a type filter and a collection name then select the same variables,
+as NNX's ``variable_name_from_type`` says.  Two classes may not claim one collection (the
+second definition raises ``InvalidVariablesError``), except a class defined again under
+the same module and name (a re-run notebook cell), which takes the place of the first.
+``Variable`` itself is in no collection of its own: each instance names one
+(``collection=``, ``params`` if not given).
+
+Every subclass is a pytree when it is defined (``__init_subclass__``), with the value as
+its one child and its class kept in the treedef, so it comes back as its own class from
+``jax.tree.unflatten``, ``vj.merge`` and every object-mode transform.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import jax
+
+from varjax.ir import axis_metadata, errors
+from varjax.ir.primitives import Path, is_internal
+from varjax.ir.statics import Exact
+from varjax.trace.context import TraceContext, active, current, site
+from varjax.trace.variable_access import read_at, read_value, write_value
+
+_BY_NAME: dict[str, type["Variable"]] = {}
+_BY_TYPE: dict[type["Variable"], str] = {}
+
+
+def _check_name(name: Any, owner: str) -> None:
+    if not isinstance(name, str) or is_internal(name):
+        raise errors.InvalidVariablesError(
+            f"{owner}: collection must be a string not starting with '__', got {name!r}.",
+            **errors.where(), fix="vj.Variable(value, collection='params'); a subclass: "
+                                  "class Param(vj.Variable, collection='params')")
+
+
+def _register(cls: type["Variable"], name: str) -> None:
+    _check_name(name, f"class {cls.__qualname__}")
+    other = _BY_NAME.get(name)
+    if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise errors.InvalidVariablesError(
+            f"class {cls.__qualname__} claims collection '{name}', which is already the "
+            f"collection of {other.__module__}.{other.__qualname__}; one collection has one "
+            "Variable class.", collection=name, **errors.where(),
+            fix=f"give {cls.__qualname__} another collection (class {cls.__name__}(..., "
+                "collection='...')), or subclass the class that has it without naming one")
+    _BY_NAME[name], _BY_TYPE[cls] = cls, name
+
+
+def collection_of(cls: type["Variable"]) -> str | None:
+    """The collection of a registered ``Variable`` subclass; None for ``Variable`` itself,
+    whose instances each name their own."""
+    return _BY_TYPE.get(cls)
+
+
+def variable_type(collection: str) -> type["Variable"]:
+    """The ``Variable`` subclass registered for ``collection``; ``Variable`` if none is."""
+    return _BY_NAME.get(collection, Variable)
+
+
+class Variable:
+    """A variable: ``.value`` reads it, ``.value = x`` writes it (see the module docstring).
+
+    * ``vj.Variable(value, collection='params', **metadata)`` holds its value: object mode
+      (``notes/object-mode.md``).  Metadata become attributes and ``get_metadata()``.
+    * ``vj.variable(...)`` / ``Module.variable(...)`` return a *handle* on a variable of the
+      running trace (``Variable.at``); so does an object-mode transform for each ``Variable``
+      it is given, inside its body, of the same class.  A handle holds no value: every access
+      goes through the IR (``var_get``/``var_set``), so a read after a write inside a
+      ``lax.scan`` body sees the carried value, not a Python-side cache.
+
+    A ``Variable`` is a pytree with one child, its value (a handle's flatten reads it), so
+    ``jax.tree.*`` and raw JAX transforms see the array; unflattening gives a held one of
+    the same class.
+
+    A handle made with ``unbox`` (``Module.variable``'s, as Linen's) reads a boxed value
+    (``nn.Partitioned``) without its boxes, and a write of a value shaped like the unboxed
+    one keeps the boxes (Linen's ``Variable.value``).
+    """
+
+    __slots__ = ("collection", "path", "_value", "_metadata", "_origin", "_unbox")
+
+    def __init_subclass__(cls, *, collection: str | None = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        _register(cls, cls.__name__ if collection is None else collection)
+        jax.tree_util.register_pytree_node(cls, _flatten, functools.partial(_unflatten, cls))
+
+    def __init__(self, value: Any, *, collection: str | None = None, **metadata: Any):
+        own = collection_of(type(self))
+        if own is not None and collection not in (None, own):
+            raise errors.InvalidVariablesError(
+                f"{type(self).__name__}: its collection is '{own}', got collection="
+                f"{collection!r}.", collection=collection, **errors.where(),
+                fix=f"leave collection out for a {type(self).__name__}, or use vj.Variable")
+        collection = own or (collection if collection is not None else "params")
+        if not isinstance(collection, str):
+            raise errors.InvalidVariablesError(
+                f"vj.Variable: collection must be a string, got {collection!r}.",
+                **errors.where(), fix="vj.Variable(value, collection='params'); a handle on a "
+                                      "variable of a trace is Variable.at(collection, path)")
+        self.collection, self.path = collection, None
+        self._value, self._metadata, self._origin, self._unbox = value, metadata, None, False
+
+    @classmethod
+    def at(cls, collection: str, path: Path, metadata: Mapping[str, Any] | None = None,
+           origin: Any = None, unbox: bool = False) -> "Variable":
+        """A handle on variable ``path`` of ``collection`` in the active trace (``origin``:
+        the trace it must be used under, ``None`` for whichever is active)."""
+        handle = object.__new__(cls)
+        handle.collection, handle.path = collection, tuple(path)
+        handle._value, handle._metadata, handle._origin = None, dict(metadata or {}), origin
+        handle._unbox = unbox
+        return handle
+
+    def _ctx(self, api: str) -> TraceContext:
+        ctx = active() if self._origin is not None else current(api)
+        if self._origin is not None and (ctx is None or ctx.origin is not self._origin):
+            raise errors.InvalidScopeError(
+                f"variable {errors.format_path(self.path)} of collection '{self.collection}' "
+                "was used after the object-mode transform that made its handle had returned.",
+                collection=self.collection, path=self.path, **(site(ctx) if ctx else errors.where()),
+                fix="return values out of the transformed function instead of keeping "
+                    "the Variable objects it was given")
+        return ctx
+
+    @property
+    def value(self) -> Any:
+        if self.path is None:
+            return self._value
+        value = read_at(self._ctx("Variable.value"), self.collection, self.path)
+        return axis_metadata.unbox(value, apply_constraint=False) if self._unbox else value
+
+    @value.setter
+    def value(self, new: Any) -> None:
+        if self.path is None:
+            self._value = new
+            return
+        ctx = self._ctx("Variable.value")
+        if self._unbox:    # boxes read off the variable's type: nothing is read in the IR
+            vt = ctx.variables.get((self.collection, self.path))
+            new = axis_metadata.rebox(jax.tree.unflatten(vt.tree, vt.avals) if vt is not None
+                                      else read_value(ctx, self.collection, self.path), new)
+        write_value(ctx, self.collection, self.path, new)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.value[index]
+
+    def __setitem__(self, index: Any, new: Any) -> None:
+        self.value = new if index is Ellipsis else self.value.at[index].set(new)
+
+    def __jax_array__(self) -> Any:
+        return self.value
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The metadata given at construction (``out_sharding=...`` and the like)."""
+        return dict(self._metadata)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names not found normally: metadata, then the value's (shape, dtype...).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        metadata = object.__getattribute__(self, "_metadata")
+        if name in metadata:
+            return metadata[name]
+        return getattr(self.value, name)
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        if self.path is not None:
+            return f"{name}({self.collection}:{errors.format_path(self.path)})"
+        extra = "".join(f", {k}={v!r}" for k, v in self._metadata.items())
+        if collection_of(type(self)) is not None:
+            return f"{name}({self._value!r}{extra})"
+        return f"{name}({self._value!r}, collection={self.collection!r}{extra})"
+
+
+def _flatten(v: Variable) -> tuple[tuple, tuple]:
+    # Metadata keys JAX's caches by type and value (``tag=1`` and ``tag=1.0`` trace apart).
+    return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))))
+
+
+def _unflatten(cls: type[Variable], aux: tuple, children: tuple) -> Variable:
+    held = object.__new__(cls)
+    held.collection, held.path, held._origin, held._unbox = aux[0], None, None, False
+    held._value, held._metadata = children[0], dict(aux[1].value)
+    return held
+
+
+jax.tree_util.register_pytree_node(Variable, _flatten, functools.partial(_unflatten, Variable))
