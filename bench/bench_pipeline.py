@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import varjax as vj
 from bench.harness import Table, count_eqns, measure
 from varjax import passes
-from varjax.functionalization.functionalized import flatten_variables
 from varjax.ir import filters
 from varjax.ir.primitives import VarType
+from varjax.trace.variable_dicts import flatten_variables
 
 SIZES = {1_000: 5, 10_000: 5, 100_000: 3}  # target equations -> timed repetitions
 EQNS_PER_STEP = 4

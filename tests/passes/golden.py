@@ -4,9 +4,9 @@ import textwrap
 import jax
 
 import varjax as vj
-from varjax.functionalization.functionalized import flatten_variables
 from varjax.ir.primitives import VarType
 from varjax.passes import PassContext, get_pass
+from varjax.trace.variable_dicts import flatten_variables
 
 
 def context(variables=None, rngs=None, mutable=True) -> PassContext:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from varjax.trace.variable_dicts import flatten_variables
+from varjax.trace.variable_dicts import unflatten_variables, variable_values
 
 Group = dict  # {(collection, path): value}
 
@@ -24,20 +24,13 @@ def is_array(x: Any) -> bool:
 def to_tree(group: Group, path: tuple[str, ...] = ()) -> dict[str, Any]:
     """A group as Linen's nested ``{collection: {name: ...}}`` dict, relative to ``path``
     (variables outside ``path`` keep their full path)."""
-    tree: dict[str, Any] = {}
-    for (col, full), value in sorted(group.items()):
-        rel = full[len(path):] if full[:len(path)] == path else full
-        node = tree.setdefault(col, {})
-        for name in rel[:-1]:
-            node = node.setdefault(name, {})
-        node[rel[-1]] = value
-    return tree
+    return unflatten_variables({(col, full[len(path):] if full[:len(path)] == path else full): value
+                                for (col, full), value in sorted(group.items())})
 
 
 def from_tree(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Group:
     """The inverse of ``to_tree``: a nested dict relative to ``path`` as a group."""
-    return {(col, path + rel): jax.tree.unflatten(t, leaves)
-            for (col, rel), (t, leaves) in flatten_variables(tree).items()}
+    return {(col, path + rel): value for (col, rel), value in variable_values(tree).items()}
 
 
 def set_aside(groups: Sequence[Group], fits: Callable[[int, Any], bool]

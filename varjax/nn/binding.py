@@ -16,19 +16,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Hashable, Mapping
 
-import jax
-
-from varjax.functionalization.functionalized import (
-    Functionalized,
-    flatten_variables,
-    normalize_rngs,
-    unflatten_variables,
-)
+from varjax.functionalization.functionalized import Functionalized, normalize_rngs
 from varjax.ir import axis_metadata, errors, streams
 from varjax.ir.primitives import Path
 from varjax.ir.protocols import Labelled
 from varjax.trace.context import TraceContext, active, current, site
 from varjax.trace.rngs import Rngs
+from varjax.trace.variable_dicts import unflatten_variables, variable_values
 
 
 class _Root:
@@ -77,8 +71,7 @@ class BoundRoot(_Root):
         # module bound by ``bind``; a submodule's path for the copy JAX makes of a submodule
         # passed to a transform alone (``nn.module.objects``), whose passes name it so.
         self.passes_path: Path = ()
-        self.variables = unflatten_variables(
-            {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()})
+        self.variables = unflatten_variables(variable_values(variables))
         # A vj.Rngs is state: every call draws from it and advances it.  Keys are folded
         # with the call index instead (see _next_rngs).
         self.held = rngs if isinstance(rngs, Rngs) else None

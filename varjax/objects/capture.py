@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping
 
-from varjax.functionalization.functionalized import unflatten_variables
 from varjax.ir import errors
 from varjax.objects.nodes import is_node
 from varjax.objects.run import arg_names, graph_of, run
 from varjax.objects.split_merge import flatten_state
+from varjax.trace.variable_dicts import unflatten_variables
 
 _SELF = "self"
 

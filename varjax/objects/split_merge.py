@@ -22,11 +22,11 @@ from typing import Any, Mapping
 
 import jax
 
-from varjax.functionalization.functionalized import unflatten_variables
 from varjax.ir import errors, filters
 from varjax.ir.primitives import Key, VarType
 from varjax.objects.graph import Graph
 from varjax.trace import type_checks
+from varjax.trace.variable_dicts import unflatten_variables, variable_entries
 
 _FIX_TYPE = "pass a state of this model's architecture (what vj.split or vj.state of it returns)"
 
@@ -162,20 +162,13 @@ def flatten_state(state_: Any, into: dict[Key, Any]) -> dict[Key, Any]:
         raise errors.InvalidVariablesError(
             f"vj.merge: a state is a dict of collections, got {type(state_).__name__}.",
             **errors.where(), fix="pass the states vj.split returned")
-
-    def visit(col: str, path: tuple, sub: Any) -> None:
-        if isinstance(sub, dict):
-            for k, v in sub.items():
-                visit(col, path + (str(k),), v)
-            return
+    for (col, path), value in variable_entries(state_):
         if (col, path) in into:
             raise errors.TransformError(
                 f"vj.merge: variable {errors.format_path(path)} of collection '{col}' is in "
                 "two of the states.", collection=col, path=path, **errors.where(),
                 fix="pass each variable in one state, as split returned them")
-        into[(col, path)] = sub
-    for col, tree in state_.items():
-        visit(col, (), tree)
+        into[(col, path)] = value
     return into
 
 

@@ -60,13 +60,13 @@ from typing import Any, Hashable, Iterable, Mapping
 import networkx as nx
 
 from varjax import _jax
-from varjax.functionalization.functionalized import flatten_variables
 from varjax.ir import nested
 from varjax.ir.effects import RngEffect
 from varjax.ir.primitives import Key, Path, rng_draw_p, var_get_p, var_set_p
 from varjax.passes.framework.analysis import key_of, touches_variables
 from varjax.tools.dot import render, to_dot
 from varjax.tools.target import as_functionalized
+from varjax.trace.variable_dicts import flatten_variables
 
 __all__ = ["DataflowGraph", "dataflow", "dead_params", "graph_of_jaxpr", "render", "to_dot",
            "unreachable"]

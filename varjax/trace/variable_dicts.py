@@ -1,12 +1,16 @@
 """Variables dicts, ``{collection: {scope: {name: value}}}``, as flat entries.
 
 ``functionalize`` and every layer above it speak flat ``(collection, path)`` keys; users
-speak the nested dicts ``init`` returns.  These two functions are the one translation
-between them, and the one place that says what a variable value may be.
+speak the nested dicts ``init`` returns.  This module is the one translation between them
+(every layer imports it from here), and the one place that says what a variable value may
+be: ``flatten_variables``/``variable_values`` check the values, as the entry points that
+take a user's dict must; ``variable_entries`` walks a dict made elsewhere (a state of
+``vj.split``, a bound module's own variables) without looking at the values;
+``unflatten_variables`` and ``nested_set`` go back.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import jax
 import numpy as np
@@ -58,6 +62,28 @@ def flatten_variables(variables: Mapping[str, Any]) -> dict[Key, tuple[Any, list
     return flat
 
 
+def variable_values(variables: Mapping[str, Any]) -> dict[Key, Any]:
+    """``{(collection, path): value}`` of a user's variables dict, checked as by
+    ``flatten_variables``; a value is rebuilt from its leaves (a ``Mapping`` scope that is
+    not a ``dict`` comes out as plain keys)."""
+    return {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flatten_variables(variables).items()}
+
+
+def variable_entries(variables: Mapping[str, Any]) -> Iterator[tuple[Key, Any]]:
+    """``((collection, path), value)`` for every value of a nested dict that is not a
+    ``dict``, in the dict's order; the values are not checked: a pytree JAX unflattens
+    with avals or placeholders (``jax.tree.map(jax.typeof, model)``) has such variables
+    too.  A collection that is not a dict is one variable with an empty path."""
+    def visit(col: str, path: tuple[str, ...], node: Any) -> Iterator[tuple[Key, Any]]:
+        if isinstance(node, dict):
+            for name, sub in node.items():
+                yield from visit(col, path + (str(name),), sub)
+        else:
+            yield (col, path), node
+    for col, tree in variables.items():
+        yield from visit(col, (), tree)
+
+
 def _is_value(x: Any) -> bool:
     """A variable leaf JAX can take: an array or a Python/NumPy number (or, for the
     tools that trace abstractly, a ``jax.ShapeDtypeStruct``)."""
@@ -70,11 +96,15 @@ def unflatten_variables(flat: Mapping[Key, Any]) -> dict[str, Any]:
     collection (a ``vj.Variable`` given alone to ``vj.split``)."""
     out: dict[str, Any] = {}
     for (col, path), value in flat.items():
-        if not path:
+        if path:
+            nested_set(out.setdefault(col, {}), path, value)
+        else:
             out[col] = value
-            continue
-        node = out.setdefault(col, {})
-        for name in path[:-1]:
-            node = node.setdefault(name, {})
-        node[path[-1]] = value
     return out
+
+
+def nested_set(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    """Put ``value`` at ``path`` (not empty) of ``tree``, making the scopes on the way."""
+    for name in path[:-1]:
+        tree = tree.setdefault(name, {})
+    tree[path[-1]] = value

@@ -24,10 +24,11 @@ from varjax.ir import filters, streams
 from varjax.ir.primitives import Key, Path, handing
 from varjax.ir.statics import typed
 from varjax.nn.binding import BoundRoot, Scope, TraceRoot
-from varjax.objects.nodes import Cell, cell_writer, nested_set, register_kind, rng_state_cells
+from varjax.objects.nodes import Cell, cell_writer, register_kind, rng_state_cells
 from varjax.trace import variable_api
 from varjax.trace.context import TraceContext
 from varjax.trace.rngs import Rngs, RngStream
+from varjax.trace.variable_dicts import nested_set, variable_entries
 
 
 class ObjectRoot(TraceRoot):
@@ -210,28 +211,13 @@ def variable_cells(module: Any) -> list[Cell]:
         return [_traced_cell(ctx, col, path, base) for col, path in keys]
     layout, cells = root.cells.get(base, (-1, None))
     if layout != root.layout:
-        keys = sorted(k for k in _variable_keys(root.variables)
+        # Not checked as a given dict is: JAX flattens a bound module whose leaves are
+        # avals or placeholders too (``jax.tree.map(jax.typeof, model)``).
+        keys = sorted(k for k, _ in variable_entries(root.variables)
                       if k[1][:len(base)] == base and len(k[1]) > len(base))
         cells = [_bound_cell(root, col, path, base) for col, path in keys]
         root.cells[base] = (root.layout, cells)
     return cells
-
-
-def _variable_keys(variables: dict[str, Any]) -> list[Key]:
-    """The variables of a nested dict: every value that is not a dict.  Unlike
-    ``flatten_variables`` it does not check the values: JAX flattens a bound module whose
-    leaves are avals or placeholders too (``jax.tree.map(jax.typeof, model)``)."""
-    found: list[Key] = []
-
-    def visit(col: str, path: Path, node: Any) -> None:
-        if isinstance(node, dict):
-            for name, sub in node.items():
-                visit(col, path + (str(name),), sub)
-        else:
-            found.append((col, path))
-    for col, tree in variables.items():
-        visit(col, (), tree)
-    return found
 
 
 def rng_cells(module: Any) -> list[Cell]:

@@ -15,13 +15,14 @@ from typing import Any, Callable, Mapping, Self, Sequence, Union
 import jax
 
 from varjax import _jax
-from varjax.functionalization.functionalized import Functionalized, flatten_variables, function_name
+from varjax.functionalization.functionalized import Functionalized, function_name
 from varjax.ir import errors, filters, liveness
 from varjax.ir.statics import typed
 from varjax.nn.binding import BoundRoot, TraceRoot
 from varjax.nn.module.interception import cache_key
 from varjax.nn.module.lifecycle import Lifecycle
 from varjax.trace.context import current, site
+from varjax.trace.variable_dicts import flatten_variables
 
 # What ``passes=`` takes: a pipeline string or a sequence of ``Pass`` instances and strings.
 Passes = Union[str, Sequence[Any]]

@@ -31,11 +31,12 @@ import jax
 import numpy as np
 
 from varjax import _jax
-from varjax.functionalization.functionalized import Functionalized, flatten_variables
+from varjax.functionalization.functionalized import Functionalized
 from varjax.ir.nested import walk_eqns
 from varjax.ir.primitives import Key, var_get_p, var_set_p
 from varjax.nn.module.entry import DEFAULT_INIT_MUTABLE
 from varjax.passes.framework.analysis import key_of
+from varjax.trace.variable_dicts import variable_values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,8 +169,7 @@ def summarize(fz: Functionalized, name: str, *args: Any, rngs: Any = None,
     shapes = jax.eval_shape(init_and_trace, *(x for x, arr in zip(leaves, is_array) if arr))
     access, order = _access(traced[0])
     rows = []
-    for (collection, path), (vtree, vleaves) in flatten_variables(shapes).items():
-        value = jax.tree.unflatten(vtree, vleaves)
+    for (collection, path), value in variable_values(shapes).items():
         for leaf_path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
             count = int(np.prod(leaf.shape, dtype=np.int64))
             rows.append(Row(collection, path, jax.tree_util.keystr(leaf_path), tuple(leaf.shape),

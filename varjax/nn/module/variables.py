@@ -13,7 +13,6 @@ from typing import Any, Callable, Self
 
 import jax
 
-from varjax.functionalization.functionalized import flatten_variables, unflatten_variables
 from varjax.ir import axis_metadata, errors, filters, streams
 from varjax.ir.primitives import Path, VarType
 from varjax.nn.binding import BoundVariable
@@ -21,6 +20,7 @@ from varjax.nn.module.lifecycle import Lifecycle
 from varjax.trace import type_checks, variable_api
 from varjax.trace.context import TraceContext, site
 from varjax.trace.variable_api import Variable
+from varjax.trace.variable_dicts import unflatten_variables, variable_values
 
 
 class VariableAPI(Lifecycle):
@@ -161,8 +161,7 @@ class VariableAPI(Lifecycle):
         """This module's variables as ``{collection: {name: value}}`` (current values)."""
         prefix = self.path
         if self.scope.eager():
-            flat = {k: jax.tree.unflatten(t, ls)
-                    for k, (t, ls) in flatten_variables(self.scope.root.variables).items()}
+            flat = variable_values(self.scope.root.variables)
         else:
             ctx = self._ctx("Module.variables")
             flat = {k: variable_api.read_at(ctx, *k) for k in ctx.variables if k[1][:len(prefix)] == prefix}
