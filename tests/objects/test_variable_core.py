@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import varjax as vj
+import varjax.nn as nn
 from varjax.objects.nodes import is_node
 from varjax.trace.variable import collection_of, variable_type
 
@@ -72,3 +73,92 @@ def test_grad_of_a_subclass_is_the_subclass():
     g = vj.grad(lambda w: jnp.sum(w.value ** 2))(Weight(jnp.array([1.0, 2.0])))
     assert type(g) is Weight
     np.testing.assert_allclose(g.value, [2.0, 4.0])
+
+
+# --- (b) one key per distinct variable ----------------------------------------------------
+
+class _Encoder(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.BatchNorm(use_running_average=False, momentum=0.5)(nn.Dense(2)(x))
+
+
+class _Model(nn.Module):
+    def setup(self):
+        self.encoder = _Encoder()
+        self.head = nn.Dense(1)
+
+    def __call__(self, x):
+        return self.head(self.encoder(x))
+
+
+_X = jnp.arange(4.0, dtype=jnp.float32).reshape(2, 2)
+
+
+def _model():
+    variables = _Model().init(jax.random.key(0), _X)
+    return _Model().bind(variables, mutable=["batch_stats"])
+
+
+def _both(model, encoder):
+    return jnp.sum(model(_X)) + jnp.sum(encoder(_X * 2))
+
+
+def test_model_and_its_submodule_in_jit_share_variables_and_update_them_once():
+    eager, traced = _model(), _model()
+    expected = _both(eager, eager.encoder)
+    np.testing.assert_allclose(vj.jit(_both)(traced, traced.encoder), expected, rtol=1e-6)
+    stats = lambda m: m.variables["batch_stats"]["encoder"]["BatchNorm_0"]["mean"]  # noqa: E731
+    np.testing.assert_allclose(stats(traced), stats(eager), rtol=1e-6)   # both updates, in order
+    np.testing.assert_allclose(vj.jit(_both)(traced.encoder, traced),
+                               _both(eager.encoder, eager), rtol=1e-6)   # either order
+
+
+def test_grad_of_a_variable_shared_by_two_arguments_totals_both_uses():
+    model = _model()
+    variables = {"params": model.variables["params"],
+                 "batch_stats": model.variables["batch_stats"]}
+
+    def pure(params):
+        whole = _Model().apply({**variables, "params": params}, _X, mutable=["batch_stats"])[0]
+        part = _Encoder().apply({"params": params["encoder"],
+                                 "batch_stats": variables["batch_stats"]["encoder"]},
+                                _X * 2, mutable=["batch_stats"])[0]
+        return jnp.sum(whole) + jnp.sum(part)
+    want = jax.grad(pure)(variables["params"])["encoder"]
+    g_model, g_enc = vj.grad(_both, argnums=(0, 1))(model, model.encoder)
+    got = vj.state(g_model, "params")["params"]["encoder"]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+    zero = vj.state(g_enc, "params")["params"]              # the whole gradient is the model's
+    assert all(not np.any(x) for x in jax.tree.leaves(zero))
+    only = vj.grad(_both, argnums=1)(model, model.encoder)   # or the one differentiated
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 vj.state(only, "params")["params"], want)
+
+
+class _Drop(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dropout(0.5, deterministic=False)(x)
+
+
+def _draws(a, b, rngs):
+    return a(jnp.ones(8)), b(jnp.ones(8)), jax.random.key_data(rngs.default())
+
+
+def test_one_rngs_shared_by_two_modules_and_passed_itself_is_one_state():
+    eager_rngs, traced_rngs = vj.Rngs(0), vj.Rngs(0)
+    eager = _draws(_Drop().bind({}, rngs=eager_rngs), _Drop().bind({}, rngs=eager_rngs), eager_rngs)
+    traced = vj.jit(_draws)(_Drop().bind({}, rngs=traced_rngs), _Drop().bind({}, rngs=traced_rngs),
+                            traced_rngs)
+    for e, t in zip(eager, traced):
+        np.testing.assert_array_equal(e, t)
+    assert int(traced_rngs.default.count) == int(eager_rngs.default.count) == 3
+
+
+def test_a_variable_shared_at_two_vmap_axes_raises_naming_it():
+    model = _model()
+    stacked = jax.tree.map(lambda a: jnp.stack([a, a]), model)
+    with pytest.raises(vj.errors.InconsistentAliasError,
+                       match="variable encoder/BatchNorm_0/mean of collection 'batch_stats'"):
+        vj.vmap(lambda m, e: jnp.sum(m(_X)), in_axes=(0, None))(stacked, stacked.encoder)

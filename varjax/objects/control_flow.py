@@ -42,12 +42,13 @@ def _where_defined(fn: Callable) -> dict[str, Any]:
     return found
 
 
-def _run_branch(fn: Callable, args: tuple) -> tuple[Any, Graph, Result]:
+def _run_branch(fn: Callable, args: tuple, shared: tuple[int, ...]) -> tuple[Any, Graph, Result]:
     """``fn(*args)`` through the IR, its updates kept on the (copied) argument objects:
-    the output, the graph of ``args`` and what the call changed."""
+    the output, the graph of ``args`` and what the call changed (``shared``: the originals'
+    ``Graph.shared``, as the copies share nothing)."""
     names = arg_names(fn)
     graph = graph_of(args, {}, names)
-    out, result = run(fn, args, {}, names=names, graph=graph)
+    out, result = run(fn, args, {}, names=names, graph=graph, shared=shared)
     _no_creation(fn, result)
     graph.write_back(result.updates, result.created)
     return out, graph, result
@@ -88,7 +89,7 @@ def _switch(what: str, index: Any, fns: list[Callable], labels: list[str],
     def branch(fn: Callable, label: str) -> Callable:
         def run_branch(*ops: Any) -> Any:
             ops = dealias(ops, {}, tuple(graph.places))[0]
-            out, inside, result = _run_branch(fn, ops)
+            out, inside, result = _run_branch(fn, ops, graph.shared())
             written.update(i for i, v in enumerate(result.updates) if v is not None)
             if first:
                 _same_types(what, graph, first[0], (f"{label} ({_name(fn)})", inside))
@@ -183,7 +184,8 @@ class _Carried:
         args = args[:self.arg] + (dealias((args[self.arg],), {}, self.places)[0][0],) \
             + args[self.arg + 1:]
         inside = graph_of(args, {}, self.names)
-        (out, order), result = run(self.tracked, args, {}, names=self.names, graph=inside)
+        (out, order), result = run(self.tracked, args, {}, names=self.names, graph=inside,
+                                   shared=self.graph.shared())   # the carry's nodes come first
         _no_creation(self.fn, result)
         start = 0
         for node, written in zip(inside.nodes, self.written):
@@ -283,7 +285,8 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
     carried = _Carried("vj.while_loop", body_fun, init_val, None, 0)
 
     def cond(v: Any) -> Any:
-        out, inside, result = _run_branch(cond_fun, (dealias((v,), {}, carried.places)[0][0],))
+        out, inside, result = _run_branch(cond_fun, (dealias((v,), {}, carried.places)[0][0],),
+                                          carried.graph.shared())
         for (node, cell), value in zip(inside.cells, result.updates):
             if value is not None:
                 path = node.prefix + cell.path

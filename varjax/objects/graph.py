@@ -3,19 +3,20 @@
 ``Graph.of(tree)`` walks a pytree (arguments of a transformed function, or the
 node given to ``vj.split``) and finds every object node in it.  Each cell gets a
 full path: the node's key path in the tree (``model``, ``opt/0``) followed by the
-cell's path inside the node.  A node or variable reached twice is kept once: the
-second place is an *alias* of the first (``aliases``), so sharing survives a
-round trip through JAX, which copies each place separately.
+cell's path inside the node.  A node reached twice is kept once: the second place is
+an alias of the first (``places``), so sharing survives a round trip through JAX,
+which copies each place separately.  A variable reached through two different nodes
+(a module and its submodule, one ``Rngs`` held by two modules) is one variable too:
+``Graph.shared`` says which cell stands for it, and a call gives it one key.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
-from varjax.ir import errors
 from varjax.ir.primitives import Path
 from varjax.objects.nodes import Cell, NodeKind, is_node, kind_of
 from varjax.trace.context import active
@@ -38,6 +39,8 @@ class Node:
     kind: NodeKind
     prefix: Path
     cells: list[Cell]
+    # Bound where another node's variables are, all of its own being theirs (``run._rebase``).
+    rebased: bool = False
 
 
 @dataclasses.dataclass
@@ -105,28 +108,36 @@ class Graph:
             nodes.append(Node(leaf, kind, path, kind.cells(leaf)))
         return cls(nodes, places, treedef, [leaf for _, leaf in with_paths], names, is_object)
 
-    def shared_cells(self) -> list[tuple[Cell, Node, Node]]:
-        """Variables reached through two different nodes (one module root seen through
-        two of its modules): ``(cell, first node, second node)``."""
-        first: dict[Any, Node] = {}
-        shared = []
-        for node, cell in self.cells:
-            other = first.setdefault(cell.identity, node)
-            if other is not node:
-                shared.append((cell, other, node))
-        return shared
+    def shared(self) -> tuple[int, ...]:
+        """Per cell (``cells`` order), the cell that stands for its variable: itself, or
+        another cell of the same variable (``Cell.identity``) reached through another node
+        (a module and its submodule, two modules bound with one ``Rngs``).  The one that
+        stands is in the node with the most cells (the root module before its submodule),
+        else the earliest.  Computed once per graph; ``tuple(range(len(cells)))`` when
+        nothing is shared."""
+        found = self.memo.get("shared")
+        if found is None:
+            owner: dict[Any, int] = {}
+            for j in sorted(range(len(self.nodes)), key=lambda j: (-len(self.nodes[j].cells), j)):
+                for c, cell in enumerate(self.nodes[j].cells):
+                    owner.setdefault(cell.identity, self._start(j) + c)
+            found = self.memo["shared"] = tuple(owner[cell.identity] for _, cell in self.cells)
+        return found
 
-    def check_unshared(self, what: str) -> None:
-        """``TransformError`` when two different nodes share a variable: object mode
-        would see two variables where the program has one."""
-        for cell, a, b in self.shared_cells():
-            raise errors.TransformError(
-                f"{what}: variable {errors.format_path(cell.path)} of collection "
-                f"'{cell.collection}' is reached through two different objects, "
-                f"{errors.format_path(a.prefix)} and {errors.format_path(b.prefix)}.",
-                collection=cell.collection, path=b.prefix + cell.path, **errors.where(),
-                fix="pass the object that holds the variable once (the root module made by "
-                    "bind, not it and one of its submodules)")
+    def sources(self, first: Sequence[int]) -> tuple[int, ...]:
+        """Per cell, the cell whose value a call reads for its variable: ``shared``'s, unless
+        a node of ``first`` (a ``grad``'s differentiated arguments) holds the variable too,
+        then the first such node's cell, so the whole gradient is theirs."""
+        shared = self.shared()
+        pick = {s: s for s in shared}
+        for j in reversed(first):
+            for c in range(len(self.nodes[j].cells)):
+                i = self._start(j) + c
+                pick[shared[i]] = i
+        return tuple(pick[s] for s in shared)
+
+    def _start(self, j: int) -> int:
+        return sum(len(n.cells) for n in self.nodes[:j])
 
 
 # Types whose instances are never object nodes and hold none: a call whose positional

@@ -44,18 +44,17 @@ def dealias(args: tuple, kwargs: dict, places: tuple[int, ...]) -> tuple[tuple, 
     return jax.tree.unflatten(tree, leaves)
 
 
-def _originals(args: tuple, kwargs: dict, fn: Callable) -> Graph:
-    """The argument objects of one call, to write back into: two of them sharing a variable
-    (a module and its own submodule) is an error, since JAX copies each separately."""
-    graph = Graph.of((args, dict(kwargs)), paths=False)
-    if len(graph.nodes) > 1:
-        graph.check_unshared(f"vj transform of {getattr(fn, '__name__', 'a function')}")
-    return graph
+def _originals(args: tuple, kwargs: dict) -> Graph:
+    """The argument objects of one call, to write back into.  JAX copies each place
+    separately, so what they share (``Graph.shared``) is found here, on the originals, and
+    handed to ``run`` inside."""
+    return Graph.of((args, dict(kwargs)), paths=False)
 
 
 class _Pure:
     """``fn`` as the pure function a JAX transform takes: ``(*copies) -> (out, Result)``,
-    one per argument structure (aliasing), cached so JAX's caches see the same function."""
+    one per argument structure (``key``: the graph's ``places``, its ``shared`` cells, then
+    what the transform adds), cached so JAX's caches see the same function."""
 
     def __init__(self, fn: Callable, names: Sequence[str]):
         self.fn, self.names = fn, tuple(names)
@@ -64,20 +63,26 @@ class _Pure:
 
     def originals(self, args: tuple, kwargs: dict) -> Graph:
         """The argument objects of one call (``_originals``), kept across calls."""
-        return self.graphs.of(args, kwargs, lambda: _originals(args, kwargs, self.fn))
+        return self.graphs.of(args, kwargs, lambda: _originals(args, kwargs))
 
-    def get(self, key: Any, make: Callable[[Callable], Callable]) -> Callable:
+    def get(self, graph: Graph, make: Callable[[Callable], Callable], extra: tuple = (),
+            first: Sequence[int] = ()) -> Callable:
+        """``make(pure)`` for the argument structure of ``graph``: which places hold one
+        object, which cells one variable (``Graph.shared``), whose value each shared
+        variable is read from (``Graph.sources`` of the ``first`` nodes), and what the
+        transform adds (``extra``)."""
+        places, shared = tuple(graph.places), graph.shared()
+        sources = graph.sources(first) if first else shared
+        key = (places, shared, sources, extra)
         found = self._made.get(key)
         if found is None:
-            places = key[0]
-
             def pure(*args: Any, **kwargs: Any) -> tuple[Any, Result]:
                 args, kwargs = dealias(args, kwargs, places)
-                return run(self.fn, args, kwargs, names=self.names)
+                return run(self.fn, args, kwargs, names=self.names, shared=shared,
+                           sources=sources)
             functools.update_wrapper(pure, self.fn)
             found = self._made[key] = make(pure)
         return found
-
 
     def flat(self, graph: Graph, make: Callable[[Callable], Callable]) -> Callable:
         """A call ``args -> out`` for a graph kept by ``ArgumentGraphs``, writing back:
@@ -88,8 +93,8 @@ class _Pure:
         positions = graph.node_args
         nodes = [graph.nodes[place] for place in graph.places]
         defs = tuple(_one_level(n.obj) for n in nodes)
-        places = tuple(graph.places)
-        key = ("flat", places, positions, defs)
+        places, shared = tuple(graph.places), graph.shared()
+        key = ("flat", places, shared, positions, defs)
         jitted = self._made.get(key)
         if jitted is None:
             def pure(*flat_args: Any) -> tuple:
@@ -97,7 +102,7 @@ class _Pure:
                 for i, treedef in zip(positions, defs):
                     args[i] = treedef.unflatten(flat_args[i])
                 args, _ = dealias(tuple(args), {}, places)
-                out, result = run(self.fn, args, {}, names=self.names)
+                out, result = run(self.fn, args, {}, names=self.names, shared=shared)
                 return out, result.updates, result.created, result.captured
             functools.update_wrapper(pure, self.fn)
             jitted = self._made[key] = make(pure)
@@ -135,13 +140,13 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
         return jax.jit(p, static_argnums=static_argnums, donate_argnums=donate_argnums)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = pure.graphs.of(args, kwargs, lambda: _originals(args, kwargs, fn))
+        graph = pure.graphs.of(args, kwargs, lambda: _originals(args, kwargs))
         if graph.node_args is not None:
             flat = graph.memo.get("jit")
             if flat is None:
                 flat = graph.memo["jit"] = pure.flat(graph, make)
             return flat(args)
-        out, result = pure.get((tuple(graph.places),), make)(*args, **kwargs)
+        out, result = pure.get(graph, make)(*args, **kwargs)
         graph.write_back(result.updates, result.created)
         return out
     return wrapper(fn, call)
@@ -154,7 +159,7 @@ def remat(fn: Callable, *, prevent_cse: bool = True, static_argnums: int | Seque
 
     def call(*args: Any, **kwargs: Any) -> Any:
         graph = pure.originals(args, kwargs)
-        checkpointed = pure.get((tuple(graph.places),), lambda p: jax.checkpoint(
+        checkpointed = pure.get(graph, lambda p: jax.checkpoint(
             p, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy))
         out, result = checkpointed(*args, **kwargs)
         graph.write_back(result.updates, result.created)
@@ -192,6 +197,23 @@ def _node_axes(in_axes: Any, args: tuple, kwargs: dict, graph: Graph, what: str)
     return [axes[i] for i in range(len(graph.nodes))]
 
 
+def _cell_axes(graph: Graph, axes: list[Any], what: str) -> list[Any]:
+    """Per cell, its node's axis; ``InconsistentAliasError`` naming the variable when one
+    variable is reached through two objects at different axes (a module at 0 and its
+    submodule at None): it has one value, so it cannot be both."""
+    cell_axes = [axes[graph.nodes.index(node)] for node, _ in graph.cells]
+    for i, s in enumerate(graph.shared()):
+        if cell_axes[i] != cell_axes[s]:
+            cell = graph.cells[s][1]      # named as in the object holding the most
+            raise errors.InconsistentAliasError(
+                f"{what}: variable {errors.format_path(cell.path)} of collection "
+                f"'{cell.collection}' is reached through two objects, with in_axes "
+                f"{cell_axes[s]} and {cell_axes[i]}; it has one value, so it cannot be both.",
+                collection=cell.collection, path=cell.path, **errors.where(),
+                fix="pass the objects that share it with the same axis, or one of them only")
+    return cell_axes
+
+
 def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
          axis_size: int | None = None, axis_name: Any = None) -> Any:
     """``jax.vmap`` over objects; an update is stacked along its object's axis."""
@@ -203,11 +225,12 @@ def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
     def call(*args: Any, **kwargs: Any) -> Any:
         graph = pure.originals(args, kwargs)
         axes = _node_axes(in_axes, args, kwargs, graph, "vj.vmap")
-        cell_axes = [axes[graph.nodes.index(node)] for node, _ in graph.cells]
+        cell_axes = _cell_axes(graph, axes, "vj.vmap")
         result_axes = Result(cell_axes, axes, 0)
-        vmapped = pure.get((tuple(graph.places), tuple(cell_axes)), lambda p: jax.vmap(
+        vmapped = pure.get(graph, lambda p: jax.vmap(
             p, in_axes=tuple(in_axes) if isinstance(in_axes, list) else in_axes,
-            out_axes=(out_axes, result_axes), axis_size=axis_size, axis_name=axis_name))
+            out_axes=(out_axes, result_axes), axis_size=axis_size, axis_name=axis_name),
+            (tuple(cell_axes),))
         try:
             out, result = vmapped(*args, **kwargs)
         except ValueError as e:
@@ -242,10 +265,27 @@ def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
                 value, aux = out if has_aux else (out, None)
                 return value, (aux, result)
             return jax.value_and_grad(loss, argnums=argnums, has_aux=True, allow_int=True)
-        (value, (aux, result)), grads = pure.get((tuple(graph.places),), make)(*args, **kwargs)
+        shared = graph.shared()
+        first = _nodes_of(args, graph, argnums) if shared != tuple(range(len(shared))) else ()
+        (value, (aux, result)), grads = pure.get(graph, make, first=first)(*args, **kwargs)
         graph.write_back(result.updates, result.created)
         return ((value, aux) if has_aux else value), grads
     return wrapper(fn, call)
+
+
+def _nodes_of(args: tuple, graph: Graph, argnums: int | Sequence[int]) -> tuple[int, ...]:
+    """The nodes of the ``argnums`` arguments, in order: a variable they share with another
+    argument is read from them, so its whole gradient is theirs."""
+    wanted = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    places = iter(graph.places)
+    found: list[int] = []
+    for i, arg in enumerate(args):
+        for leaf in jax.tree.leaves(arg, is_leaf=is_node):
+            if is_node(leaf):
+                j = next(places)
+                if i in wanted and j not in found:
+                    found.append(j)
+    return tuple(found)
 
 
 def grad(fn: Callable, *, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
@@ -296,19 +336,20 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
             raise errors.TransformError(
                 f"vj.custom_vjp: {getattr(self.fn, '__name__', 'the function')} was called "
                 "before defvjp(fwd, bwd).", **errors.where(), fix="call f.defvjp(fwd, bwd) first")
-        graph = self._graphs.of(args, {}, lambda: _originals(args, {}, self.fn))
-        places = tuple(graph.places)
+        graph = self._graphs.of(args, {}, lambda: _originals(args, {}))
+        places, shared = tuple(graph.places), graph.shared()
 
         def primal(*a: Any) -> tuple[Any, Result]:
             a, _ = dealias(a, {}, places)
             inside = graph_of(a, {}, self.names)
-            out, result = run(self.fn, a, {}, names=self.names, graph=inside)
+            out, result = run(self.fn, a, {}, names=self.names, graph=inside, shared=shared)
             return out, self._checked(inside, result)
 
         def forward(*a: Any) -> tuple[tuple[Any, Result], Any]:
             a, _ = dealias(a, {}, places)
             inside = graph_of(a, {}, self.names)
-            (out, residuals), result = run(self.fwd, a, {}, names=self.names, graph=inside)
+            (out, residuals), result = run(self.fwd, a, {}, names=self.names, graph=inside,
+                                           shared=shared)
             return (out, self._checked(inside, result)), residuals
 
         def backward(*rest: Any) -> tuple:

@@ -115,8 +115,8 @@ def _passes(graph: Graph, enclosing: TraceContext | None) -> tuple:
     bound = False
     for node in graph.nodes:
         given = node.kind.passes(node.obj)
-        if given is None:
-            continue
+        if given is None or node.rebased:    # its variables are another node's, and so
+            continue                          # are its passes
         bound = True
         parsed = parse_entries(given)
         root = (node.prefix, node.kind.passes_path(node.obj))
@@ -204,6 +204,8 @@ def _explicit_rngs(graph: Graph, what: str) -> dict[str, Any]:
     rngs: dict[str, Any] = {}
     owner: dict[str, Path] = {}
     for node in graph.nodes:
+        if node.rebased:       # a submodule passed beside its module: the module's keys
+            continue
         for stream, key in node.kind.explicit_rngs(node.obj).items():
             if stream in owner:
                 raise errors.TransformError(
@@ -218,23 +220,67 @@ def _explicit_rngs(graph: Graph, what: str) -> dict[str, Any]:
     return rngs
 
 
+def _rebase(graph: Graph, keys: list[Key], shared: Sequence[int], what: str) -> list[Key]:
+    """Each cell's key, a shared variable's (``Graph.shared``) being the key of the cell that
+    stands for it.  A node reaching only variables other nodes hold (a submodule passed
+    beside its module, an ``Rngs`` beside a module bound with it) is bound where they are:
+    its prefix becomes the one under which its own keys are theirs (``model/encoder`` for
+    ``model.encoder``).  A node holding both its own and such variables, at other keys,
+    cannot be bound to both places: ``TransformError``."""
+    start = 0
+    for node in graph.nodes:
+        stop = start + len(node.cells)
+        want = [keys[shared[i]] for i in range(start, stop)]
+        if want != keys[start:stop]:
+            cell, path = node.cells[0], want[0][1]
+            prefix = path[:len(path) - len(cell.path)]
+            if all(shared[i] != i for i in range(start, stop)) \
+                    and all(node.kind.trace_key(node.obj, c, prefix) == k
+                            for c, k in zip(node.cells, want)):
+                node.prefix, node.rebased = prefix, True
+            else:
+                i = next(i for i in range(start, stop) if keys[shared[i]] != keys[i])
+                raise errors.TransformError(
+                    f"{what}: variable {errors.format_path(keys[shared[i]][1])} of collection "
+                    f"'{keys[i][0]}' is reached through two different objects, "
+                    f"{errors.format_path(keys[shared[i]][1])} and "
+                    f"{errors.format_path(keys[i][1])}, and the second holds other "
+                    "variables too.", collection=keys[i][0], path=keys[i][1], **errors.where(),
+                    fix="pass the object that holds all of them once (the root module made "
+                        "by bind), or pass the other object alone")
+        start = stop
+    return [keys[i] for i in shared]
+
+
 def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence[str] = (),
         capture: Any = False, given: Mapping[Key, Any] | None = None,
-        capture_root: Path = (), graph: Graph | None = None) -> tuple[Any, Result]:
+        capture_root: Path = (), graph: Graph | None = None,
+        shared: Sequence[int] | None = None,
+        sources: Sequence[int] | None = None) -> tuple[Any, Result]:
     """``fn(*args, **kwargs)`` through the IR (see the module docstring).
 
     ``capture``: a collection filter whose variables start empty and whose writes are
     collected, not written back (paths relative to ``capture_root``); ``given``: starting
     values for captured variables (``vj.capture(..., init=)``), relative to ``capture_root``;
     ``graph``: ``graph_of(args, kwargs, names)`` when the caller already has it (to write
-    back into the same objects)."""
+    back into the same objects); ``shared``: per cell, the cell standing for its variable
+    (``Graph.shared`` of the objects the caller was given: ``args`` are JAX's copies, which
+    share nothing), the cells past its end standing for themselves; None: ``graph``'s own.
+    A shared variable gets one key, one input, and its update is the standing cell's;
+    ``sources`` (as ``shared``; ``Graph.sources``) says which cell's value that input is."""
     graph = graph if graph is not None else graph_of(args, kwargs, names)
     what = f"vj.{getattr(fn, '__name__', 'fn')}"
-    graph.check_unshared(what)
     cells = graph.cells
+    shared = graph.shared() if shared is None else \
+        tuple(shared) + tuple(range(len(shared), len(cells)))
     keys = [node.kind.trace_key(node.obj, cell, node.prefix) for node, cell in cells]
+    if any(i != s for i, s in enumerate(shared)):
+        keys = _rebase(graph, keys, shared, what)
+    sources = shared if sources is None else tuple(sources) + shared[len(sources):]
     flat: dict[Key, tuple[Any, list]] = {}
-    for key, (node, cell) in zip(keys, cells):
+    for i, (key, (node, cell)) in enumerate(zip(keys, cells)):
+        if shared[i] != i:
+            continue          # the standing cell gives the value
         if capture is not False and filters.matches(capture, cell.collection):
             continue          # a captured collection starts empty (or from ``given``)
         if key in flat:
@@ -243,7 +289,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
                 f"collection '{key[0]}' (RNG state of two bound modules).",
                 collection=key[0], path=key[1], **errors.where(),
                 fix="bind one of the modules without an Rngs, or pass one module per call")
-        leaves, tree = jax.tree.flatten(cell.get())
+        leaves, tree = jax.tree.flatten(cells[sources[i]][1].get())
         flat[key] = (tree, leaves)
     for (col, path), value in (given or {}).items():
         leaves, tree = jax.tree.flatten(value)
@@ -273,7 +319,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
         _hand_up_supplied(passes, enclosing)
 
     updates = [None] * len(cells)
-    position = {k: i for i, k in enumerate(keys)}
+    position = {keys[i]: i for i, s in enumerate(shared) if i == s}
     created: list[dict[Key, Any]] = [{} for _ in graph.nodes]
     captured: dict[Key, Any] = {}
     for (col, path), value in written.items():
