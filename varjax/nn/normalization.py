@@ -22,6 +22,10 @@ With ``axis_name`` the statistics are averaged over that mapped axis
 (``jax.lax.pmean``), so replicas under ``vmap``/``shard_map`` normalize with
 global rather than per-replica statistics.
 
+The arithmetic is ``varjax.functional.normalization`` (``moments``, ``group_moments``,
+``normalize``, ``ema``): a layer here computes its statistics, declares ``scale``/``bias``
+(and ``BatchNorm``'s running averages) and calls ``normalize``.
+
 Sharp edges:
   * Statistics are reduced in at least float32
     (``force_float32_reductions=True``, the default), whatever ``dtype``.
@@ -33,18 +37,16 @@ Sharp edges:
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax import lax
 
+from varjax.functional import normalization as F
 from varjax.ir import errors
 from varjax.nn import initializers
-from varjax.nn.dtypes import canonicalize_dtype, cast, merge_param, promote_dtype
-from varjax.nn.module import Module, compact, nowrap
+from varjax.nn.dtypes import merge_param
+from varjax.nn.module import Module, compact
 from varjax.nn.typing import Array as Array
 from varjax.nn.typing import Axes as Axes
 from varjax.nn.typing import Dtype as Dtype
@@ -58,97 +60,29 @@ from varjax.trace.context import site
 __all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "SpectralNorm", "WeightNorm"]
 
 
-def _canonical_axes(ndim: int, axes: Axes) -> tuple[int, ...]:
-    """Non-negative, sorted, deduplicated axes."""
-    return tuple(sorted({a % ndim for a in (axes if isinstance(axes, Iterable) else (axes,))}))
+def _learned(mdl: Module, x: jax.Array, feature_axes: Any, use_scale: bool, use_bias: bool
+             ) -> tuple[jax.Array | None, jax.Array | None]:
+    """The ``scale`` and ``bias`` parameters (each None when unused), of the features' shape."""
+    shape = F.feature_shape(x.shape, feature_axes)
+    scale = mdl.param("scale", mdl.scale_init, shape, mdl.param_dtype) if use_scale else None
+    bias = mdl.param("bias", mdl.bias_init, shape, mdl.param_dtype) if use_bias else None
+    return scale, bias
 
 
-def _abs_sq(x: jax.Array) -> jax.Array:
-    """``|x|^2``, real for complex ``x`` (so variances stay real)."""
-    if jnp.iscomplexobj(x):
-        return lax.square(lax.real(x)) + lax.square(lax.imag(x))
-    return lax.square(x)
+def _normalized(mdl: Module, x: jax.Array, mean: jax.Array, var: jax.Array, reduction_axes: Any,
+                feature_axes: Any, use_bias: bool) -> jax.Array:
+    """``x`` normalized with the given statistics and ``mdl``'s learned ``scale``/``bias``."""
+    scale, bias = _learned(mdl, x, feature_axes, mdl.use_scale, use_bias)
+    return F.normalize(x, mean, var, scale, bias, reduction_axes=reduction_axes, feature_axes=feature_axes,
+                       epsilon=mdl.epsilon, dtype=mdl.dtype, param_dtype=mdl.param_dtype,
+                       force_float32_reductions=mdl.force_float32_reductions)
 
 
-def _compute_stats(x: jax.Array, axes: Axes, dtype: Any, axis_name: str | None = None,
-                   axis_index_groups: Any = None, use_mean: bool = True, use_fast_variance: bool = True,
-                   mask: jax.Array | None = None,
-                   force_float32_reductions: bool = True) -> tuple[jax.Array, jax.Array]:
-    """Mean and variance of ``x`` over ``axes`` (and over ``axis_name`` if given).
-
-    ``use_mean=False`` gives a zero mean and the mean square as the variance
-    (RMS normalization).  ``mask`` excludes entries from both statistics.
-    """
-    dtype = jnp.result_type(x) if dtype is None else dtype
-    if force_float32_reductions:
-        dtype = canonicalize_dtype(dtype, jnp.float32, inexact=False)  # at least float32
-    x = cast(x, dtype)
-    axes = _canonical_axes(x.ndim, axes)
-    where = None if mask is None else jnp.asarray(mask, bool)
-    count = math.prod(x.shape[a] for a in axes)
-
-    def one_mean(v: jax.Array) -> jax.Array:
-        if where is not None:
-            return jnp.mean(v, axes, where=where)
-        # jnp.mean's arithmetic in lax: layers trace this per call, and jnp's checks cost.
-        # The count as a numpy scalar: a literal, where lax.convert_element_type binds.
-        return lax.div(lax.reduce_sum(v, axes), np.asarray(count, v.dtype))
-
-    def mean(*xs: jax.Array) -> list[jax.Array]:
-        mus = [one_mean(v) for v in xs]
-        if axis_name is None:
-            return mus
-        # Averaged over the mapped axis too: global, not per-replica, statistics.
-        return lax.pmean(mus, axis_name, axis_index_groups=axis_index_groups)
-
-    if not use_mean:
-        (var,) = mean(_abs_sq(x))
-        return jnp.zeros_like(var), var
-    if use_fast_variance:
-        mu, mu2 = mean(x, _abs_sq(x))
-        # A scalar literal, not lax.full_like: one equation fewer per layer to trace.
-        return mu, lax.max(lax.sub(mu2, _abs_sq(mu)), np.zeros((), mu2.dtype))
-    (mu,) = mean(x)
-    (var,) = mean(_abs_sq(x - jnp.expand_dims(mu, axes)))
-    return mu, var
-
-
-def _normalize(mdl: Module, x: jax.Array, mean: jax.Array, var: jax.Array, reduction_axes: Axes,
-               feature_axes: Axes, dtype: Any, param_dtype: Any, epsilon: float, use_bias: bool,
-               use_scale: bool, bias_init: initializers.Initializer, scale_init: initializers.Initializer,
-               force_float32_reductions: bool = True) -> jax.Array:
-    """Normalizes ``x`` with the given statistics and applies the learned ``scale``/``bias``.
-
-    Every binary operation promotes its operands as JAX's standard promotion
-    would (explicitly, via ``promote_dtype``), so mixed input/statistic/
-    parameter dtypes give Linen's result dtypes even under strict promotion.
-    The output is cast to ``dtype``, or to the promotion of ``x`` and the
-    parameters if ``dtype`` is None.
-    """
-    reduction_axes = _canonical_axes(x.ndim, reduction_axes)
-    feature_axes = _canonical_axes(x.ndim, feature_axes)
-    param_shape = tuple(x.shape[a] for a in feature_axes)
-    broadcast_shape = tuple(x.shape[a] if a in feature_axes else 1 for a in range(x.ndim))
-
-    def learned(name: str, init: initializers.Initializer) -> jax.Array:
-        p = lax.reshape(mdl.param(name, init, param_shape, param_dtype), broadcast_shape)
-        return p if force_float32_reductions else cast(p, param_dtype)
-
-    # lax once operands are promoted: same arithmetic as jnp, less trace time per layer.
-    y = lax.sub(*promote_dtype(x, lax.expand_dims(mean, reduction_axes), inexact=False))
-    var = lax.expand_dims(var, reduction_axes)
-    mul = lax.rsqrt(lax.add(var, np.asarray(epsilon, var.dtype)))
-    out_args = [x]
-    if use_scale:
-        scale = learned("scale", scale_init)
-        mul = lax.mul(*promote_dtype(mul, scale, inexact=False))
-        out_args.append(scale)
-    y = lax.mul(*promote_dtype(y, mul, inexact=False))
-    if use_bias:
-        bias = learned("bias", bias_init)
-        y = lax.add(*promote_dtype(y, bias, inexact=False))
-        out_args.append(bias)
-    return cast(y, canonicalize_dtype(*out_args, dtype=dtype))
+def _moments(mdl: Module, x: jax.Array, axes: Any, **options: Any) -> tuple[jax.Array, jax.Array]:
+    """``F.moments`` with ``mdl``'s reduction options."""
+    return F.moments(x, axes, dtype=mdl.dtype, axis_index_groups=mdl.axis_index_groups,
+                     use_fast_variance=mdl.use_fast_variance,
+                     force_float32_reductions=mdl.force_float32_reductions, **options)
 
 
 class BatchNorm(Module):
@@ -182,7 +116,7 @@ class BatchNorm(Module):
                  mask: jax.Array | None = None) -> jax.Array:
         use_running_average = merge_param("use_running_average", self.use_running_average,
                                           use_running_average)
-        feature_axes = _canonical_axes(x.ndim, self.axis)
+        feature_axes = F.canonical_axes(x.ndim, self.axis)
         reduction_axes = tuple(a for a in range(x.ndim) if a not in feature_axes)
         feature_shape = tuple(x.shape[a] for a in feature_axes)
         stats_dtype = jnp.float32 if self.force_float32_reductions else self.param_dtype
@@ -195,23 +129,12 @@ class BatchNorm(Module):
                 mean, var = jnp.asarray(mean, self.param_dtype), jnp.asarray(var, self.param_dtype)
         else:
             initializing = self.is_initializing()
-            mean, var = _compute_stats(x, reduction_axes, self.dtype,
-                                       axis_name=None if initializing else self.axis_name,
-                                       axis_index_groups=self.axis_index_groups,
-                                       use_fast_variance=self.use_fast_variance, mask=mask,
-                                       force_float32_reductions=self.force_float32_reductions)
+            mean, var = _moments(self, x, reduction_axes, axis_name=None if initializing else self.axis_name,
+                                 mask=mask)
             if not initializing:
-                ra_mean.value = self._updated(ra_mean.value, mean)
-                ra_var.value = self._updated(ra_var.value, var)
-        return _normalize(self, x, mean, var, reduction_axes, feature_axes, self.dtype, self.param_dtype,
-                          self.epsilon, self.use_bias, self.use_scale, self.bias_init, self.scale_init,
-                          self.force_float32_reductions)
-
-    @nowrap
-    def _updated(self, running: jax.Array, batch: jax.Array) -> jax.Array:
-        """The exponential moving average step, kept in the running statistic's dtype."""
-        return jnp.asarray(self.momentum * running + (1 - self.momentum) * jnp.asarray(batch, running.dtype),
-                           running.dtype)
+                ra_mean.value = F.ema(ra_mean.value, mean, self.momentum)
+                ra_var.value = F.ema(ra_var.value, var, self.momentum)
+        return _normalized(self, x, mean, var, reduction_axes, feature_axes, self.use_bias)
 
 
 class LayerNorm(Module):
@@ -233,12 +156,8 @@ class LayerNorm(Module):
 
     @compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
-        mean, var = _compute_stats(x, self.reduction_axes, self.dtype, self.axis_name, self.axis_index_groups,
-                                   use_fast_variance=self.use_fast_variance, mask=mask,
-                                   force_float32_reductions=self.force_float32_reductions)
-        return _normalize(self, x, mean, var, self.reduction_axes, self.feature_axes, self.dtype,
-                          self.param_dtype, self.epsilon, self.use_bias, self.use_scale, self.bias_init,
-                          self.scale_init, self.force_float32_reductions)
+        mean, var = _moments(self, x, self.reduction_axes, axis_name=self.axis_name, mask=mask)
+        return _normalized(self, x, mean, var, self.reduction_axes, self.feature_axes, self.use_bias)
 
 
 class RMSNorm(Module):
@@ -258,12 +177,9 @@ class RMSNorm(Module):
 
     @compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
-        mean, var = _compute_stats(x, self.reduction_axes, self.dtype, self.axis_name, self.axis_index_groups,
-                                   use_mean=False, use_fast_variance=self.use_fast_variance, mask=mask,
-                                   force_float32_reductions=self.force_float32_reductions)
-        return _normalize(self, x, mean, var, self.reduction_axes, self.feature_axes, self.dtype,
-                          self.param_dtype, self.epsilon, False, self.use_scale, initializers.zeros,
-                          self.scale_init, self.force_float32_reductions)
+        mean, var = _moments(self, x, self.reduction_axes, axis_name=self.axis_name, use_mean=False,
+                             mask=mask)
+        return _normalized(self, x, mean, var, self.reduction_axes, self.feature_axes, use_bias=False)
 
 
 class GroupNorm(Module):
@@ -292,41 +208,16 @@ class GroupNorm(Module):
     @compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
         axes = self.reduction_axes if self.reduction_axes is not None else [*range(1, x.ndim - 1), -1]
-        reduction_axes = _canonical_axes(x.ndim, axes)
+        reduction_axes = F.canonical_axes(x.ndim, axes)
         if reduction_axes[-1] != x.ndim - 1:
             raise ValueError("GroupNorm's reduction_axes must include the last axis, which holds the "
                              "features.")
-        num_groups = self._num_groups(x.shape[-1])
-        group_size = x.shape[-1] // num_groups
-        grouped = x.shape[:-1] + (num_groups, group_size)
-        if mask is not None:
-            mask = jnp.reshape(mask, mask.shape[:-1] + (num_groups, group_size))
-        # In the grouped view, the former feature axis is the group axis and
-        # the members of a group are the new last axis.
-        mean, var = _compute_stats(jnp.reshape(x, grouped), [*reduction_axes[:-1], -1], self.dtype,
-                                   self.axis_name, self.axis_index_groups,
-                                   use_fast_variance=self.use_fast_variance, mask=mask,
-                                   force_float32_reductions=self.force_float32_reductions)
-        mean = jnp.repeat(mean, group_size, axis=-1)
-        var = jnp.repeat(var, group_size, axis=-1)
-        return _normalize(self, x, mean, var, reduction_axes[:-1], (-1,), self.dtype, self.param_dtype,
-                          self.epsilon, self.use_bias, self.use_scale, self.bias_init, self.scale_init,
-                          self.force_float32_reductions)
-
-    @nowrap
-    def _num_groups(self, channels: int) -> int:
-        if (self.num_groups is None) == (self.group_size is None):
-            raise ValueError("Give exactly one of GroupNorm's num_groups and group_size; to use group_size, "
-                             "pass num_groups=None (it defaults to 32).")
-        if self.group_size is not None:
-            if channels % self.group_size:
-                raise ValueError(f"Number of channels ({channels}) is not a multiple of group_size "
-                                 f"({self.group_size}).")
-            return channels // self.group_size
-        if self.num_groups <= 0 or channels % self.num_groups:
-            raise ValueError(f"num_groups ({self.num_groups}) does not divide the number of channels "
-                             f"({channels}).")
-        return self.num_groups
+        num_groups = F.group_count(x.shape[-1], self.num_groups, self.group_size)
+        mean, var = F.group_moments(x, num_groups, reduction_axes, dtype=self.dtype, axis_name=self.axis_name,
+                                    axis_index_groups=self.axis_index_groups,
+                                    use_fast_variance=self.use_fast_variance, mask=mask,
+                                    force_float32_reductions=self.force_float32_reductions)
+        return _normalized(self, x, mean, var, reduction_axes[:-1], (-1,), self.use_bias)
 
 
 class InstanceNorm(Module):
@@ -351,15 +242,11 @@ class InstanceNorm(Module):
 
     @compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
-        feature_axes = _canonical_axes(x.ndim, self.feature_axes)
+        feature_axes = F.canonical_axes(x.ndim, self.feature_axes)
         if 0 in feature_axes:
             raise errors.ConfigError(
                 f"InstanceNorm's feature_axes {self.feature_axes!r} include axis 0, which is the batch axis.",
                 **site(), fix="give feature axes among 1..ndim-1 (the default is the last axis).")
         reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
-        mean, var = _compute_stats(x, reduction_axes, self.dtype, self.axis_name, self.axis_index_groups,
-                                   use_fast_variance=self.use_fast_variance, mask=mask,
-                                   force_float32_reductions=self.force_float32_reductions)
-        return _normalize(self, x, mean, var, reduction_axes, feature_axes, self.dtype, self.param_dtype,
-                          self.epsilon, self.use_bias, self.use_scale, self.bias_init, self.scale_init,
-                          self.force_float32_reductions)
+        mean, var = _moments(self, x, reduction_axes, axis_name=self.axis_name, mask=mask)
+        return _normalized(self, x, mean, var, reduction_axes, feature_axes, self.use_bias)
