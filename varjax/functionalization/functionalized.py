@@ -52,6 +52,7 @@ import jax
 import numpy as np
 
 from varjax import _jax
+from varjax.functionalization import updates
 from varjax.functionalization.outputs import StaticOutputs
 from varjax.ir import axis_metadata, errors, filters, streams
 from varjax.ir.caches import LRU
@@ -403,41 +404,33 @@ class Functionalized:
 
     def _run(self, variables, args, kwargs, rngs, mutable, initializing):
         held = isinstance(rngs, Rngs)
-        found = None
         if _jax.is_top_level() and not held and not initializing:
-            found = self._dispatch(variables, args, kwargs, rngs, mutable, initializing)
-            if found is not None and mutable is False:
-                return found[0], None
+            found = self._dispatch(variables, args, kwargs, rngs, mutable)
+            if found is not None:
+                return found
         flat_vars, keys, run_mutable = _inputs(variables, rngs, mutable)
-        out, written = found or self.call(flat_vars, args, kwargs, keys, run_mutable, initializing)[:2]
+        out, written = self.call(flat_vars, args, kwargs, keys, run_mutable, initializing)[:2]
         if held:
             rngs._varjax_advance({s: written[streams.count_variable(s)]
                                   for s in rngs._varjax_rng_state()
                                   if streams.count_variable(s) in written})
         if mutable is False:
             return out, None
-        updated = {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flat_vars.items()
-                   if filters.matches(mutable, k[0])}
-        # init returns the RNG state it was given, not what its forward pass drew: the
-        # first apply then draws what it would after vj.reseed.
-        updated.update((k, v) for k, v in written.items() if filters.matches(mutable, k[0])
-                       and not (initializing and k[0] == streams.STATE))
-        if held and initializing:   # init keeps the streams that model code draws from later
-            updated = {k: v for k, v in updated.items()
-                       if k[0] != streams.STATE or k[1][0] != streams.PARAMS}
-        return out, unflatten_variables(dict(sorted(updated.items())))
+        given = {k: jax.tree.unflatten(t, ls) for k, (t, ls) in flat_vars.items()}
+        return out, unflatten_variables(updates.merged(given, written, mutable,
+                                                       initializing=initializing, held=held))
 
-    def _dispatch(self, variables, args, kwargs, rngs, mutable, initializing):
-        """An eager call as one ``jax.jit`` per argument structure, whose body is the traced
-        call (``call`` under a trace stages the cached pure jaxpr): ``(out, written)``.  A
+    def _dispatch(self, variables, args, kwargs, rngs, mutable):
+        """An eager ``apply`` as one ``jax.jit`` per argument structure, whose body is the
+        traced call (``call`` under a trace stages the cached pure jaxpr) and the merge of
+        what it wrote into the mutable collections (``updates``): ``(out, updated)``.  A
         repeated call is then JAX's C++ dispatch, which checks the avals, instead of a Python
         cache key (a ``VarType`` per variable: on a small train step, as costly as the step).
         None when a static argument is unhashable (``call`` then says which)."""
         leaves, tree = jax.tree.flatten((args, kwargs))
         statics = {i: x for i, x in enumerate(leaves) if not _is_traced(x)}
         try:
-            key = (tree, tuple((i, typed(x)) for i, x in statics.items()),
-                   filters.freeze(mutable), initializing)
+            key = (tree, tuple((i, typed(x)) for i, x in statics.items()), filters.freeze(mutable))
             fn = self._eager.get(key)
         except TypeError:
             return None
@@ -447,16 +440,21 @@ class Functionalized:
                 full = [statics[i] if i in statics else next(given) for i in range(len(leaves))]
                 a, k = jax.tree.unflatten(tree, full)
                 flat_vars, keys, _ = _inputs(variables, rngs, mutable)
-                return self.call(flat_vars, a, k, keys, mutable, initializing)[:2]
+                out, written = self.call(flat_vars, a, k, keys, mutable, False)[:2]
+                if mutable is False:
+                    return out, None, {}
+                entries = updates.merged(dict.fromkeys(flat_vars), written, mutable)
+                return out, unflatten_variables(entries), updates.holes(entries)
             run.__name__ = run.__qualname__ = self.__name__
             fn = self._eager[key] = jax.jit(run)
         try:
-            return fn(variables, rngs, [x for x in leaves if _is_traced(x)])
+            out, updated, holes = fn(variables, rngs, [x for x in leaves if _is_traced(x)])
         except TypeError:
             # JAX rejects a leaf it cannot take (a string) without naming the variable.
             flatten_variables(variables)
             normalize_rngs(rngs)
             raise
+        return out, updates.fill_holes(updated, holes, variables)
 
     def call(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
              rngs: Any, mutable: Any, initializing: bool) -> tuple[Any, dict[Key, Any], Traced]:
