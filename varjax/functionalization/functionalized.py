@@ -257,12 +257,6 @@ class Functionalized:
         """The effectful jaxpr, as traced; no pass runs, so this works even when one fails."""
         return self._effectful(self._inspected(variables, args, kwargs, rngs, mutable)).jaxpr
 
-    def effectful(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
-                  rngs: Any, mutable: Any, initializing: bool) -> _jax.ClosedJaxpr:
-        """The effectful jaxpr for flat variables (as ``call`` takes them); traced once."""
-        key, _, _, _ = self._key(flat_vars, args, kwargs, rngs, mutable, initializing)
-        return self._effectful(key).jaxpr
-
     @errors.api_boundary
     def functional_jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None,
                          rngs: Any = None, mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
@@ -275,11 +269,19 @@ class Functionalized:
         """The whole cache entry (jaxprs, signature, pass statistics) for these arguments."""
         return self._compiled(self._inspected(variables, args, kwargs, rngs, mutable))
 
-    def effectful_traces(self) -> list[_Effectful]:
+    # -- hooks of the layers above (lifting.region, objects.run), not vj.functionalize's API --
+    def _effectful_jaxpr(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple,
+                         kwargs: dict, rngs: Any, mutable: Any,
+                         initializing: bool) -> _jax.ClosedJaxpr:
+        """The effectful jaxpr for flat variables (as ``_call`` takes them); traced once."""
+        key, _, _, _ = self._key(flat_vars, args, kwargs, rngs, mutable, initializing)
+        return self._effectful(key).jaxpr
+
+    def _effectful_traces(self) -> list[_Effectful]:
         """The cached effectful traces (a lifted body keeps them: see ``Traced``)."""
         return list(self._traces.values())
 
-    def adopt(self, like: _Effectful, jaxpr: _jax.ClosedJaxpr, linen_end: dict) -> None:
+    def _adopt(self, like: _Effectful, jaxpr: _jax.ClosedJaxpr, linen_end: dict) -> None:
         """Cache ``jaxpr`` as the trace for ``like``'s key, as if traced here: a lifted
         body that another body's trace gives without running its Python again
         (``lifting.body.with_counts_moved``)."""
@@ -409,7 +411,7 @@ class Functionalized:
             if found is not None:
                 return found
         flat_vars, keys, run_mutable = _inputs(variables, rngs, mutable)
-        out, written = self.call(flat_vars, args, kwargs, keys, run_mutable, initializing)[:2]
+        out, written = self._call(flat_vars, args, kwargs, keys, run_mutable, initializing)[:2]
         if held:
             rngs._varjax_advance({s: written[streams.count_variable(s)]
                                   for s in rngs._varjax_rng_state()
@@ -422,11 +424,11 @@ class Functionalized:
 
     def _dispatch(self, variables, args, kwargs, rngs, mutable):
         """An eager ``apply`` as one ``jax.jit`` per argument structure, whose body is the
-        traced call (``call`` under a trace stages the cached pure jaxpr) and the merge of
+        traced call (``_call`` under a trace stages the cached pure jaxpr) and the merge of
         what it wrote into the mutable collections (``updates``): ``(out, updated)``.  A
         repeated call is then JAX's C++ dispatch, which checks the avals, instead of a Python
         cache key (a ``VarType`` per variable: on a small train step, as costly as the step).
-        None when a static argument is unhashable (``call`` then says which)."""
+        None when a static argument is unhashable (``_call`` then says which)."""
         leaves, tree = jax.tree.flatten((args, kwargs))
         statics = {i: x for i, x in enumerate(leaves) if not _is_traced(x)}
         try:
@@ -440,7 +442,7 @@ class Functionalized:
                 full = [statics[i] if i in statics else next(given) for i in range(len(leaves))]
                 a, k = jax.tree.unflatten(tree, full)
                 flat_vars, keys, _ = _inputs(variables, rngs, mutable)
-                out, written = self.call(flat_vars, a, k, keys, mutable, False)[:2]
+                out, written = self._call(flat_vars, a, k, keys, mutable, False)[:2]
                 if mutable is False:
                     return out, None, {}
                 entries = updates.merged(dict.fromkeys(flat_vars), written, mutable)
@@ -456,7 +458,7 @@ class Functionalized:
             raise
         return out, updates.fill_holes(updated, holes, variables)
 
-    def call(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
+    def _call(self, flat_vars: Mapping[Key, tuple[Any, list[Any]]], args: tuple, kwargs: dict,
              rngs: Any, mutable: Any, initializing: bool) -> tuple[Any, dict[Key, Any], Traced]:
         """The one way a traced function runs: ``flat_vars`` as from ``flatten_variables``;
         returns the output, every variable the function wrote (by key) and the cache entry."""

@@ -106,7 +106,8 @@ class LiftedRegion:
     def __init__(self, body: Callable[..., Any], call: "_LiftedCall", path: tuple[str, ...]):
         self._lifted = call
         # The scope the body runs in (a leading module's path, else the function's scope):
-        # ``to_tree``/``from_tree`` make group keys relative to it, as Linen's dicts are.
+        # ``group_to_variables``/``variables_to_group`` make group keys relative to it, as
+        # Linen's dicts are.
         self.path = path
         self.body = body
         self._fns: dict[tuple, tuple[Functionalized, dict]] = {}
@@ -160,14 +161,14 @@ class LiftedRegion:
         ends: dict = {}
         seeded: set = set()    # one trace per key: a moved trace is moved again, not both
         for other, (earlier, earlier_ends) in self._fns.items():
-            for traced in earlier.effectful_traces():
+            for traced in earlier._effectful_traces():
                 found = earlier_ends.get(id(traced.jaxpr))
                 if traced.key in seeded or found is None or not found[2] \
                         or streams.linen_base(traced.context):
                     continue   # seeded already, or a draw's path may not be its counted one
                 moved = with_counts_moved(traced.jaxpr, dict(other), found[1], start)
                 if moved is not None:
-                    fn.adopt(traced, *moved)
+                    fn._adopt(traced, *moved)
                     ends[id(moved[0])] = (*moved, True)
                     seeded.add(traced.key)
         return ends
@@ -203,8 +204,8 @@ class LiftedRegion:
         self._probed = True   # the call that follows reuses this trace (the IR path)
         flat, keys = self._flat(groups, rngs)
         outer = self._lifted.outer
-        closed = self._traced(lambda fn: fn.effectful(flat, args, kwargs, keys, outer.mutable,
-                                                      outer.initializing), lambda c: c)
+        closed = self._traced(lambda fn: fn._effectful_jaxpr(flat, args, kwargs, keys, outer.mutable,
+                                                             outer.initializing), lambda c: c)
         t = _traffic(closed)
         streams = frozenset(e.stream for e in closed.effects if isinstance(e, RngEffect))
         return BodyTraffic(t.needs, t.may_write, t.may_write - set(flat), streams)
@@ -218,7 +219,7 @@ class LiftedRegion:
             flat, keys = self._flat(groups, rngs)
             outer = self._lifted.outer
             out, written, _ = self._traced(
-                lambda fn: fn.call(flat, args, kwargs, keys, outer.mutable, outer.initializing),
+                lambda fn: fn._call(flat, args, kwargs, keys, outer.mutable, outer.initializing),
                 lambda r: r[2].effectful)
             # The IR moved non-array outputs into the output's structure (varjax.functionalization.outputs):
             # the transform gets them back as the direct run returns them.

@@ -312,7 +312,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     # A collection is immutable here because a bound module's bind(mutable=) left it out.
     bound = any(n.kind.passes(n.obj) is not None for n in graph.nodes)
     with errors.mutability_given_by("bind" if bound else "apply"):
-        out, written, _ = functionalized.call(flat, (stripped,), {}, rngs, mutable, False)
+        out, written, _ = functionalized._call(flat, (stripped,), {}, rngs, mutable, False)
     if functionalized.static_outputs.seen:
         out = _jax_outputs(what, out)
     if enclosing is not None:
