@@ -32,9 +32,9 @@ _API: dict[str, str] = {
     "DenyList": "varjax.ir.filters",
     "Functionalized": "varjax.functionalization.functionalized",
     "functionalize": "varjax.functionalization.functionalized",
-    "from_tree": "varjax.lifting.groups",
+    "group_to_variables": "varjax.lifting.groups",
     "lift": "varjax.lifting.region",
-    "to_tree": "varjax.lifting.groups",
+    "variables_to_group": "varjax.lifting.groups",
     "capture": "varjax.objects.capture",
     "transform_metadata": "varjax.objects.metadata",
     "GraphDef": "varjax.objects.split_merge",
@@ -150,8 +150,8 @@ if TYPE_CHECKING:
     from varjax.ir.caches import set_cache_size as set_cache_size
     from varjax.ir.filters import DenyList as DenyList
     from varjax.ir.printing import pretty as pretty
-    from varjax.lifting.groups import from_tree as from_tree
-    from varjax.lifting.groups import to_tree as to_tree
+    from varjax.lifting.groups import group_to_variables as group_to_variables
+    from varjax.lifting.groups import variables_to_group as variables_to_group
     from varjax.lifting.region import lift as lift
     from varjax.objects.capture import capture as capture
     from varjax.objects.metadata import transform_metadata as transform_metadata

@@ -256,14 +256,14 @@ def test_nested_lifts_in_a_direct_body_run_their_transform_inline(monkeypatch):
     assert [a.aval.shape for a in eqn.invars] == [(2, 2, 2, 2), (2, 2, 2, 3, 2), (2, 2, 2, 3)]
 
 
-def test_region_path_and_to_tree_from_tree_round_trip_relative_to_the_module():
+def test_region_path_and_group_to_variables_round_trip_relative_to_the_module():
     seen = {}
 
     def spy(region, groups, rng_groups, *args):
         out, groups_out = region(groups, rng_groups, *args)
         group = groups_out[0]
-        tree = vj.to_tree(group, region.path)
-        back = vj.from_tree(tree, region.path)
+        tree = vj.group_to_variables(group, region.path)
+        back = vj.variables_to_group(tree, region.path)
         seen["path"] = region.path
         seen["round_trip"] = sorted(back) == sorted(group) and all(
             back[k] is group[k] for k in group)
@@ -291,13 +291,19 @@ def test_region_path_and_to_tree_from_tree_round_trip_relative_to_the_module():
     # Concretely, and for variables outside the path (they keep their full path).
     group = {("params", ("block", "Dense_0", "kernel")): jnp.ones((3, 2)),
              ("state", ("block", "n")): jnp.zeros(())}
-    tree = vj.to_tree(group, ("block",))
+    tree = vj.group_to_variables(group, ("block",))
     assert jax.tree.map(jnp.shape, tree) == {"params": {"Dense_0": {"kernel": (3, 2)}},
                                              "state": {"n": ()}}
-    back = vj.from_tree(tree, ("block",))
+    back = vj.variables_to_group(tree, ("block",))
     assert sorted(back) == sorted(group) and all(back[k] is group[k] for k in group)
-    assert vj.to_tree({("params", ("other", "w")): 1.0}, ("block",)) == {
+    assert vj.group_to_variables({("params", ("other", "w")): 1.0}, ("block",)) == {
         "params": {"other": {"w": 1.0}}}
+
+
+@pytest.mark.parametrize("retired", ["to_tree", "from_tree"])
+def test_to_tree_and_from_tree_are_retired_as_nnx_means_other_things_by_them(retired):
+    with pytest.raises(AttributeError):
+        getattr(vj, retired)
 
 
 @pytest.mark.parametrize("transform", ["lift", "vmap", "jit"])

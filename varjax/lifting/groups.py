@@ -21,16 +21,17 @@ def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
 
-def to_tree(group: Group, path: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A group as Linen's nested ``{collection: {name: ...}}`` dict, relative to ``path``
-    (variables outside ``path`` keep their full path)."""
+def group_to_variables(group: Group, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A group as a variables dict, Linen's nested ``{collection: {name: ...}}``, relative
+    to ``path`` (variables outside ``path`` keep their full path).  (Not NNX's ``to_tree``,
+    which turns objects into pytrees: hence the name.)"""
     return unflatten_variables({(col, full[len(path):] if full[:len(path)] == path else full): value
                                 for (col, full), value in sorted(group.items())})
 
 
-def from_tree(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Group:
-    """The inverse of ``to_tree``: a nested dict relative to ``path`` as a group."""
-    return {(col, path + rel): value for (col, rel), value in variable_values(tree).items()}
+def variables_to_group(variables: dict[str, Any], path: tuple[str, ...] = ()) -> Group:
+    """The inverse of ``group_to_variables``: a variables dict relative to ``path`` as a group."""
+    return {(col, path + rel): value for (col, rel), value in variable_values(variables).items()}
 
 
 def set_aside(groups: Sequence[Group], fits: Callable[[int, Any], bool]

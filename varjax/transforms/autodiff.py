@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from varjax.lifting.groups import from_tree, is_array, partition, to_tree
+from varjax.lifting.groups import group_to_variables, is_array, partition, variables_to_group
 from varjax.lifting.region import lift
 from varjax.objects import object_transforms as objects
 from varjax.transforms.common import NO_INIT, call_direct, object_options, reject
@@ -50,7 +50,7 @@ def jvp(fn: Callable, mdl: Any, primals: tuple, tangents: tuple,
     def transform(region: Callable, groups: tuple, rngs_: tuple, primals: tuple,
                   tangents: tuple, var_tangents: Any) -> Any:
         d, rest = groups
-        given = from_tree(var_tangents, region.path)
+        given = variables_to_group(var_tangents, region.path)
         d_t = {k: given[k] if k in given else _zero_tangent(v) for k, v in d.items()}
 
         def f(d, *p):
@@ -64,7 +64,7 @@ def jvp(fn: Callable, mdl: Any, primals: tuple, tangents: tuple,
 
 def _vjp_back(vjp_fn: Callable, cotangent: Any, *, path: tuple) -> tuple:
     var_grads, *arg_grads = vjp_fn(cotangent)
-    return (to_tree(var_grads, path), *arg_grads)
+    return (group_to_variables(var_grads, path), *arg_grads)
 
 
 def vjp(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axes: Any = (),
@@ -208,7 +208,7 @@ def custom_vjp(fn: Callable, forward_fn: Callable | None = None,
                 full = rebuild(arrays)
                 var_grads, *arg_grads = backward_fn(*(full[i] for i in sorted(nondiff)), res,
                                                     cotangent[0])
-                given = from_tree(_without_none(var_grads), r_fn.path)
+                given = variables_to_group(_without_none(var_grads), r_fn.path)
                 d_grad = {k: given.get(k, z) for k, z in d_zero.items()}
                 dyn = [i for i in range(len(args)) if i not in nondiff]
                 reject(len(arg_grads) != len(dyn), "custom_vjp", f"backward_fn returned "
@@ -238,7 +238,7 @@ def _without_none(var_grads: Any) -> Any:
     if var_grads is None:
         return {}
     if not isinstance(var_grads, Mapping):
-        return var_grads       # from_tree says what is wrong with it
+        return var_grads       # variables_to_group says what is wrong with it
     return {k: _without_none(v) for k, v in var_grads.items() if v is not None}
 
 

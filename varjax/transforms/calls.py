@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from varjax.lifting.groups import from_tree, is_array, partition, to_tree
+from varjax.lifting.groups import group_to_variables, is_array, partition, variables_to_group
 from varjax.lifting.region import is_module, lift
 from varjax.objects import object_transforms as objects
 from varjax.trace.variable_api import is_initializing
@@ -218,10 +218,10 @@ def map_variables(target: Any, mapped_collections: Any = True,
         path = region.path
         if init and is_initializing():
             _, (mapped, rest) = region((mapped, rest), rngs_, *args, **kwargs)
-        inner = from_tree(trans_in_fn(to_tree(mapped, path)), path)
+        inner = variables_to_group(trans_in_fn(group_to_variables(mapped, path)), path)
         out, (mapped_out, rest_out) = region((inner, rest), rngs_, *args, **kwargs)
         if mutable or init:
-            mapped_out = from_tree(trans_out_fn(to_tree(mapped_out, path)), path)
+            mapped_out = variables_to_group(trans_out_fn(group_to_variables(mapped_out, path)), path)
         else:
             changed = sorted(k for k, v in mapped_out.items() if k not in inner or v is not inner[k])
             reject(bool(changed), "map_variables", "the body writes a mapped variable "
