@@ -12,6 +12,11 @@ axis rules (``nn.logical_axis_rules``), or the box's own ``mesh``/``rules``.  Af
 ``discharge`` reads are inputs and writes outputs, so XLA sees sharded parameters,
 batch statistics and caches without the user threading a ``PartitionSpec`` anywhere.
 
+An object-mode ``vj.Variable(value, out_sharding=('data', None))`` (or a subclass) rides the
+same way: the call gives its value to the trace in a ``Partitioned`` box of those mesh axes
+(``varjax.trace.variable.boxed``), and a Variable made inside the call is stored in one, so
+this pass places arguments and a sharded init (``vj.jit(make_model)()``) alike.
+
 Linen applies the same constraint when a module unboxes a parameter (``param(...,
 unbox=True)``); varjax's modules unbox without it and leave the job to this pass, so a
 box read but never unboxed, a box written (a cache, batch statistics) and an

@@ -162,3 +162,60 @@ def test_a_variable_shared_at_two_vmap_axes_raises_naming_it():
     with pytest.raises(vj.errors.InconsistentAliasError,
                        match="variable encoder/BatchNorm_0/mean of collection 'batch_stats'"):
         vj.vmap(lambda m, e: jnp.sum(m(_X)), in_axes=(0, None))(stacked, stacked.encoder)
+
+
+# --- (c) a Variable made inside a transform ------------------------------------------------
+
+def test_a_variable_made_inside_jit_comes_back_as_a_new_variable_of_its_class():
+    def make():
+        w = Weight(jnp.ones(2), tag=1)
+        vj.jit(lambda w: setattr(w, "value", w.value + 1))(w)     # updated by a nested call
+        return {"w": w, "t": Tally(jnp.zeros(()))}
+    out = vj.jit(make)()
+    assert type(out["w"]) is Weight and out["w"].get_metadata() == {"tag": 1}
+    assert type(out["t"]) is Tally
+    np.testing.assert_array_equal(out["w"].value, [2.0, 2.0])
+
+
+def test_a_variable_made_inside_jit_is_of_its_trace_and_cannot_be_used_after_it():
+    kept = []
+
+    def make():
+        kept.append(Weight(jnp.ones(2)))
+        return kept[-1]
+    vj.jit(make)()
+    with pytest.raises(vj.errors.InvalidScopeError, match="used after the object-mode transform"):
+        kept[0].value
+
+
+def test_shape_only_evaluation_is_jax_eval_shape_of_the_transform():
+    shapes = jax.eval_shape(vj.jit(lambda: Weight(jnp.ones((2, 3)), out_sharding=("x", None))))
+    assert type(shapes) is Weight and shapes.value.shape == (2, 3)
+    assert shapes.get_metadata() == {"out_sharding": ("x", None)}
+
+
+# --- (d) metadata in the IR: shard-variables places out_sharding ---------------------------
+
+def _mesh():
+    return jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def test_shard_variables_constrains_a_variable_by_its_out_sharding():
+    v = vj.Variable(jnp.ones((4, 2)), out_sharding=("x", None))
+
+    def step(v):
+        v.value = v.value * 2
+    with jax.set_mesh(_mesh()):
+        text = str(jax.make_jaxpr(vj.jit(step))(v))
+        vj.jit(step)(v)
+    assert "sharding_constraint" in text and "P('x', None)" in text
+    assert v.value.sharding.shard_shape((4, 2)) == (2, 2)    # split over x
+    assert v.get_metadata() == {"out_sharding": ("x", None)}    # unboxed again outside
+    np.testing.assert_array_equal(v.value, np.full((4, 2), 2.0))
+
+
+def test_a_variable_made_inside_jit_under_a_mesh_is_placed_by_its_out_sharding():
+    with jax.set_mesh(_mesh()):
+        w = vj.jit(lambda: Weight(jnp.ones((4, 2)), out_sharding=("x", None)))()
+    assert type(w) is Weight
+    assert w.value.sharding.shard_shape((4, 2)) == (2, 2)

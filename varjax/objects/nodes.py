@@ -24,7 +24,7 @@ from varjax.ir import streams
 from varjax.ir.primitives import Key, Path
 from varjax.trace.context import TraceContext
 from varjax.trace.rngs import Rngs, RngStream
-from varjax.trace.variable import Variable
+from varjax.trace.variable import Variable, sharded
 
 
 @dataclasses.dataclass(eq=False)
@@ -153,7 +153,7 @@ class VariableKind:
         return True
 
     def cells(self, node: Variable) -> list[Cell]:
-        identity = id(node) if node.path is None else (id(node._origin), node.collection, node.path)
+        identity = id(node) if node.path is None else (id(node._origin), node.key)
         def set_(value: Any) -> None:
             node.value = value
         return [Cell(identity, node.collection, (), lambda: node.value, set_,
@@ -181,7 +181,9 @@ class VariableKind:
         return ()
 
     def bind(self, node: Variable, prefix: Path, ctx: TraceContext) -> Variable:
-        return type(node).at(node.collection, prefix, node.get_metadata(), ctx.origin)
+        # run gives the value boxed when its metadata place it (variable.boxed)
+        return type(node).at(node.collection, prefix, node.get_metadata(), ctx.origin,
+                             unbox=sharded(node._metadata, node.value))
 
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("a Variable has no variables below it")

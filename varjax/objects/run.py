@@ -25,14 +25,16 @@ import numpy as np
 
 from varjax.functionalization.functionalized import Functionalized
 from varjax.functionalization.outputs import reveal
-from varjax.ir import errors, filters, streams
+from varjax.ir import axis_metadata, errors, filters, streams
 from varjax.ir.caches import LRU
 from varjax.ir.primitives import Key, Path
+from varjax.ir.statics import Exact
 from varjax.objects.graph import Graph
 from varjax.passes.framework.base import program_paths
 from varjax.passes.framework.pipeline import parse_entries
 from varjax.trace import variable_api
 from varjax.trace.context import TraceContext, active, current
+from varjax.trace.variable import CREATED, Variable, boxed, held, made_in
 
 
 @dataclasses.dataclass
@@ -48,6 +50,33 @@ class Result:
 
 jax.tree_util.register_dataclass(Result, data_fields=["updates", "created", "captured"],
                                  meta_fields=[])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Made:
+    """Stands, in a trace's output, for a Variable the function made (``variable.made_in``):
+    a pytree with no children, so its value comes out as the trace's final value of the
+    variable (discharged after the passes, ``shard-variables`` included), not as a read."""
+
+    key: Key
+    cls: type
+    collection: str
+    metadata: Any      # statics.Exact of the sorted items
+    boxed: bool        # stored in a box of its out_sharding (variable.boxed)
+
+    @classmethod
+    def of(cls, v: Variable) -> "_Made":
+        return cls(v.key, type(v), v.collection, Exact(tuple(sorted(v._metadata.items()))),
+                   v._unbox)
+
+    def held(self, written: Mapping[Key, Any]) -> Variable:
+        value = written[self.key]
+        return held(self.cls, self.collection,
+                    axis_metadata.unbox(value, False) if self.boxed else value,
+                    dict(self.metadata.value))
+
+
+jax.tree_util.register_pytree_node(_Made, lambda m: ((), m), lambda m, _: m)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +126,10 @@ def _functionalized(fn: Callable, capture: Any, passes: tuple) -> tuple[Function
             leaves = [bound[x.index] if isinstance(x, _Slot) else x
                       for x in jax.tree.leaves(stripped, is_leaf=lambda x: isinstance(x, _Slot))]
             args, kwargs = jax.tree.unflatten(graph.treedef, leaves)
-            return holder["fn"](*args, **kwargs)
+            with made_in(ctx):      # a Variable made here is a variable of this trace
+                out = holder["fn"](*args, **kwargs)
+            return jax.tree.map(lambda x: _Made.of(x) if isinstance(x, Variable) and x._local
+                                else x, out, is_leaf=lambda x: isinstance(x, Variable))
         body.__name__ = getattr(fn, "__name__", "fn")
         found = _TRACES[key] = (Functionalized(body, passes=passes), holder)
     return found
@@ -278,6 +310,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
         keys = _rebase(graph, keys, shared, what)
     sources = shared if sources is None else tuple(sources) + shared[len(sources):]
     flat: dict[Key, tuple[Any, list]] = {}
+    in_boxes: set[int] = set()      # cells given in a box of their out_sharding
     for i, (key, (node, cell)) in enumerate(zip(keys, cells)):
         if shared[i] != i:
             continue          # the standing cell gives the value
@@ -289,7 +322,11 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
                 f"collection '{key[0]}' (RNG state of two bound modules).",
                 collection=key[0], path=key[1], **errors.where(),
                 fix="bind one of the modules without an Rngs, or pass one module per call")
-        leaves, tree = jax.tree.flatten(cells[sources[i]][1].get())
+        value = cells[sources[i]][1].get()
+        given_ = boxed(value, cell.metadata)
+        if given_ is not value:
+            in_boxes.add(i)
+        leaves, tree = jax.tree.flatten(given_)
         flat[key] = (tree, leaves)
     for (col, path), value in (given or {}).items():
         leaves, tree = jax.tree.flatten(value)
@@ -300,6 +337,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
         mutable += (filters.freeze(enclosing.mutable),)
     if capture is not False:
         mutable += (filters.freeze(capture),)
+    mutable += (CREATED,)
     rngs: dict[str, Any] = _handed_keys(enclosing, flat) if enclosing is not None else {}
     rngs.update(_explicit_rngs(graph, what))
 
@@ -313,6 +351,8 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     bound = any(n.kind.passes(n.obj) is not None for n in graph.nodes)
     with errors.mutability_given_by("bind" if bound else "apply"):
         out, written, _ = functionalized._call(flat, (stripped,), {}, rngs, mutable, False)
+    out = jax.tree.map(lambda x: x.held(written) if isinstance(x, _Made) else x, out,
+                       is_leaf=lambda x: isinstance(x, _Made))
     if functionalized.static_outputs.seen:
         out = _jax_outputs(what, out)
     if enclosing is not None:
@@ -323,12 +363,15 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     created: list[dict[Key, Any]] = [{} for _ in graph.nodes]
     captured: dict[Key, Any] = {}
     for (col, path), value in written.items():
+        if col == CREATED:
+            continue          # made by the function: returned (``_Made``) or dropped
         if capture is not False and filters.matches(capture, col):
             if path[:len(capture_root)] == capture_root:
                 captured[(col, path[len(capture_root):])] = value
             continue
         if (col, path) in position:
-            updates[position[(col, path)]] = value
+            i = position[(col, path)]
+            updates[i] = axis_metadata.unbox(value, False) if i in in_boxes else value
             continue
         owner = max((j for j, n in enumerate(graph.nodes) if path[:len(n.prefix)] == n.prefix),
                     key=lambda j: len(graph.nodes[j].prefix), default=None)

@@ -27,16 +27,24 @@ its one child and its class kept in the treedef, so it comes back as its own cla
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import functools
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import jax
 
 from varjax.ir import axis_metadata, errors
-from varjax.ir.primitives import Path, is_internal
+from varjax.ir.primitives import Key, Path, is_internal
 from varjax.ir.statics import Exact
 from varjax.trace.context import TraceContext, active, current, site
 from varjax.trace.variable_access import read_at, read_value, write_value
+
+# Where a Variable made inside an object-mode body lives in its trace: at (collection, n)
+# of this collection, which every object-mode call may write and none hands back to an
+# object (``objects/run.py`` returns the final values of those its function returns).
+CREATED = "<made>"
 
 _BY_NAME: dict[str, type["Variable"]] = {}
 _BY_TYPE: dict[type["Variable"], str] = {}
@@ -74,6 +82,47 @@ def variable_type(collection: str) -> type["Variable"]:
     return _BY_NAME.get(collection, Variable)
 
 
+@dataclasses.dataclass
+class _Making:
+    origin: Any
+    count: int = 0
+
+
+_MAKING: contextvars.ContextVar[_Making | None] = contextvars.ContextVar("making", default=None)
+
+
+@contextlib.contextmanager
+def made_in(ctx: TraceContext) -> Iterator[None]:
+    """While the block runs, a ``Variable`` made under ``ctx`` (the trace of an object-mode
+    body, not of an ``init``/``apply`` inside it) is a variable of that trace: its creation
+    and every update are IR equations that the passes see (``shard-variables`` places it),
+    and returned, it comes back to the caller as a new Variable of its class."""
+    token = _MAKING.set(_Making(ctx.origin))
+    try:
+        yield
+    finally:
+        _MAKING.reset(token)
+
+
+def sharded(metadata: Mapping[str, Any], value: Any) -> bool:
+    """Whether a Variable with ``metadata`` and ``value`` is placed by the IR:
+    ``out_sharding`` names one mesh axis (or None) per axis of the value.  Inside a
+    ``vj.vmap`` a variable has an axis fewer than its names, and is left alone there."""
+    names = metadata.get("out_sharding")
+    return isinstance(names, (tuple, list)) and all(n is None or isinstance(n, str) for n in names) \
+        and not axis_metadata.is_axis_metadata(value) and len(names) == jax.numpy.ndim(value)
+
+
+def boxed(value: Any, metadata: Mapping[str, Any]) -> Any:
+    """``value`` as a variable of the IR carries it: ``sharded``, in a ``Partitioned`` box
+    of its mesh axes, so the names are in its equations' treedef, where ``shard-variables``
+    reads Linen's boxes; else as it is.  A handle on it reads and writes through the box
+    (``Variable.at(..., unbox=True)``)."""
+    if sharded(metadata, value):
+        return axis_metadata.Partitioned(value, tuple(metadata["out_sharding"]))
+    return value
+
+
 class Variable:
     """A variable: ``.value`` reads it, ``.value = x`` writes it (see the module docstring).
 
@@ -94,7 +143,7 @@ class Variable:
     one keeps the boxes (Linen's ``Variable.value``).
     """
 
-    __slots__ = ("collection", "path", "_value", "_metadata", "_origin", "_unbox")
+    __slots__ = ("collection", "path", "_value", "_metadata", "_origin", "_unbox", "_local")
 
     def __init_subclass__(cls, *, collection: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -114,8 +163,27 @@ class Variable:
                 f"vj.Variable: collection must be a string, got {collection!r}.",
                 **errors.where(), fix="vj.Variable(value, collection='params'); a handle on a "
                                       "variable of a trace is Variable.at(collection, path)")
-        self.collection, self.path = collection, None
+        self.collection, self.path, self._local = collection, None, None
         self._value, self._metadata, self._origin, self._unbox = value, metadata, None, False
+        making = _MAKING.get()
+        if making is not None:
+            ctx = active()
+            if ctx is not None and ctx.origin is making.origin:
+                self._make_in(ctx, making)
+
+    def _make_in(self, ctx: TraceContext, making: _Making) -> None:
+        """Become a handle on a new variable of ``ctx`` holding the value (``made_in``)."""
+        value, self._value = self._value, None
+        self.path, self._local, self._origin = (self.collection, str(making.count)), CREATED, ctx.origin
+        making.count += 1
+        stored = boxed(value, self._metadata)
+        self._unbox = stored is not value
+        write_value(ctx, CREATED, self.path, stored)
+
+    @property
+    def key(self) -> Key | None:
+        """Where a handle's variable is in its trace (None for a held Variable)."""
+        return None if self.path is None else (self._local or self.collection, self.path)
 
     @classmethod
     def at(cls, collection: str, path: Path, metadata: Mapping[str, Any] | None = None,
@@ -125,7 +193,7 @@ class Variable:
         handle = object.__new__(cls)
         handle.collection, handle.path = collection, tuple(path)
         handle._value, handle._metadata, handle._origin = None, dict(metadata or {}), origin
-        handle._unbox = unbox
+        handle._unbox, handle._local = unbox, None
         return handle
 
     def _ctx(self, api: str) -> TraceContext:
@@ -143,7 +211,7 @@ class Variable:
     def value(self) -> Any:
         if self.path is None:
             return self._value
-        value = read_at(self._ctx("Variable.value"), self.collection, self.path)
+        value = read_at(self._ctx("Variable.value"), *self.key)
         return axis_metadata.unbox(value, apply_constraint=False) if self._unbox else value
 
     @value.setter
@@ -151,12 +219,12 @@ class Variable:
         if self.path is None:
             self._value = new
             return
-        ctx = self._ctx("Variable.value")
+        ctx, key = self._ctx("Variable.value"), self.key
         if self._unbox:    # boxes read off the variable's type: nothing is read in the IR
-            vt = ctx.variables.get((self.collection, self.path))
+            vt = ctx.variables.get(key)
             new = axis_metadata.rebox(jax.tree.unflatten(vt.tree, vt.avals) if vt is not None
-                                      else read_value(ctx, self.collection, self.path), new)
-        write_value(ctx, self.collection, self.path, new)
+                                      else read_value(ctx, *key), new)
+        write_value(ctx, *key, new)
 
     def __getitem__(self, index: Any) -> Any:
         return self.value[index]
@@ -195,9 +263,14 @@ def _flatten(v: Variable) -> tuple[tuple, tuple]:
     return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))))
 
 
+def held(cls: type[Variable], collection: str, value: Any, metadata: Mapping[str, Any]) -> Variable:
+    """A new held ``cls`` (its ``__init__`` not run, as JAX's unflatten makes one)."""
+    return _unflatten(cls, (collection, Exact(tuple(sorted(metadata.items())))), (value,))
+
+
 def _unflatten(cls: type[Variable], aux: tuple, children: tuple) -> Variable:
     held = object.__new__(cls)
-    held.collection, held.path, held._origin, held._unbox = aux[0], None, None, False
+    held.collection, held.path, held._origin, held._unbox, held._local = aux[0], None, None, False, None
     held._value, held._metadata = children[0], dict(aux[1].value)
     return held
 
