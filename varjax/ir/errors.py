@@ -172,7 +172,7 @@ def where(source_info: _jax.SourceInfo | None = None, module: str | None = None)
 
 TRACEBACK_FILTERING_ENV = "VARJAX_TRACEBACK_FILTERING"
 _OFF = ("off", "0", "false", "no")
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # varjax/, above ir/
 # varjax/ and passes/ (installed as varjax/passes/, a checkout has it beside varjax/).
 _INTERNAL = (_HERE + os.sep, os.path.join(os.path.dirname(_HERE), "passes") + os.sep)
 _FILTERED_NOTE = (f"--------------------\nvarjax removed its internal frames from this traceback;"

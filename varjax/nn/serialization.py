@@ -61,7 +61,8 @@ def _frozen_from_state(target: FrozenDict, state: Any) -> FrozenDict:
 def _caller_outside_flax() -> str:
     """``file:line (function)`` of the code that called flax.serialization (``errors.where``
     would name flax's own frame, which is not varjax's and so counts as the user's)."""
-    inside = (os.path.dirname(axis_metadata.__file__), os.path.dirname(sys.modules["flax"].__file__))
+    varjax_dir = os.path.dirname(os.path.dirname(axis_metadata.__file__))     # varjax/, above ir/
+    inside = (varjax_dir, os.path.dirname(sys.modules["flax"].__file__))
     frame = sys._getframe(1)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
         frame = frame.f_back
