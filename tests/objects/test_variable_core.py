@@ -219,3 +219,23 @@ def test_a_variable_made_inside_jit_under_a_mesh_is_placed_by_its_out_sharding()
         w = vj.jit(lambda: Weight(jnp.ones((4, 2)), out_sharding=("x", None)))()
     assert type(w) is Weight
     assert w.value.sharding.shard_shape((4, 2)) == (2, 2)
+
+
+# --- (e) one class: a bound module's variable outside a trace is a Variable -----------------
+
+class _Counts(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        c = self.variable("counts", "n", jnp.zeros, ())
+        c.value = c.value + 1
+        return x
+
+
+def test_module_variable_of_a_bound_module_is_a_read_only_view_that_is_a_variable():
+    model = _Counts().bind(_Counts().init(jax.random.key(0), 1.0), mutable=["counts"])
+    n = model.variable("counts", "n")
+    assert isinstance(n, vj.Variable) and n.collection == "counts" and float(n.value) == 1.0
+    model(1.0)
+    assert float(n.value) == 2.0                     # a view: it reads the module's variable
+    with pytest.raises(AttributeError, match="read-only outside its calls"):
+        n.value = 5.0

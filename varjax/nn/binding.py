@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any, Callable, Hashable, Mapping
 
 from varjax.functionalization.functionalized import Functionalized, normalize_rngs
-from varjax.ir import axis_metadata, errors, streams
+from varjax.ir import errors, streams
 from varjax.ir.primitives import Path
 from varjax.ir.protocols import Labelled
 from varjax.trace.context import TraceContext, active, current, site
@@ -196,19 +196,3 @@ class Scope:
                 fix="do not keep bound modules beyond apply; use Module.bind for a "
                     "long-lived bound module")
         return ctx
-
-
-class BoundVariable:
-    """``Variable`` of a ``bind`` module read from outside a trace: backed by the root
-    (``unbox``: read without boxes, as ``Module.variable``'s handle)."""
-
-    def __init__(self, root: BoundRoot, collection: str, path: Path, unbox: bool = False):
-        self.root, self.collection, self.path, self.unbox = root, collection, path, unbox
-
-    @property
-    def value(self) -> Any:
-        value = self.root.read(self.collection, self.path)
-        return axis_metadata.unbox(value, apply_constraint=False) if self.unbox else value
-
-    def __repr__(self) -> str:
-        return f"Variable({self.collection}:{errors.format_path(self.path)})"

@@ -153,7 +153,8 @@ class VariableKind:
         return True
 
     def cells(self, node: Variable) -> list[Cell]:
-        identity = id(node) if node.path is None else (id(node._origin), node.key)
+        identity = id(node) if node.path is None else \
+            (id(node._origin if node._store is None else node._store), node.key)
         def set_(value: Any) -> None:
             node.value = value
         return [Cell(identity, node.collection, (), lambda: node.value, set_,

@@ -143,7 +143,8 @@ class Variable:
     one keeps the boxes (Linen's ``Variable.value``).
     """
 
-    __slots__ = ("collection", "path", "_value", "_metadata", "_origin", "_unbox", "_local")
+    __slots__ = ("collection", "path", "_value", "_metadata", "_origin", "_unbox", "_local",
+                 "_store")
 
     def __init_subclass__(cls, *, collection: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -163,7 +164,7 @@ class Variable:
                 f"vj.Variable: collection must be a string, got {collection!r}.",
                 **errors.where(), fix="vj.Variable(value, collection='params'); a handle on a "
                                       "variable of a trace is Variable.at(collection, path)")
-        self.collection, self.path, self._local = collection, None, None
+        self.collection, self.path, self._local, self._store = collection, None, None, None
         self._value, self._metadata, self._origin, self._unbox = value, metadata, None, False
         making = _MAKING.get()
         if making is not None:
@@ -193,8 +194,17 @@ class Variable:
         handle = object.__new__(cls)
         handle.collection, handle.path = collection, tuple(path)
         handle._value, handle._metadata, handle._origin = None, dict(metadata or {}), origin
-        handle._unbox, handle._local = unbox, None
+        handle._unbox, handle._local, handle._store = unbox, None, None
         return handle
+
+    @classmethod
+    def backed(cls, store: Any, collection: str, path: Path, unbox: bool = False) -> "Variable":
+        """A read-only view of variable ``path`` of ``collection`` held by ``store`` (an
+        object with ``read(collection, path)``: the root of a module made by ``bind``, whose
+        ``Module.variable`` returns one outside any trace)."""
+        view = cls.at(collection, path, unbox=unbox)
+        view._store = store
+        return view
 
     def _ctx(self, api: str) -> TraceContext:
         ctx = active() if self._origin is not None else current(api)
@@ -211,7 +221,8 @@ class Variable:
     def value(self) -> Any:
         if self.path is None:
             return self._value
-        value = read_at(self._ctx("Variable.value"), *self.key)
+        value = read_at(self._ctx("Variable.value"), *self.key) if self._store is None \
+            else self._store.read(self.collection, self.path)
         return axis_metadata.unbox(value, apply_constraint=False) if self._unbox else value
 
     @value.setter
@@ -219,6 +230,11 @@ class Variable:
         if self.path is None:
             self._value = new
             return
+        if self._store is not None:
+            raise AttributeError(
+                f"variable {errors.format_path(self.path)} of collection '{self.collection}' of "
+                "a bound module is read-only outside its calls; write it inside a method, or "
+                "with vj.update(module, state)")
         ctx, key = self._ctx("Variable.value"), self.key
         if self._unbox:    # boxes read off the variable's type: nothing is read in the IR
             vt = ctx.variables.get(key)
@@ -270,7 +286,8 @@ def held(cls: type[Variable], collection: str, value: Any, metadata: Mapping[str
 
 def _unflatten(cls: type[Variable], aux: tuple, children: tuple) -> Variable:
     held = object.__new__(cls)
-    held.collection, held.path, held._origin, held._unbox, held._local = aux[0], None, None, False, None
+    held.collection, held.path, held._origin, held._unbox = aux[0], None, None, False
+    held._local, held._store = None, None
     held._value, held._metadata = children[0], dict(aux[1].value)
     return held
 

@@ -15,7 +15,6 @@ import jax
 
 from varjax.ir import axis_metadata, errors, filters, streams
 from varjax.ir.primitives import Path, VarType
-from varjax.nn.binding import BoundVariable
 from varjax.nn.module.lifecycle import Lifecycle
 from varjax.trace import type_checks, variable_api
 from varjax.trace.context import TraceContext, site
@@ -81,7 +80,7 @@ class VariableAPI(Lifecycle):
         if self.scope is not None and self.scope.eager():
             if not self.scope.root.has(col, self._path(name)):
                 self._eager(lambda m: m.variable(col, name, init_fn, *init_args))
-            return BoundVariable(self.scope.root, col, self._path(name), unbox)
+            return Variable.backed(self.scope.root, col, self._path(name), unbox)
         ctx = self._ctx("Module.variable")
         self._reserve_variable("variable", col, name)
         return variable_api.variable_at(ctx, col, self._path(name), init_fn, init_args, unbox)
