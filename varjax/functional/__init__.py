@@ -8,12 +8,21 @@ only: nothing here reads or writes a variable, draws from a stream or knows a mo
 One file per topic; every public function is also a name of this package
 (``from varjax import functional as F``; ``F.dense(x, kernel, bias)``).
 """
-from varjax.functional.conv import canonicalize_padding as canonicalize_padding
-from varjax.functional.conv import conv as conv
-from varjax.functional.conv import conv_kernel_shape as conv_kernel_shape
-from varjax.functional.conv import conv_local as conv_local
-from varjax.functional.conv import conv_local_shapes as conv_local_shapes
-from varjax.functional.conv import conv_transpose as conv_transpose
+from varjax.functional.activations import prelu as prelu
+from varjax.functional.attention import combine_masks as combine_masks
+from varjax.functional.attention import decode_cache_update as decode_cache_update
+from varjax.functional.attention import dot_product_attention as dot_product_attention
+from varjax.functional.attention import dot_product_attention_weights as dot_product_attention_weights
+from varjax.functional.attention import make_attention_mask as make_attention_mask
+from varjax.functional.attention import make_causal_mask as make_causal_mask
+from varjax.functional.contraction import einsum as einsum
+from varjax.functional.contraction import einsum_bias_shape as einsum_bias_shape
+from varjax.functional.convolution import canonicalize_padding as canonicalize_padding
+from varjax.functional.convolution import conv as conv
+from varjax.functional.convolution import conv_kernel_shape as conv_kernel_shape
+from varjax.functional.convolution import conv_local as conv_local
+from varjax.functional.convolution import conv_local_shapes as conv_local_shapes
+from varjax.functional.convolution import conv_transpose as conv_transpose
 from varjax.functional.dtypes import canonicalize_dtype as canonicalize_dtype
 from varjax.functional.dtypes import cast as cast
 from varjax.functional.dtypes import promote_dtype as promote_dtype
@@ -30,3 +39,16 @@ from varjax.functional.normalization import group_count as group_count
 from varjax.functional.normalization import group_moments as group_moments
 from varjax.functional.normalization import moments as moments
 from varjax.functional.normalization import normalize as normalize
+from varjax.functional.pooling import avg_pool as avg_pool
+from varjax.functional.pooling import max_pool as max_pool
+from varjax.functional.pooling import min_pool as min_pool
+from varjax.functional.pooling import pool as pool
+from varjax.functional.recurrent import fused_dense as fused_dense
+from varjax.functional.recurrent import gru_step as gru_step
+from varjax.functional.recurrent import lstm_step as lstm_step
+from varjax.functional.recurrent import mgu_step as mgu_step
+from varjax.functional.recurrent import simple_step as simple_step
+from varjax.functional.stochastic import dropout as dropout
+from varjax.functional.weight_normalization import l2_normalize as l2_normalize
+from varjax.functional.weight_normalization import spectral_norm as spectral_norm
+from varjax.functional.weight_normalization import weight_norm as weight_norm

@@ -1,40 +1,41 @@
-"""Activations: ``jax.nn`` functions, re-exported under the names Linen uses, and ``PReLU``.
+"""Activations: ``varjax.functional.activations`` (``jax.nn``'s functions under the names Linen
+uses) re-exported, and ``PReLU``.
 
-Nothing is re-implemented; ``tanh`` comes from ``jax.numpy`` as in Linen, and
-``normalize`` is Linen's old name for ``standardize``.  ``mish`` is exported too
-(``jax.nn`` has it; Linen does not re-export it).  ``PReLU`` is a layer, not a
-function: its negative slope is a learned parameter.
+``PReLU`` is a layer, not a function: its negative slope is a learned parameter, applied by
+``varjax.functional.prelu``.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.nn import celu as celu
-from jax.nn import elu as elu
-from jax.nn import gelu as gelu
-from jax.nn import glu as glu
-from jax.nn import hard_sigmoid as hard_sigmoid
-from jax.nn import hard_silu as hard_silu
-from jax.nn import hard_swish as hard_swish
-from jax.nn import hard_tanh as hard_tanh
-from jax.nn import leaky_relu as leaky_relu
-from jax.nn import log_sigmoid as log_sigmoid
-from jax.nn import log_softmax as log_softmax
-from jax.nn import logsumexp as logsumexp
-from jax.nn import mish as mish
-from jax.nn import one_hot as one_hot
-from jax.nn import relu as relu
-from jax.nn import relu6 as relu6
-from jax.nn import selu as selu
-from jax.nn import sigmoid as sigmoid
-from jax.nn import silu as silu
-from jax.nn import soft_sign as soft_sign
-from jax.nn import softmax as softmax
-from jax.nn import softplus as softplus
-from jax.nn import standardize as standardize
-from jax.nn import swish as swish
-from jax.numpy import tanh as tanh
 
+from varjax.functional.activations import celu as celu
+from varjax.functional.activations import elu as elu
+from varjax.functional.activations import gelu as gelu
+from varjax.functional.activations import glu as glu
+from varjax.functional.activations import hard_sigmoid as hard_sigmoid
+from varjax.functional.activations import hard_silu as hard_silu
+from varjax.functional.activations import hard_swish as hard_swish
+from varjax.functional.activations import hard_tanh as hard_tanh
+from varjax.functional.activations import leaky_relu as leaky_relu
+from varjax.functional.activations import log_sigmoid as log_sigmoid
+from varjax.functional.activations import log_softmax as log_softmax
+from varjax.functional.activations import logsumexp as logsumexp
+from varjax.functional.activations import mish as mish
+from varjax.functional.activations import normalize as normalize
+from varjax.functional.activations import one_hot as one_hot
+from varjax.functional.activations import prelu
+from varjax.functional.activations import relu as relu
+from varjax.functional.activations import relu6 as relu6
+from varjax.functional.activations import selu as selu
+from varjax.functional.activations import sigmoid as sigmoid
+from varjax.functional.activations import silu as silu
+from varjax.functional.activations import soft_sign as soft_sign
+from varjax.functional.activations import softmax as softmax
+from varjax.functional.activations import softplus as softplus
+from varjax.functional.activations import standardize as standardize
+from varjax.functional.activations import swish as swish
+from varjax.functional.activations import tanh as tanh
 from varjax.nn.module import Module, compact
 from varjax.nn.typing import Dtype
 
@@ -42,8 +43,6 @@ __all__ = ["PReLU", "celu", "elu", "gelu", "glu", "hard_sigmoid", "hard_silu", "
            "leaky_relu", "log_sigmoid", "log_softmax", "logsumexp", "mish", "normalize", "one_hot", "relu",
            "relu6", "selu", "sigmoid", "silu", "soft_sign", "softmax", "softplus", "standardize", "swish",
            "tanh"]
-
-normalize = standardize
 
 
 class PReLU(Module):
@@ -57,4 +56,4 @@ class PReLU(Module):
     def __call__(self, inputs: jax.Array) -> jax.Array:
         slope = self.param("negative_slope",
                            lambda _key: jnp.asarray(self.negative_slope_init, self.param_dtype))
-        return jnp.where(inputs >= 0, inputs, jnp.asarray(slope, inputs.dtype) * inputs)
+        return prelu(inputs, slope)

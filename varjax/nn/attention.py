@@ -1,6 +1,7 @@
 """Dot-product attention, as ``flax.linen.attention`` defines it.
 
-The functions are pure JAX; ``MultiHeadDotProductAttention`` adds the
+The functions are ``varjax.functional.attention``'s, with Linen's ``module=`` argument
+(the module the weights are sown into); ``MultiHeadDotProductAttention`` adds the
 ``query``/``key``/``value``/``out`` projections and, with ``decode=True``, an
 autoregressive key/value cache in the ``cache`` collection.  Names, defaults,
 parameter layout and outputs match Linen, so a Linen checkpoint loads as is.
@@ -19,11 +20,14 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
+from varjax.functional import attention as F
+from varjax.functional.attention import combine_masks as combine_masks
+from varjax.functional.attention import make_attention_mask as make_attention_mask
+from varjax.functional.attention import make_causal_mask as make_causal_mask
 from varjax.ir import errors
 from varjax.nn import initializers
-from varjax.nn.dtypes import merge_param, promote_dtype
+from varjax.nn.dtypes import merge_param
 from varjax.nn.linear import DenseGeneral, default_kernel_init
 from varjax.nn.module import Module, compact, nowrap
 from varjax.nn.normalization import LayerNorm
@@ -44,12 +48,9 @@ __all__ = [
 Array = jax.Array
 
 
-def _einsum(precision: Any, dot_general: Callable[..., Array] | None) -> Callable[..., Array]:
-    """``jnp.einsum`` with a fixed precision and, when given, a custom ``dot_general``
-    (how quantization libraries hook into attention)."""
-    if dot_general is None:
-        return functools.partial(jnp.einsum, precision=precision)
-    return functools.partial(jnp.einsum, precision=precision, _dot_general=dot_general)
+def _sower(module: Module | None) -> Callable[[Array], Any] | None:
+    """The ``record`` callback sowing the weights into ``module``'s ``intermediates``."""
+    return None if module is None else functools.partial(module.sow, "intermediates", "attention_weights")
 
 
 def dot_product_attention_weights(
@@ -68,36 +69,11 @@ def dot_product_attention_weights(
     ``intermediates`` collection as ``attention_weights`` (before dropout), so
     they can be inspected without a second function.
     """
-    if (precision is not None or einsum_dot_general is not None) and einsum is not None:
-        raise ValueError("precision/einsum_dot_general and einsum are mutually exclusive; give one.")
-    if einsum is None:
-        einsum = _einsum(precision, einsum_dot_general)
-    query, key = promote_dtype(query, key, dtype=dtype)
-    dtype = query.dtype
-    if query.ndim != key.ndim or query.shape[:-3] != key.shape[:-3] or query.shape[-2:] != key.shape[-2:]:
-        raise ValueError(f"query {query.shape} and key {key.shape} must agree on batch dims, heads and depth")
-
-    query = query / jnp.sqrt(query.shape[-1]).astype(dtype)
-    weights = einsum("...qhd,...khd->...hqk", query, key)
-    if bias is not None:
-        weights = weights + bias
-    if mask is not None:
-        weights = jnp.where(mask, weights, jnp.finfo(dtype).min)
-    if force_fp32_for_softmax and dtype != jnp.float32:
-        weights = jax.nn.softmax(weights.astype(jnp.float32))
-    else:
-        weights = jax.nn.softmax(weights).astype(dtype)
-
-    if module is not None:
-        module.sow("intermediates", "attention_weights", weights)
-
-    if not deterministic and dropout_rate > 0.0:
-        keep_prob = 1.0 - dropout_rate
-        # A broadcast mask is shared by every batch element and head.
-        shape = (1,) * (key.ndim - 2) + weights.shape[-2:] if broadcast_dropout else weights.shape
-        keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
-        weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
-    return weights
+    return F.dot_product_attention_weights(
+        query, key, bias, mask, broadcast_dropout=broadcast_dropout, dropout_rng=dropout_rng,
+        dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype, precision=precision,
+        force_fp32_for_softmax=force_fp32_for_softmax, einsum_dot_general=einsum_dot_general, einsum=einsum,
+        record=_sower(module))
 
 
 def dot_product_attention(
@@ -115,22 +91,12 @@ def dot_product_attention(
     are those of ``dot_product_attention_weights``.  The two ``*_einsum``
     overrides (given together) replace ``jnp.einsum``, e.g. for quantization.
     """
-    if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
-        raise ValueError("qk_attn_weights_einsum and attn_weights_value_einsum must be given together.")
-    if (precision is not None or einsum_dot_general is not None) and qk_attn_weights_einsum is not None:
-        raise ValueError("precision/einsum_dot_general and the *_einsum overrides are mutually exclusive.")
-    query, key, value = promote_dtype(query, key, value, dtype=dtype)
-    if key.shape[:-1] != value.shape[:-1] or key.ndim != value.ndim:
-        raise ValueError(f"key {key.shape} and value {value.shape} must agree on all but the depth axis")
-    weights = dot_product_attention_weights(
-        query, key, bias, mask, broadcast_dropout, dropout_rng, dropout_rate, deterministic,
-        query.dtype, precision, module, force_fp32_for_softmax,
-        einsum_dot_general=einsum_dot_general, einsum=qk_attn_weights_einsum)
-    # force_fp32_for_softmax leaves the weights in float32: mix them with the
-    # values by an explicit cast, which strict dtype promotion accepts.
-    weights, value = promote_dtype(weights, value)
-    einsum = attn_weights_value_einsum or _einsum(precision, einsum_dot_general)
-    return einsum("...hqk,...khd->...qhd", weights, value)
+    return F.dot_product_attention(
+        query, key, value, bias, mask, broadcast_dropout=broadcast_dropout, dropout_rng=dropout_rng,
+        dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype, precision=precision,
+        force_fp32_for_softmax=force_fp32_for_softmax, einsum_dot_general=einsum_dot_general,
+        qk_attn_weights_einsum=qk_attn_weights_einsum, attn_weights_value_einsum=attn_weights_value_einsum,
+        record=_sower(module))
 
 
 class MultiHeadDotProductAttention(Module):
@@ -275,7 +241,7 @@ class MultiHeadDotProductAttention(Module):
         if not initialized:
             return key, value, mask
 
-        *batch_dims, max_length, num_heads, depth = cached_key.value.shape
+        *batch_dims, _, num_heads, depth = cached_key.value.shape
         expected = (*batch_dims, 1, num_heads, depth)
         if query.shape != expected:
             raise errors.VariableShapeError(
@@ -284,15 +250,10 @@ class MultiHeadDotProductAttention(Module):
                 path=(*self.path, "cached_key"), **site(about=self),
                 fix="feed one token per call ([batch..., 1, features]) with the batch shape used at init")
         index = cache_index.value
-        zero = jnp.zeros((), index.dtype)
-        start = (zero,) * len(batch_dims) + (index, zero, zero)
-        key = lax.dynamic_update_slice(cached_key.value, key, start)
-        value = lax.dynamic_update_slice(cached_value.value, value, start)
+        key, value, written = F.decode_cache_update(cached_key.value, cached_value.value, index, key, value)
         cached_key.value = key
         cached_value.value = value
         cache_index.value = index + 1
-        # The single query may only see the positions written so far.
-        written = jnp.broadcast_to(jnp.arange(max_length) <= index, (*batch_dims, 1, 1, max_length))
         return key, value, combine_masks(mask, written)
 
 
@@ -315,37 +276,3 @@ class SelfAttention(MultiHeadDotProductAttention):
                  sow_weights: bool = False) -> Array:
         return super().__call__(inputs_q, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
                                 sow_weights=sow_weights)
-
-
-def make_attention_mask(query_input: Array, key_input: Array,
-                        pairwise_fn: Callable[..., Any] = jnp.multiply, extra_batch_dims: int = 0,
-                        dtype: Any = jnp.float32) -> Array:
-    """``pairwise_fn(query_input[..., :, None], key_input[..., None, :])`` with a
-    singleton heads axis, ``[batch..., 1, q_length, kv_length]``: the mask shape
-    attention broadcasts over heads.  ``extra_batch_dims`` prepends singleton axes."""
-    mask = pairwise_fn(jnp.expand_dims(query_input, -1), jnp.expand_dims(key_input, -2))
-    mask = jnp.expand_dims(mask, -3)
-    mask = jnp.expand_dims(mask, tuple(range(extra_batch_dims)))
-    return mask.astype(dtype)
-
-
-def make_causal_mask(x: Array, extra_batch_dims: int = 0, dtype: Any = jnp.float32) -> Array:
-    """``[batch..., 1, length, length]`` mask letting position ``i`` see positions
-    ``<= i``; only ``x``'s shape ``[batch..., length]`` is used."""
-    positions = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
-    return make_attention_mask(positions, positions, jnp.greater_equal, extra_batch_dims=extra_batch_dims,
-                               dtype=dtype)
-
-
-def combine_masks(*masks: Array | None, dtype: Any = jnp.float32) -> Array | None:
-    """Logical AND of the masks that are not ``None`` (all of one rank), as ``dtype``;
-    ``None`` when none are given, so optional masks can be passed straight through."""
-    given = [m for m in masks if m is not None]
-    if not given:
-        return None
-    if len({m.ndim for m in given}) != 1:
-        raise ValueError(f"masks must have the same rank, got ranks {[m.ndim for m in given]}")
-    mask = given[0]
-    for other in given[1:]:
-        mask = jnp.logical_and(mask, other)
-    return mask.astype(dtype)

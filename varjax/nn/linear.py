@@ -38,7 +38,7 @@ import numpy as np
 from jax import lax
 
 from varjax import functional as F
-from varjax.functional.conv import canonicalize_padding as canonicalize_padding
+from varjax.functional.convolution import canonicalize_padding as canonicalize_padding
 from varjax.ir import axis_metadata
 from varjax.nn import dtypes, initializers
 from varjax.nn.dtypes import promote_dtype as promote_dtype

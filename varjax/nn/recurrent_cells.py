@@ -13,20 +13,22 @@ match ``flax.linen``:
 
 ``RNN`` and ``Bidirectional`` are in ``varjax.nn.recurrent``, which re-exports
 every cell here.
+
+A cell computes its gates' pre-activations with its submodules and hands them to
+``varjax.functional.recurrent`` (``lstm_step``, ``gru_step``, ``mgu_step``, ``simple_step``,
+``fused_dense``) for the step itself.
 """
 from __future__ import annotations
 
 import functools
-import operator
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from varjax.functional import recurrent as F
 from varjax.nn import initializers
 from varjax.nn.activation import sigmoid, tanh
-from varjax.nn.dtypes import promote_dtype
 from varjax.nn.linear import Conv, Dense, default_kernel_init
 from varjax.nn.module import Module, compact, nowrap
 from varjax.nn.typing import Dtype, Initializer, PrecisionLike
@@ -36,16 +38,6 @@ __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "MGUCell",
 
 Array = jax.Array
 Carry = Any
-
-
-def _mixed(op: Callable[[Array, Array], Array], a: Array, b: Array) -> Array:
-    """``op(a, b)`` in the dtype standard promotion gives, by an explicit cast.
-
-    Gates are computed in ``dtype`` but the carry is kept in ``param_dtype``;
-    Linen mixes them implicitly, which strict dtype promotion rejects.
-    """
-    a, b = promote_dtype(a, b, inexact=False)
-    return op(a, b)
 
 
 class RNNCellBase(Module):
@@ -124,12 +116,8 @@ class LSTMCell(_GatedCell):
                                     dtype=self.dtype, param_dtype=self.param_dtype)
         dense_i = functools.partial(Dense, features=h.shape[-1], use_bias=False, kernel_init=self.kernel_init,
                                     dtype=self.dtype, param_dtype=self.param_dtype)
-        i = self.gate_fn(dense_i(name="ii")(inputs) + dense_h(name="hi")(h))
-        f = self.gate_fn(dense_i(name="if")(inputs) + dense_h(name="hf")(h))
-        g = self.activation_fn(dense_i(name="ig")(inputs) + dense_h(name="hg")(h))
-        o = self.gate_fn(dense_i(name="io")(inputs) + dense_h(name="ho")(h))
-        new_c = _mixed(operator.add, _mixed(operator.mul, f, c), i * g)
-        new_h = _mixed(operator.mul, o, self.activation_fn(new_c))
+        i, f, g, o = (dense_i(name=f"i{gate}")(inputs) + dense_h(name=f"h{gate}")(h) for gate in "ifgo")
+        new_c, new_h = F.lstm_step(c, i, f, g, o, gate_fn=self.gate_fn, activation_fn=self.activation_fn)
         return (new_c, new_h), new_h
 
 
@@ -151,10 +139,11 @@ class GRUCell(_GatedCell):
                                     dtype=self.dtype, param_dtype=self.param_dtype)
         dense_i = functools.partial(Dense, features=h.shape[-1], use_bias=True, kernel_init=self.kernel_init,
                                     bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype)
-        r = self.gate_fn(dense_i(name="ir")(inputs) + dense_h(name="hr")(h))
-        z = self.gate_fn(dense_i(name="iz")(inputs) + dense_h(name="hz")(h))
-        n = self.activation_fn(dense_i(name="in")(inputs) + r * dense_h(name="hn", use_bias=True)(h))
-        new_h = _mixed(operator.add, (1.0 - z) * n, _mixed(operator.mul, z, h))
+        r = dense_i(name="ir")(inputs) + dense_h(name="hr")(h)
+        z = dense_i(name="iz")(inputs) + dense_h(name="hz")(h)
+        x_n = dense_i(name="in")(inputs)
+        h_n = dense_h(name="hn", use_bias=True)(h)
+        new_h = F.gru_step(h, r, z, x_n, h_n, gate_fn=self.gate_fn, activation_fn=self.activation_fn)
         return new_h, new_h
 
 
@@ -176,14 +165,12 @@ class SimpleCell(_VectorCell):
 
     @compact
     def __call__(self, carry: Array, inputs: Array) -> tuple[Array, Array]:
-        new_carry = (
-            Dense(carry.shape[-1], use_bias=True, kernel_init=self.kernel_init, bias_init=self.bias_init,
-                  dtype=self.dtype, param_dtype=self.param_dtype, name="i")(inputs)
-            + Dense(carry.shape[-1], use_bias=False, kernel_init=self.recurrent_kernel_init,
-                    dtype=self.dtype, param_dtype=self.param_dtype, name="h")(carry))
-        if self.residual:
-            new_carry = _mixed(operator.add, new_carry, carry)
-        new_carry = self.activation_fn(new_carry)
+        x_part = Dense(carry.shape[-1], use_bias=True, kernel_init=self.kernel_init, bias_init=self.bias_init,
+                       dtype=self.dtype, param_dtype=self.param_dtype, name="i")(inputs)
+        h_part = Dense(carry.shape[-1], use_bias=False, kernel_init=self.recurrent_kernel_init,
+                       dtype=self.dtype, param_dtype=self.param_dtype, name="h")(carry)
+        new_carry = F.simple_step(carry, x_part, h_part, residual=self.residual,
+                                  activation_fn=self.activation_fn)
         return new_carry, new_carry
 
 
@@ -226,26 +213,11 @@ class OptimizedLSTMCell(_GatedCell):
             from_i[gate] = dense_params(use_bias=False, kernel_init=self.kernel_init, name=f"i{gate}")(inputs)
             from_h[gate] = dense_params(use_bias=True, kernel_init=self.recurrent_kernel_init,
                                         name=f"h{gate}")(h)
-        ys_h = self._fused(h, [from_h[g] for g in gates])
-        ys_i = self._fused(inputs, [from_i[g] for g in gates])
-        pre = {g: ys_h[k] + ys_i[k] for k, g in enumerate(gates)}
-        i, f, o = self.gate_fn(pre["i"]), self.gate_fn(pre["f"]), self.gate_fn(pre["o"])
-        g = self.activation_fn(pre["g"])
-        new_c = _mixed(operator.add, _mixed(operator.mul, f, c), i * g)
-        new_h = _mixed(operator.mul, o, self.activation_fn(new_c))
+        ys_h = F.fused_dense(h, [from_h[g] for g in gates], dtype=self.dtype)
+        ys_i = F.fused_dense(inputs, [from_i[g] for g in gates], dtype=self.dtype)
+        i, f, g, o = (y_h + y_i for y_h, y_i in zip(ys_h, ys_i))
+        new_c, new_h = F.lstm_step(c, i, f, g, o, gate_fn=self.gate_fn, activation_fn=self.activation_fn)
         return (new_c, new_h), new_h
-
-    @nowrap
-    def _fused(self, x: Array, params: Sequence[tuple[Array, Array | None]]) -> list[Array]:
-        """``x @ kernel + bias`` for every ``(kernel, bias)`` in ``params``, as one matmul."""
-        kernel = jnp.concatenate([k for k, _ in params], axis=-1)
-        biases = [b for _, b in params if b is not None]
-        bias = jnp.concatenate(biases, axis=-1) if biases else None
-        x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
-        y = jnp.dot(x, kernel)
-        if bias is not None:
-            y = y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
-        return jnp.split(y, np.cumsum([k.shape[-1] for k, _ in params[:-1]]), axis=-1)
 
 
 class MGUCell(_VectorCell):
@@ -280,12 +252,11 @@ class MGUCell(_VectorCell):
                                     bias_init=self.activation_bias_init)
         dense_i = functools.partial(Dense, features=h.shape[-1], use_bias=True, dtype=self.dtype,
                                     param_dtype=self.param_dtype, kernel_init=self.kernel_init)
-        f = self.gate_fn(dense_i(name="if", bias_init=self.forget_bias_init)(inputs) + dense_h(name="hf")(h))
-        hidden = dense_h(name="hn", use_bias=self.reset_gate)(h)
-        if self.reset_gate:
-            hidden = hidden * f
-        n = self.activation_fn(dense_i(name="in", bias_init=self.activation_bias_init)(inputs) + hidden)
-        new_h = _mixed(operator.add, (1.0 - f) * n, _mixed(operator.mul, f, h))
+        f = dense_i(name="if", bias_init=self.forget_bias_init)(inputs) + dense_h(name="hf")(h)
+        h_n = dense_h(name="hn", use_bias=self.reset_gate)(h)
+        x_n = dense_i(name="in", bias_init=self.activation_bias_init)(inputs)
+        new_h = F.mgu_step(h, f, x_n, h_n, reset_gate=self.reset_gate, gate_fn=self.gate_fn,
+                           activation_fn=self.activation_fn)
         return new_h, new_h
 
 
@@ -315,8 +286,8 @@ class ConvLSTMCell(RNNCellBase):
                                  dtype=self.dtype, param_dtype=self.param_dtype)
         gates = conv(name="ih")(inputs) + conv(name="hh")(h)
         i, g, f, o = jnp.split(gates, 4, axis=-1)
-        new_c = _mixed(operator.add, _mixed(operator.mul, sigmoid(f + 1), c), sigmoid(i) * jnp.tanh(g))
-        new_h = _mixed(operator.mul, sigmoid(o), jnp.tanh(new_c))
+        # The forget gate's +1 starts it near open.
+        new_c, new_h = F.lstm_step(c, i, f + 1, g, o, gate_fn=sigmoid, activation_fn=jnp.tanh)
         return (new_c, new_h), new_h
 
     @nowrap

@@ -8,6 +8,8 @@ input unchanged.  The mask is drawn from the ``'dropout'`` RNG stream
 With the same ``rngs`` keys the masks are Linen's bit for bit (Linen's key
 derivation, ``notes/randomness.md``); with a ``vj.Rngs`` they follow NNX's.
 
+The mask itself is ``varjax.functional.dropout``'s, given the key drawn here.
+
 Sharp edges:
   * ``broadcast_dims`` shares one mask entry along those axes (e.g. the time
     axis, for the same mask at every step).
@@ -17,9 +19,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
-from jax import lax
 
+from varjax.functional.stochastic import dropout
 from varjax.nn.dtypes import merge_param
 from varjax.nn.module import Module, compact
 
@@ -45,14 +46,6 @@ class Dropout(Module):
         deterministic = merge_param("deterministic", self.deterministic, deterministic)
         if deterministic or self.rate == 0.0:
             return inputs
-        if self.rate == 1.0:
-            # keep_prob would be 0: avoid the 0/0 of rescaling.
-            return jnp.zeros_like(inputs)
-        keep_prob = 1.0 - self.rate
-        if rng is None:
+        if rng is None and self.rate != 1.0:    # rate 1 zeroes everything and draws nothing
             rng = self.make_rng(self.rng_collection)
-        mask_shape = list(inputs.shape)
-        for dim in self.broadcast_dims:
-            mask_shape[dim] = 1
-        keep = jnp.broadcast_to(jax.random.bernoulli(rng, p=keep_prob, shape=mask_shape), inputs.shape)
-        return lax.select(keep, inputs / keep_prob, jnp.zeros_like(inputs))
+        return dropout(inputs, self.rate, rng, broadcast_dims=self.broadcast_dims)

@@ -14,6 +14,9 @@ unchanged:
   With ``update_stats=True`` the new ``u`` and ``sigma`` are stored: apply with
   ``mutable=['batch_stats']``.
 
+The arithmetic on one weight is ``varjax.functional.weight_normalization``'s (``weight_norm``,
+``spectral_norm``); the wrappers here choose the variables and keep the wrapper's own.
+
 Sharp edges:
   * ``SpectralNorm`` draws its first ``u`` from the ``params`` stream at init.
   * Variables of rank 0 or 1 pass through ``SpectralNorm`` unchanged.
@@ -25,22 +28,17 @@ from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
+from varjax.functional import weight_normalization as F
+from varjax.functional.normalization import canonical_axes
 from varjax.ir import errors
 from varjax.nn import initializers
-from varjax.nn.dtypes import canonicalize_dtype, promote_dtype
 from varjax.nn.module import Module, compact, nowrap
 from varjax.nn.typing import Axes, Dtype, Initializer
 from varjax.trace.context import site
 from varjax.transforms.calls import map_variables
 
 __all__ = ["WeightNorm", "SpectralNorm"]
-
-
-def _l2_normalize(x: jax.Array, axis: Any = None, eps: float = 1e-12) -> jax.Array:
-    """``x / ||x||`` over ``axis`` (all axes if None), with ``eps`` inside the root."""
-    return x * lax.rsqrt(jnp.sum(x * x, axis=axis, keepdims=True) + eps)
 
 
 def _wrapped_name(layer: Module, path: tuple) -> str:
@@ -86,22 +84,12 @@ class WeightNorm(Module):
         name = _wrapped_name(self.layer_instance, path)
         if self.variable_filter and not any(f in name for f in self.variable_filter):
             return value
-        if self.feature_axes is None:
-            feature_axes: tuple[int, ...] = ()
-        else:
-            axes = self.feature_axes if isinstance(self.feature_axes, Iterable) else (self.feature_axes,)
-            feature_axes = tuple(sorted({a % value.ndim for a in axes}))
-        reduction_axes = tuple(a for a in range(value.ndim) if a not in feature_axes)
-        normalized = _l2_normalize(value, axis=reduction_axes, eps=self.epsilon)
-        dtype_args = [value]
+        feature_axes = () if self.feature_axes is None else canonical_axes(value.ndim, self.feature_axes)
+        scale = None
         if self.use_scale:
             scale = self.param(name + "/scale", self.scale_init, tuple(value.shape[a] for a in feature_axes),
                                self.param_dtype)
-            scale = jnp.reshape(scale, tuple(value.shape[a] if a in feature_axes else 1
-                                             for a in range(value.ndim)))
-            normalized = jnp.multiply(*promote_dtype(normalized, scale, inexact=False))
-            dtype_args.append(scale)
-        return jnp.asarray(normalized, canonicalize_dtype(*dtype_args, dtype=self.dtype))
+        return F.weight_norm(value, scale, feature_axes=feature_axes, epsilon=self.epsilon, dtype=self.dtype)
 
 
 class SpectralNorm(Module):
@@ -136,25 +124,17 @@ class SpectralNorm(Module):
         if value.ndim <= 1 or self.n_steps < 1:
             return value
         name = _wrapped_name(self.layer_instance, path)
-        if value.ndim > 2:
-            if self.error_on_non_matrix:
-                raise errors.ConfigError(
-                    f"SpectralNorm got the {value.ndim}-D variable {name!r} but error_on_non_matrix=True.",
-                    **site(), fix="set error_on_non_matrix=False to flatten its leading axes.")
-            value = jnp.reshape(value, (-1, shape[-1]))
+        if value.ndim > 2 and self.error_on_non_matrix:
+            raise errors.ConfigError(
+                f"SpectralNorm got the {value.ndim}-D variable {name!r} but error_on_non_matrix=True.",
+                **site(), fix="set error_on_non_matrix=False to flatten its leading axes.")
         rng = None if self.has_variable(self.collection_name, name + "/u") else self.make_rng("params")
         u_var = self.variable(self.collection_name, name + "/u", _normal_or_zeros, rng, (1, shape[-1]),
                               self.param_dtype)
         sigma_var = self.variable(self.collection_name, name + "/sigma", jnp.ones, (), self.param_dtype)
-        u, value = promote_dtype(u_var.value, value, inexact=False)
-        for _ in range(self.n_steps):
-            v = _l2_normalize(u @ value.T, eps=self.epsilon)
-            u = _l2_normalize(v @ value, eps=self.epsilon)
-        u, v = lax.stop_gradient(u), lax.stop_gradient(v)
-        sigma = (v @ value @ u.T)[0, 0]
-        value = value / jnp.where(sigma != 0, sigma, jnp.ones((), sigma.dtype))
+        value, u, sigma = F.spectral_norm(value, u_var.value, n_steps=self.n_steps, epsilon=self.epsilon,
+                                          dtype=self.dtype)
         if update_stats:
             u_var.value = u
             sigma_var.value = sigma
-        dtype = canonicalize_dtype(value, u, v, sigma, dtype=self.dtype)
-        return jnp.asarray(jnp.reshape(value, shape), dtype)
+        return value
