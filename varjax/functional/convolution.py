@@ -109,6 +109,21 @@ def conv_kernel_shape(kernel_size: tuple[int, ...], in_features: int, features: 
     return kernel_size + (in_features // feature_group_count, features)
 
 
+def _prepared(x, kernel, bias, padding, kernel_size: tuple, kernel_dilation, mask, dtype,
+              promote_dtype: "PromoteDtype"):
+    """What the shared and the unshared convolution do before convolving: batch dimensions
+    flattened, the input padded (``CIRCULAR``, ``REFLECT``, ``CAUSAL`` by hand), the kernel masked, and
+    the operands promoted.  Returns them with the batch shape, the padding left for lax and
+    the per-axis kernel dilation."""
+    rank = len(kernel_size)
+    x, batch_shape = _flatten_batch(x, rank)
+    kernel_dilation = _per_axis(kernel_dilation, rank)
+    x, padding = _pad_input(x, padding, kernel_size, kernel_dilation)
+    kernel = _masked(kernel, mask)
+    x, kernel, bias = promote_dtype(x, kernel, bias, dtype=dtype)
+    return x, kernel, bias, batch_shape, padding, kernel_dilation
+
+
 def conv(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None, *, strides: PerAxis = 1,
          padding: PaddingLike = "SAME", input_dilation: PerAxis = 1, kernel_dilation: PerAxis = 1,
          feature_group_count: int = 1, mask: jax.Array | None = None, dtype: Any = None,
@@ -117,11 +132,8 @@ def conv(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None, *, stri
     """An N-d convolution (``lax.conv_general_dilated``): one kernel shared by every position."""
     kernel_size = tuple(kernel.shape[:-2])
     rank = len(kernel_size)
-    x, batch_shape = _flatten_batch(x, rank)
-    kernel_dilation = _per_axis(kernel_dilation, rank)
-    x, padding = _pad_input(x, padding, kernel_size, kernel_dilation)
-    kernel = _masked(kernel, mask)
-    x, kernel, bias = promote_dtype(x, kernel, bias, dtype=dtype)
+    x, kernel, bias, batch_shape, padding, kernel_dilation = _prepared(
+        x, kernel, bias, padding, kernel_size, kernel_dilation, mask, dtype, promote_dtype)
     y = conv_general_dilated(x, kernel, _per_axis(strides, rank), padding,
                              lhs_dilation=_per_axis(input_dilation, rank), rhs_dilation=kernel_dilation,
                              dimension_numbers=_dimension_numbers(x.ndim),
@@ -167,11 +179,8 @@ def conv_local(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None, *
     ``kernel`` and ``bias`` have the shapes ``conv_local_shapes`` gives.
     """
     rank = len(kernel_size)
-    x, batch_shape = _flatten_batch(x, rank)
-    kernel_dilation = _per_axis(kernel_dilation, rank)
-    x, padding = _pad_input(x, padding, kernel_size, kernel_dilation)
-    kernel = _masked(kernel, mask)
-    x, kernel, bias = promote_dtype(x, kernel, bias, dtype=dtype)
+    x, kernel, bias, batch_shape, padding, kernel_dilation = _prepared(
+        x, kernel, bias, padding, kernel_size, kernel_dilation, mask, dtype, promote_dtype)
     y = lax.conv_general_dilated_local(x, kernel, _per_axis(strides, rank), padding, kernel_size,
                                        lhs_dilation=_per_axis(input_dilation, rank),
                                        rhs_dilation=kernel_dilation,

@@ -105,9 +105,8 @@ class LiftedRegion:
 
     def __init__(self, body: Callable[..., Any], call: "_LiftedCall", path: tuple[str, ...]):
         self._lifted = call
-        # The scope the body runs in (a leading module's path, else the function's scope):
-        # ``group_to_variables``/``variables_to_group`` make group keys relative to it, as
-        # Linen's dicts are.
+        # The scope the body runs in (a leading module's path, else the function's scope): the
+        # group conversions make group keys relative to it, as Linen's dicts are.
         self.path = path
         self.body = body
         self._fns: dict[tuple, tuple[Functionalized, dict]] = {}
