@@ -18,7 +18,6 @@ objects between places, are ``varjax.objects.control_flow``.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, Callable, Sequence
 
 import jax
@@ -54,13 +53,13 @@ class _Pure:
     passed: what they share is found there, since JAX copies each place separately, and
     the updates are written back there.  A trace of ``pure`` (which JAX runs, if at all,
     during the call) takes the graph of the copies from it (``Graph.copies``): ``call``
-    hands it over (per thread: two threads may call one transformed function at once)."""
+    hands it over in ``self.current``."""
 
     def __init__(self, fn: Callable, names: Sequence[str]):
         self.fn, self.names = fn, tuple(names)
         self._made: dict[Any, Callable] = {}
         self.graphs = ArgumentGraphs()
-        self._handed = threading.local()
+        self.current: Graph | None = None
 
     def originals(self, args: tuple, kwargs: dict) -> Graph:
         """The graph of one call's argument objects (``graph_of``), kept across calls."""
@@ -69,12 +68,11 @@ class _Pure:
     def call(self, graph: Graph, transformed: Callable, *args: Any, **kwargs: Any) -> Any:
         """``transformed(*args, **kwargs)``, a traced ``pure`` taking its graph from
         ``graph``."""
-        previous = getattr(self._handed, "graph", None)
-        self._handed.graph = graph
+        previous, self.current = self.current, graph
         try:
             return transformed(*args, **kwargs)
         finally:
-            self._handed.graph = previous
+            self.current = previous
 
     def get(self, graph: Graph, make: Callable[[Callable], Callable], extra: tuple = (),
             first: Sequence[int] = ()) -> Callable:
@@ -88,7 +86,7 @@ class _Pure:
         found = self._made.get(key)
         if found is None:
             def pure(*args: Any, **kwargs: Any) -> tuple[Any, Result]:
-                inside = self._handed.graph.copies((args, dict(kwargs)))
+                inside = self.current.copies((args, dict(kwargs)))
                 return run(self.fn, args, kwargs, graph=inside, shared=shared, sources=sources)
             functools.update_wrapper(pure, self.fn)
             found = self._made[key] = make(pure)
@@ -111,7 +109,7 @@ class _Pure:
                 args = list(flat_args)
                 for i, treedef in zip(positions, defs):
                     args[i] = treedef.unflatten(flat_args[i])
-                inside = self._handed.graph.copies((tuple(args), {}))
+                inside = self.current.copies((tuple(args), {}))
                 out, result = run(self.fn, args, {}, graph=inside, shared=shared)
                 return out, result.updates, result.created, result.captured
             functools.update_wrapper(pure, self.fn)
