@@ -52,7 +52,7 @@ class Graph:
     places: list[int]
     treedef: Any
     leaves: list[Any]
-    paths: list[tuple[str, ...]]     # per leaf, its key path
+    paths: list[tuple[str, ...]]     # per leaf, its key path (``()`` with ``paths=False``)
     is_object: list[bool]            # per leaf
     cells: list[tuple[Node, Cell]] = dataclasses.field(init=False)
     # Set when the graph is kept by ``ArgumentGraphs``: the positions of the node arguments
@@ -82,9 +82,14 @@ class Graph:
                     node.kind.add(node.obj, col, path, value)
 
     @classmethod
-    def of(cls, tree: Any) -> "Graph":
-        """The nodes of ``tree``, each at its key path (``run.graph_of`` names the arguments)."""
-        with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)
+    def of(cls, tree: Any, paths: bool = True) -> "Graph":
+        """``paths=False``: skip the key paths (``prefix`` is ``()``), for a caller that
+        only writes back; a call's trace needs them (``run.graph_of``)."""
+        if paths:
+            with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)
+        else:
+            leaves, treedef = jax.tree.flatten(tree, is_leaf=is_node)
+            with_paths = [((), leaf) for leaf in leaves]
         nodes: list[Node] = []
         places: list[int] = []
         seen: dict[int, int] = {}
@@ -102,37 +107,6 @@ class Graph:
             places.append(len(nodes))
             nodes.append(Node(leaf, kind, path, kind.cells(leaf)))
         return cls(nodes, places, treedef, [leaf for _, leaf in with_paths], names, is_object)
-
-    def copies(self, tree: Any) -> "Graph":
-        """The graph of the copies a JAX transform made of this graph's tree (``tree``,
-        of the same structure), without walking it again: each node keeps its kind and
-        place, its copy gets its cells.  A node this tree reaches twice has two copies
-        (JAX copies each place); the first stands for both, so the copies share as the
-        originals do.  One graph per call: the originals' is built once, outside the
-        transform, and handed inside."""
-        leaves, treedef = jax.tree.flatten(tree, is_leaf=is_node)
-        nodes: list[Node | None] = [None] * len(self.nodes)
-        places = iter(self.places)
-        for i, is_object in enumerate(self.is_object):
-            if is_object:
-                j = next(places)
-                node = nodes[j]
-                if node is None:
-                    orig, leaf = self.nodes[j], leaves[i]
-                    node = nodes[j] = Node(leaf, orig.kind, orig.prefix, orig.kind.cells(leaf))
-                leaves[i] = node.obj
-        graph = Graph(nodes, self.places, treedef, leaves, self.paths, self.is_object)
-        graph.memo["statics"] = self.statics()
-        return graph
-
-    def statics(self) -> list[Any]:
-        """Per node, what its structure contributes to a trace's cache key: its type and
-        treedef (the same for a node and its copies).  Computed once per graph."""
-        found = self.memo.get("statics")
-        if found is None:
-            found = self.memo["statics"] = [(type(n.obj), jax.tree.structure(n.obj))
-                                            for n in self.nodes]
-        return found
 
     def shared(self) -> tuple[int, ...]:
         """Per cell (``cells`` order), the cell that stands for its variable: itself, or

@@ -44,35 +44,26 @@ def dealias(args: tuple, kwargs: dict, places: tuple[int, ...]) -> tuple[tuple, 
     return jax.tree.unflatten(tree, leaves)
 
 
+def _originals(args: tuple, kwargs: dict) -> Graph:
+    """The argument objects of one call, to write back into.  JAX copies each place
+    separately, so what they share (``Graph.shared``) is found here, on the originals, and
+    handed to ``run`` inside."""
+    return Graph.of((args, dict(kwargs)), paths=False)
+
+
 class _Pure:
     """``fn`` as the pure function a JAX transform takes: ``(*copies) -> (out, Result)``,
     one per argument structure (``key``: the graph's ``places``, its ``shared`` cells, then
-    what the transform adds), cached so JAX's caches see the same function.
-
-    The graph of a call is built once, outside the transform, on the objects the caller
-    passed: what they share is found there, since JAX copies each place separately, and
-    the updates are written back there.  A trace of ``pure`` (which JAX runs, if at all,
-    during the call) takes the graph of the copies from it (``Graph.copies``): ``call``
-    hands it over in ``self.current``."""
+    what the transform adds), cached so JAX's caches see the same function."""
 
     def __init__(self, fn: Callable, names: Sequence[str]):
         self.fn, self.names = fn, tuple(names)
         self._made: dict[Any, Callable] = {}
         self.graphs = ArgumentGraphs()
-        self.current: Graph | None = None
 
     def originals(self, args: tuple, kwargs: dict) -> Graph:
-        """The graph of one call's argument objects (``graph_of``), kept across calls."""
-        return self.graphs.of(args, kwargs, lambda: graph_of(args, kwargs, self.names))
-
-    def call(self, graph: Graph, transformed: Callable, *args: Any, **kwargs: Any) -> Any:
-        """``transformed(*args, **kwargs)``, a traced ``pure`` taking its graph from
-        ``graph``."""
-        previous, self.current = self.current, graph
-        try:
-            return transformed(*args, **kwargs)
-        finally:
-            self.current = previous
+        """The argument objects of one call (``_originals``), kept across calls."""
+        return self.graphs.of(args, kwargs, lambda: _originals(args, kwargs))
 
     def get(self, graph: Graph, make: Callable[[Callable], Callable], extra: tuple = (),
             first: Sequence[int] = ()) -> Callable:
@@ -86,8 +77,9 @@ class _Pure:
         found = self._made.get(key)
         if found is None:
             def pure(*args: Any, **kwargs: Any) -> tuple[Any, Result]:
-                inside = self.current.copies((args, dict(kwargs)))
-                return run(self.fn, args, kwargs, graph=inside, shared=shared, sources=sources)
+                args, kwargs = dealias(args, kwargs, places)
+                return run(self.fn, args, kwargs, names=self.names, shared=shared,
+                           sources=sources)
             functools.update_wrapper(pure, self.fn)
             found = self._made[key] = make(pure)
         return found
@@ -109,8 +101,8 @@ class _Pure:
                 args = list(flat_args)
                 for i, treedef in zip(positions, defs):
                     args[i] = treedef.unflatten(flat_args[i])
-                inside = self.current.copies((tuple(args), {}))
-                out, result = run(self.fn, args, {}, graph=inside, shared=shared)
+                args, _ = dealias(tuple(args), {}, places)
+                out, result = run(self.fn, args, {}, names=self.names, shared=shared)
                 return out, result.updates, result.created, result.captured
             functools.update_wrapper(pure, self.fn)
             jitted = self._made[key] = make(pure)
@@ -120,7 +112,7 @@ class _Pure:
             flat_args = list(args)
             for i, read in readers:
                 flat_args[i] = read()
-            out, updates, created, _ = self.call(graph, jitted, *flat_args)
+            out, updates, created, _ = jitted(*flat_args)
             graph.write_back(updates, created)
             return out
         return call
@@ -148,13 +140,13 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
         return jax.jit(p, static_argnums=static_argnums, donate_argnums=donate_argnums)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = pure.originals(args, kwargs)
+        graph = pure.graphs.of(args, kwargs, lambda: _originals(args, kwargs))
         if graph.node_args is not None:
             flat = graph.memo.get("jit")
             if flat is None:
                 flat = graph.memo["jit"] = pure.flat(graph, make)
             return flat(args)
-        out, result = pure.call(graph, pure.get(graph, make), *args, **kwargs)
+        out, result = pure.get(graph, make)(*args, **kwargs)
         graph.write_back(result.updates, result.created)
         return out
     return wrapper(fn, call)
@@ -169,7 +161,7 @@ def remat(fn: Callable, *, prevent_cse: bool = True, static_argnums: int | Seque
         graph = pure.originals(args, kwargs)
         checkpointed = pure.get(graph, lambda p: jax.checkpoint(
             p, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy))
-        out, result = pure.call(graph, checkpointed, *args, **kwargs)
+        out, result = checkpointed(*args, **kwargs)
         graph.write_back(result.updates, result.created)
         return out
     return wrapper(fn, call)
@@ -196,9 +188,11 @@ def _node_axes(in_axes: Any, args: tuple, kwargs: dict, graph: Graph, what: str)
     axes: dict[int, Any] = {}
     for node_index, axis in zip(graph.places, per_place):
         if axes.setdefault(node_index, axis) != axis:
+            node = graph.nodes[node_index]
             raise errors.InconsistentAliasError(
                 f"{what}: one object is passed twice, with in_axes {axes[node_index]} and "
-                f"{axis}; it has one value, so it cannot be both.", **errors.where(),
+                f"{axis}; it has one value, so it cannot be both.",
+                path=node.prefix or None, **errors.where(),
                 fix="pass it once, or with the same axis in both places")
     return [axes[i] for i in range(len(graph.nodes))]
 
@@ -238,7 +232,7 @@ def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
             out_axes=(out_axes, result_axes), axis_size=axis_size, axis_name=axis_name),
             (tuple(cell_axes),))
         try:
-            out, result = pure.call(graph, vmapped, *args, **kwargs)
+            out, result = vmapped(*args, **kwargs)
         except ValueError as e:
             if "out_axes" not in str(e) or None not in axes:
                 raise
@@ -273,8 +267,7 @@ def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
             return jax.value_and_grad(loss, argnums=argnums, has_aux=True, allow_int=True)
         shared = graph.shared()
         first = _nodes_of(args, graph, argnums) if shared != tuple(range(len(shared))) else ()
-        (value, (aux, result)), grads = pure.call(graph, pure.get(graph, make, first=first),
-                                                  *args, **kwargs)
+        (value, (aux, result)), grads = pure.get(graph, make, first=first)(*args, **kwargs)
         graph.write_back(result.updates, result.created)
         return ((value, aux) if has_aux else value), grads
     return wrapper(fn, call)
@@ -343,17 +336,20 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
             raise errors.TransformError(
                 f"vj.custom_vjp: {getattr(self.fn, '__name__', 'the function')} was called "
                 "before defvjp(fwd, bwd).", **errors.where(), fix="call f.defvjp(fwd, bwd) first")
-        graph = self._graphs.of(args, {}, lambda: graph_of(args, {}, self.names))
-        shared = graph.shared()
+        graph = self._graphs.of(args, {}, lambda: _originals(args, {}))
+        places, shared = tuple(graph.places), graph.shared()
 
         def primal(*a: Any) -> tuple[Any, Result]:
-            inside = graph.copies((a, {}))
-            out, result = run(self.fn, a, {}, graph=inside, shared=shared)
+            a, _ = dealias(a, {}, places)
+            inside = graph_of(a, {}, self.names)
+            out, result = run(self.fn, a, {}, names=self.names, graph=inside, shared=shared)
             return out, self._checked(inside, result)
 
         def forward(*a: Any) -> tuple[tuple[Any, Result], Any]:
-            inside = graph.copies((a, {}))
-            (out, residuals), result = run(self.fwd, a, {}, graph=inside, shared=shared)
+            a, _ = dealias(a, {}, places)
+            inside = graph_of(a, {}, self.names)
+            (out, residuals), result = run(self.fwd, a, {}, names=self.names, graph=inside,
+                                           shared=shared)
             return (out, self._checked(inside, result)), residuals
 
         def backward(*rest: Any) -> tuple:

@@ -207,6 +207,12 @@ def _handed_keys(enclosing: TraceContext, flat: Mapping[Key, Any]) -> dict[str, 
     return keys
 
 
+def _static(node: Any) -> Any:
+    """What a node's structure contributes to the trace's cache key."""
+    leaves, tree = jax.tree.flatten(node.obj)
+    return (type(node.obj), tree)
+
+
 def _jax_outputs(what: str, out: Any) -> Any:
     """Object-mode transforms are JAX transforms of ``run``: their outputs are what JAX
     takes (arrays and numbers), not the strings and other values ``init``/``apply`` return
@@ -289,10 +295,9 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     collected, not written back (paths relative to ``capture_root``); ``given``: starting
     values for captured variables (``vj.capture(..., init=)``), relative to ``capture_root``;
     ``graph``: ``graph_of(args, kwargs, names)`` when the caller already has it (to write
-    back into the same objects), or ``Graph.copies`` of it for JAX's copies; ``shared``:
-    per cell, the cell standing for its variable (``Graph.shared`` of the objects the
-    caller was given: ``args`` are JAX's copies, which share nothing), the cells past its
-    end standing for themselves; None: ``graph``'s own.
+    back into the same objects); ``shared``: per cell, the cell standing for its variable
+    (``Graph.shared`` of the objects the caller was given: ``args`` are JAX's copies, which
+    share nothing), the cells past its end standing for themselves; None: ``graph``'s own.
     A shared variable gets one key, one input, and its update is the standing cell's;
     ``sources`` (as ``shared``; ``Graph.sources``) says which cell's value that input is."""
     graph = graph if graph is not None else graph_of(args, kwargs, names)
@@ -338,8 +343,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
 
     passes = _passes(graph, enclosing)
     functionalized, holder = _functionalized(fn, capture, passes)
-    slots = {id(n.obj): _Slot(i, static)
-             for i, (n, static) in enumerate(zip(graph.nodes, graph.statics()))}
+    slots = {id(n.obj): _Slot(i, _static(n)) for i, n in enumerate(graph.nodes)}
     stripped = jax.tree.unflatten(graph.treedef, [slots[id(x)] if obj else x
                                                   for x, obj in zip(graph.leaves, graph.is_object)])
     holder.update(graph=graph, fn=fn)

@@ -244,13 +244,7 @@ def _bound_cell(root: BoundRoot, collection: str, path: Path, base: Path) -> Cel
     parent = root.variables[collection]
     for name in path[:-1]:
         parent = parent[name]
-    return _bound_cell_at(root, collection, path, base, parent, path[-1])
-
-
-def _bound_cell_at(root: BoundRoot, collection: str, path: Path, base: Path, parent: dict,
-                   leaf: str) -> Cell:
-    """The cell of variable ``path`` of ``collection`` (from the root) at ``parent[leaf]``,
-    for the module at ``base``."""
+    leaf = path[-1]
 
     def set_(value: Any) -> None:
         parent[leaf] = value
@@ -373,21 +367,9 @@ def unflatten_module(aux: Any, children: tuple) -> Any:
         return leaf.module if isinstance(leaf, _Opaque) else leaf
     values, rng_part = children
     variables: dict[str, Any] = {}
-    parents = []
     for (col, path), value in zip(aux.keys, values):
-        parent = variables.setdefault(col, {})
-        for name in path[:-1]:
-            parent = parent.setdefault(name, {})
-        parent[path[-1]] = value
-        parents.append(parent)
+        nested_set(variables.setdefault(col, {}), path, value)
     root = BoundRoot.restore(variables, rng_part, aux.mutable, aux.passes, aux.passes_path)
-    # The cells and the static half are known from ``aux``: an object-mode trace takes the
-    # copies JAX makes apart without walking their variables again (``variable_cells``).
-    # Not when a tree map put a dict where a value was: a walk finds variables inside it.
-    if not any(isinstance(v, dict) for v in values):
-        root.cells[()] = (root.layout, [_bound_cell_at(root, col, path, (), parent, path[-1])
-                                        for (col, path), parent in zip(aux.keys, parents)])
-        root.defs[()] = (root.layout, aux)
     return aux.template.module.clone(parent=root, name=aux.template.module.name)
 
 
