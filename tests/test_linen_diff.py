@@ -799,6 +799,14 @@ _HAND = {
                   M.Lift("remat", form="method")),
             M.LayerNorm(True, False))), 1, ("batch_stats", "stats"), ()))),
         (3, 3, 3), 3, ("all",), passes=M.PassUse("cast-params", (("dtype", "float16"),), 251)),
+    # Found by the fuzzer (issue 33), shrunk: a cond's branch module made before the cond,
+    # whose kernel's matmul there is used (by a nested cond's output); lora adapted that read
+    # with the adapter the outer cond's lift created later: VariableCreationError at init.
+    "lora_kernel_used_before_the_cond_it_is_handed_to": _spec(
+        (M.Sub(M.Node("Stage", "compact", (M.Cond(
+            M.Node("Unit", "compact", (M.Dense(4), M.Cond(M.Node("Core", "setup", (M.Param("w0", 4),)), "neg"))),
+            M.Node("Layer", "compact", (M.Dense(4),)), pre_init=True),))),),
+        (3, 3, 3), passes=M.PassUse("lora", (("rank", 1), ("scale", 1.0)), 0)),
 }
 
 

@@ -91,6 +91,27 @@ class Rule:
         raise NotImplementedError
 
 
+@dataclasses.dataclass(frozen=True)
+class MovedCreations(Rule):
+    """Drops the ``var_set`` by which a lift created a pass's variable just before its
+    transform (``pass_scopes.CreateOutside``: a LoRA adapter of a kernel handed to an
+    ``nn.cond``) when the pass, rewriting this program, created the variable at an earlier
+    read with ``pass_scopes.declare`` (the kernel's matmul before the cond): the variable
+    is created once, where it is first read.  A pass that calls ``declare(beside=...)``
+    rewrites with this rule beside its own; ``modules`` is its ``PassContext.modules``."""
+
+    primitive = var_set_p
+    modules: Any
+
+    def match(self, eqn: _jax.JaxprEqn) -> bool:
+        return self.modules is not None and self.modules.created_outside(
+            (eqn.params["collection"], eqn.params["path"]))
+
+    def rewrite(self, eqn: _jax.JaxprEqn, invals: list[Any], region: "Region") -> list[Any] | None:
+        return [] if self.modules.reached_creation(
+            (eqn.params["collection"], eqn.params["path"])) else None
+
+
 class Region:
     """One (sub-)jaxpr being rewritten: the rewriter, the enclosing region, and state."""
 

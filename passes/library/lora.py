@@ -50,7 +50,7 @@ from varjax.passes.framework.options import (
     program_variables,
     unmatched,
 )
-from varjax.passes.framework.rewrite import Region, Rewriter, Rule
+from varjax.passes.framework.rewrite import MovedCreations, Region, Rewriter, Rule
 from varjax.trace.pass_scopes import declare
 
 _CASTS = ("convert_element_type",)
@@ -86,7 +86,7 @@ class Lora(Pass):
         if not kernels:
             return jaxpr
         ctx.count(self.name, "adapted", len(kernels))
-        return Rewriter([_Adapt(self, ctx, kernels)]).run(jaxpr)
+        return Rewriter([_Adapt(self, ctx, kernels), MovedCreations(ctx.modules)]).run(jaxpr)
 
     def _check_targets(self, targets: re.Pattern, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
         """``targets`` must name some ``params`` variable of the program (a typo adapts

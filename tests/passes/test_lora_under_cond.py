@@ -61,6 +61,37 @@ def test_lora_adapter_of_a_kernel_one_branch_reads_exists_after_the_cond():
     _check_against_linen(2, ("a", ""), (X, -X))
 
 
+def _used_before(mod, cond: bool = True):
+    """A model whose Dense ``a`` computes ``h`` before a cond whose true branch applies
+    ``a`` again (without ``cond``: the true branch, unconditionally)."""
+    class Model(mod.Module):
+        @mod.compact
+        def __call__(self, x):
+            a = mod.Dense(2, name="a")
+            h = a(x)
+            if not cond:
+                return h + a(h)
+            return h + mod.cond(jnp.sum(h) > 0, lambda m, h: a(h), lambda m, h: -h, self, h)
+    return Model()
+
+
+def test_lora_adapter_of_a_kernel_used_before_the_cond_is_created_at_that_use():
+    # The program's lora adapted the read before the cond with the adapter the cond's lift
+    # created later, at the cond: init raised VariableCreationError ("read where it has no
+    # value").  Created once, at the first read, it is what the model without the cond makes.
+    v = dict(_used_before(nn).init(jax.random.key(0), X, passes=PASS))
+    want = _used_before(nn, cond=False).init(jax.random.key(0), X, passes=PASS)
+    assert jax.tree.all(jax.tree.map(np.array_equal, v, dict(want)))
+    v["lora"] = jax.tree.map(lambda t: t + 0.25, v["lora"])        # B nonzero
+    merged = {"params": merge(v, scale=0.5)["params"]}
+    h = {}
+    for x in (X, -X):
+        got = _used_before(nn).apply(v, x, passes=PASS)
+        np.testing.assert_allclose(got, _used_before(ln).apply(merged, x), rtol=1e-6, atol=1e-6)
+        h[float(jnp.sum(got))] = x
+    assert len(h) == 2      # both branches ran
+
+
 class _Tower(nn.Module):
     """A scan body making layers ``a``, ``b`` before a cond whose branches apply one each."""
     cond: bool = True

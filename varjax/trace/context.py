@@ -125,6 +125,10 @@ class TraceContext:
         # On the origin: the supplied variables the code asked for, lifted bodies included
         # (whose own pipelines replace their reads), for ``PassContext.asked``.
         self.asked: set[Key] = set()
+        # Pass variables a lift created in this trace just before its transform
+        # (``pass_scopes.CreateOutside``), each with whether this trace's own pass created
+        # it at an earlier read instead (``pass_scopes.PassScopes``): see ``declare``.
+        self.created_outside: dict[Key, bool] = {}
         base = (filters.freeze(mutable), tuple(sorted(self.rng_streams.items())), initializing, policy)
         self._fingerprint = fingerprint.Fingerprint(base, initializing or mutable is not False,
                                                     self.variables)

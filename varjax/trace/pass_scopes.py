@@ -49,6 +49,7 @@ class PassScopes:
             for key, vt in t.variables.items():
                 ctx.set_type(key, vt)
             ctx.use_passes(t.passes)
+            ctx.created_outside = dict.fromkeys(t.created_outside, False)
             linen = streams.linen_counts(t.origin)
             if linen is not None:
                 streams.start_linen(ctx, linen.streams)
@@ -57,6 +58,18 @@ class PassScopes:
                 streams.set_linen_base(ctx, streams.linen_base(t))
             self._ctx = ctx
         return self._ctx
+
+    def created_outside(self, key: Key) -> bool:
+        """Whether a lift created pass variable ``key`` in the traced program just before
+        its transform (``CreateOutside``), and the rewrite has not reached that yet."""
+        return key in self._context().created_outside
+
+    def reached_creation(self, key: Key) -> bool:
+        """The rewrite reached the ``var_set`` by which a lift created pass variable ``key``
+        before its transform (``CreateOutside``): whether to drop it, because ``declare``
+        created the variable at an earlier read (a kernel whose matmul runs before the
+        cond that is handed it).  Later reads find it existing either way."""
+        return self._context().created_outside.pop(key, False)
 
     @contextlib.contextmanager
     def __call__(self, path: Path) -> Iterator[TraceContext]:
@@ -120,7 +133,13 @@ def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callabl
     ctx = current(owner)
     path = ctx.full_path(name)
     where = errors.where(source_info)
-    if variable_api.has_at(ctx, collection, path):
+    key = (collection, path)
+    if ctx.created_outside.get(key) is False:
+        # Run by the pass of the trace a lift created it in, at a read before that creation
+        # in program order: it is created here, and the lift's creation is dropped when
+        # the rewrite reaches it (``PassScopes.reached_creation``).
+        ctx.created_outside[key] = True
+    elif variable_api.has_at(ctx, collection, path):
         have = ctx.variables[(collection, path)]
         want = VarType(jax.tree.structure(0), (_jax.ShapedArray(tuple(shape), dtype),))
         why = type_checks.mismatch(have, want)
@@ -140,7 +159,7 @@ def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callabl
                 "create them")
     if beside is not None and _handed_in(ctx, beside):
         module = ctx.path_prefix
-        raise CreateOutside((collection, path), lambda: _create_at(
+        raise CreateOutside(key, lambda: _create_at(
             module, owner, collection, name, init_fn, shape, dtype, source_info, beside))
     value = run_init(init_fn, variable_api.make_rng("params"), shape, dtype)
     variable_api.write_at(ctx, collection, path, value)
@@ -160,5 +179,7 @@ def _create_at(module: Path, owner: str, *declared: Any) -> None:
     previous, ctx.path_prefix = ctx.path_prefix, tuple(module)
     try:
         declare(owner, *declared)
+        collection, name = declared[0], declared[1]
+        ctx.created_outside[(collection, ctx.full_path(name))] = False
     finally:
         ctx.path_prefix = previous
