@@ -52,7 +52,7 @@ class Graph:
     places: list[int]
     treedef: Any
     leaves: list[Any]
-    paths: list[tuple[str, ...]]     # per leaf, its key path (``()`` with ``paths=False``)
+    paths: list[tuple[str, ...]]     # per leaf, its key path
     is_object: list[bool]            # per leaf
     cells: list[tuple[Node, Cell]] = dataclasses.field(init=False)
     # Set when the graph is kept by ``ArgumentGraphs``: the positions of the node arguments
@@ -82,14 +82,9 @@ class Graph:
                     node.kind.add(node.obj, col, path, value)
 
     @classmethod
-    def of(cls, tree: Any, paths: bool = True) -> "Graph":
-        """``paths=False``: skip the key paths (``prefix`` is ``()``), for a caller that
-        only writes back; a call's trace needs them (``run.graph_of``)."""
-        if paths:
-            with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)
-        else:
-            leaves, treedef = jax.tree.flatten(tree, is_leaf=is_node)
-            with_paths = [((), leaf) for leaf in leaves]
+    def of(cls, tree: Any) -> "Graph":
+        """The nodes of ``tree``, each at its key path (``run.graph_of`` names the arguments)."""
+        with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)
         nodes: list[Node] = []
         places: list[int] = []
         seen: dict[int, int] = {}
@@ -107,6 +102,35 @@ class Graph:
             places.append(len(nodes))
             nodes.append(Node(leaf, kind, path, kind.cells(leaf)))
         return cls(nodes, places, treedef, [leaf for _, leaf in with_paths], names, is_object)
+
+    def layout(self) -> "Layout":
+        """Where the nodes are, without them (computed once per graph)."""
+        found = self.memo.get("layout")
+        if found is None:
+            found = self.memo["layout"] = Layout(
+                tuple(self.places), tuple(self.is_object), tuple(n.prefix for n in self.nodes),
+                tuple(self.paths), tuple((type(n.obj), jax.tree.structure(n.obj)) for n in self.nodes))
+        return found
+
+    @classmethod
+    def copies(cls, layout: "Layout", tree: Any) -> "Graph":
+        """The graph of the copies a JAX transform made of a tree whose graph has
+        ``layout`` (``tree`` has its structure, with one copy per node, ``dealias``):
+        each node where the layout has it, its cells its copy's, without walking key
+        paths again.  So a call's graph is built once, outside the transform."""
+        leaves, treedef = jax.tree.flatten(tree, is_leaf=is_node)
+        nodes: list[Node | None] = [None] * len(layout.prefixes)
+        places = iter(layout.places)
+        for leaf, is_object in zip(leaves, layout.is_object):
+            if is_object:
+                j = next(places)
+                if nodes[j] is None:
+                    kind = kind_of(leaf)
+                    nodes[j] = Node(leaf, kind, layout.prefixes[j], kind.cells(leaf))
+        graph = cls(nodes, list(layout.places), treedef, leaves, list(layout.paths),
+                    list(layout.is_object))
+        graph.memo["layout"] = layout
+        return graph
 
     def shared(self) -> tuple[int, ...]:
         """Per cell (``cells`` order), the cell that stands for its variable: itself, or
@@ -138,6 +162,34 @@ class Graph:
 
     def _start(self, j: int) -> int:
         return sum(len(n.cells) for n in self.nodes[:j])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Layout:
+    """A graph without its objects: per tree position whether a node is there and which
+    (``places``), each node's prefix, each leaf's key path, and each node's structure
+    (its type and treedef: the same for a node and its copies), which keys a call's trace.
+    Static and hashable (the hash computed once), so a transform's pure function is
+    keyed by it and takes JAX's copies apart by it (``Graph.copies``)."""
+
+    places: tuple[int, ...]
+    is_object: tuple[bool, ...]
+    prefixes: tuple[Path, ...]
+    paths: tuple[tuple[str, ...], ...]
+    statics: tuple[tuple[type, Any], ...]
+
+    def _fields(self) -> tuple:
+        return self.places, self.is_object, self.prefixes, self.paths, self.statics
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: Any) -> bool:
+        return self is other or (isinstance(other, Layout) and self._hash == other._hash
+                                 and self._fields() == other._fields())
 
 
 # Types whose instances are never object nodes and hold none: a call whose positional

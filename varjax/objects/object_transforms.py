@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors
-from varjax.objects.graph import ArgumentGraphs, Graph
+from varjax.objects.graph import ArgumentGraphs, Graph, Layout
 from varjax.objects.nodes import is_node
 from varjax.objects.run import Result, arg_names, graph_of, run
 
@@ -44,11 +44,16 @@ def dealias(args: tuple, kwargs: dict, places: tuple[int, ...]) -> tuple[tuple, 
     return jax.tree.unflatten(tree, leaves)
 
 
-def _originals(args: tuple, kwargs: dict) -> Graph:
-    """The argument objects of one call, to write back into.  JAX copies each place
-    separately, so what they share (``Graph.shared``) is found here, on the originals, and
-    handed to ``run`` inside."""
-    return Graph.of((args, dict(kwargs)), paths=False)
+def _originals(args: tuple, kwargs: dict, names: Sequence[str]) -> Graph:
+    """The argument objects of one call, to write back into; the only graph the call
+    builds.  Inside the transform ``run`` takes JAX's copies apart by its layout
+    (``Graph.copies``); JAX copies each place separately, so what the originals share
+    (``Graph.shared``) is found here and handed in too."""
+    return graph_of(args, kwargs, names)
+
+
+def _copies(layout: Layout, args: tuple, kwargs: dict) -> Graph:
+    return Graph.copies(layout, (args, dict(kwargs)))
 
 
 class _Pure:
@@ -63,7 +68,7 @@ class _Pure:
 
     def originals(self, args: tuple, kwargs: dict) -> Graph:
         """The argument objects of one call (``_originals``), kept across calls."""
-        return self.graphs.of(args, kwargs, lambda: _originals(args, kwargs))
+        return self.graphs.of(args, kwargs, lambda: _originals(args, kwargs, self.names))
 
     def get(self, graph: Graph, make: Callable[[Callable], Callable], extra: tuple = (),
             first: Sequence[int] = ()) -> Callable:
@@ -71,15 +76,16 @@ class _Pure:
         object, which cells one variable (``Graph.shared``), whose value each shared
         variable is read from (``Graph.sources`` of the ``first`` nodes), and what the
         transform adds (``extra``)."""
-        places, shared = tuple(graph.places), graph.shared()
+        layout, shared = graph.layout(), graph.shared()
+        places = layout.places
         sources = graph.sources(first) if first else shared
-        key = (places, shared, sources, extra)
+        key = (layout, shared, sources, extra)
         found = self._made.get(key)
         if found is None:
             def pure(*args: Any, **kwargs: Any) -> tuple[Any, Result]:
                 args, kwargs = dealias(args, kwargs, places)
-                return run(self.fn, args, kwargs, names=self.names, shared=shared,
-                           sources=sources)
+                return run(self.fn, args, kwargs, graph=_copies(layout, args, kwargs),
+                           shared=shared, sources=sources)
             functools.update_wrapper(pure, self.fn)
             found = self._made[key] = make(pure)
         return found
@@ -93,8 +99,9 @@ class _Pure:
         positions = graph.node_args
         nodes = [graph.nodes[place] for place in graph.places]
         defs = tuple(_one_level(n.obj) for n in nodes)
-        places, shared = tuple(graph.places), graph.shared()
-        key = ("flat", places, shared, positions, defs)
+        layout, shared = graph.layout(), graph.shared()
+        places = layout.places
+        key = ("flat", layout, shared, positions, defs)
         jitted = self._made.get(key)
         if jitted is None:
             def pure(*flat_args: Any) -> tuple:
@@ -102,7 +109,8 @@ class _Pure:
                 for i, treedef in zip(positions, defs):
                     args[i] = treedef.unflatten(flat_args[i])
                 args, _ = dealias(tuple(args), {}, places)
-                out, result = run(self.fn, args, {}, names=self.names, shared=shared)
+                out, result = run(self.fn, args, {}, graph=_copies(layout, args, {}),
+                                  shared=shared)
                 return out, result.updates, result.created, result.captured
             functools.update_wrapper(pure, self.fn)
             jitted = self._made[key] = make(pure)
@@ -140,7 +148,7 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
         return jax.jit(p, static_argnums=static_argnums, donate_argnums=donate_argnums)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        graph = pure.graphs.of(args, kwargs, lambda: _originals(args, kwargs))
+        graph = pure.originals(args, kwargs)
         if graph.node_args is not None:
             flat = graph.memo.get("jit")
             if flat is None:
@@ -336,20 +344,19 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
             raise errors.TransformError(
                 f"vj.custom_vjp: {getattr(self.fn, '__name__', 'the function')} was called "
                 "before defvjp(fwd, bwd).", **errors.where(), fix="call f.defvjp(fwd, bwd) first")
-        graph = self._graphs.of(args, {}, lambda: _originals(args, {}))
-        places, shared = tuple(graph.places), graph.shared()
+        graph = self._graphs.of(args, {}, lambda: _originals(args, {}, self.names))
+        layout, shared = graph.layout(), graph.shared()
 
         def primal(*a: Any) -> tuple[Any, Result]:
-            a, _ = dealias(a, {}, places)
-            inside = graph_of(a, {}, self.names)
-            out, result = run(self.fn, a, {}, names=self.names, graph=inside, shared=shared)
+            a, _ = dealias(a, {}, layout.places)
+            inside = _copies(layout, a, {})
+            out, result = run(self.fn, a, {}, graph=inside, shared=shared)
             return out, self._checked(inside, result)
 
         def forward(*a: Any) -> tuple[tuple[Any, Result], Any]:
-            a, _ = dealias(a, {}, places)
-            inside = graph_of(a, {}, self.names)
-            (out, residuals), result = run(self.fwd, a, {}, names=self.names, graph=inside,
-                                           shared=shared)
+            a, _ = dealias(a, {}, layout.places)
+            inside = _copies(layout, a, {})
+            (out, residuals), result = run(self.fwd, a, {}, graph=inside, shared=shared)
             return (out, self._checked(inside, result)), residuals
 
         def backward(*rest: Any) -> tuple:

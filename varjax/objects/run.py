@@ -207,12 +207,6 @@ def _handed_keys(enclosing: TraceContext, flat: Mapping[Key, Any]) -> dict[str, 
     return keys
 
 
-def _static(node: Any) -> Any:
-    """What a node's structure contributes to the trace's cache key."""
-    leaves, tree = jax.tree.flatten(node.obj)
-    return (type(node.obj), tree)
-
-
 def _jax_outputs(what: str, out: Any) -> Any:
     """Object-mode transforms are JAX transforms of ``run``: their outputs are what JAX
     takes (arrays and numbers), not the strings and other values ``init``/``apply`` return
@@ -343,7 +337,8 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
 
     passes = _passes(graph, enclosing)
     functionalized, holder = _functionalized(fn, capture, passes)
-    slots = {id(n.obj): _Slot(i, _static(n)) for i, n in enumerate(graph.nodes)}
+    slots = {id(n.obj): _Slot(i, static) for i, (n, static)
+             in enumerate(zip(graph.nodes, graph.layout().statics))}
     stripped = jax.tree.unflatten(graph.treedef, [slots[id(x)] if obj else x
                                                   for x, obj in zip(graph.leaves, graph.is_object)])
     holder.update(graph=graph, fn=fn)

@@ -240,10 +240,14 @@ class _BoundCell(Cell):
     leaf: str = ""
 
 
-def _bound_cell(root: BoundRoot, collection: str, path: Path, base: Path) -> Cell:
-    parent = root.variables[collection]
-    for name in path[:-1]:
-        parent = parent[name]
+def _bound_cell(root: BoundRoot, collection: str, path: Path, base: Path,
+                parent: dict | None = None) -> Cell:
+    """The cell of variable ``path`` of ``collection`` for the module at ``base``; ``parent``:
+    the dict holding it, when the caller has it."""
+    if parent is None:
+        parent = root.variables[collection]
+        for name in path[:-1]:
+            parent = parent[name]
     leaf = path[-1]
 
     def set_(value: Any) -> None:
@@ -367,9 +371,21 @@ def unflatten_module(aux: Any, children: tuple) -> Any:
         return leaf.module if isinstance(leaf, _Opaque) else leaf
     values, rng_part = children
     variables: dict[str, Any] = {}
+    parents = []
     for (col, path), value in zip(aux.keys, values):
-        nested_set(variables.setdefault(col, {}), path, value)
+        parent = variables.setdefault(col, {})
+        for name in path[:-1]:
+            parent = parent.setdefault(name, {})
+        parent[path[-1]] = value
+        parents.append(parent)
     root = BoundRoot.restore(variables, rng_part, aux.mutable, aux.passes, aux.passes_path)
+    # Its cells and static half are ``aux``'s, made as the dicts are: an object-mode trace
+    # takes the copies JAX makes apart without walking their dicts back into keys.  Not when
+    # a tree map put a dict where a value was: the module has the variables inside it.
+    if not any(isinstance(v, dict) for v in values):
+        root.cells[()] = (root.layout, [_bound_cell(root, col, path, (), parent)
+                                        for (col, path), parent in zip(aux.keys, parents)])
+        root.defs[()] = (root.layout, aux)
     return aux.template.module.clone(parent=root, name=aux.template.module.name)
 
 
