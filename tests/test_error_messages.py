@@ -846,8 +846,20 @@ def _alias_with_two_axes():
     vj.vmap(lambda a, b: a.value, in_axes=(0, None))(c, c)
 
 
+def _nnx_layers_in_a_plain_list():
+    from varjax import nnx
+
+    class Stack(nnx.Module):
+        def __init__(self):
+            self.layers = [nnx.Param(jnp.ones(1))]
+    Stack()
+
+
 OTHERS = {
-    "object passed at two vmap axes": Case(_alias_with_two_axes, errors.InconsistentAliasError),
+    "object passed at two vmap axes": Case(_alias_with_two_axes, errors.InconsistentAliasError,
+                                           path=("a",)),
+    "nnx data in a static attribute": Case(_nnx_layers_in_a_plain_list, errors.StaticDataError,
+                                           path=("layers",)),
     "a Linen name varjax does not provide": Case(
         lambda: nn.partitioning.param_with_axes("w", nn.initializers.ones, (3,)),
         errors.NotProvidedError),

@@ -29,7 +29,7 @@ LAYERS = {
     "lifting": ["varjax.lifting.*"],
     "objects": ["varjax.objects.*"],
     "transforms": ["varjax.transforms.*"],
-    "modules": ["varjax.nn.*"],
+    "modules": ["varjax.nn.*", "varjax.nnx.*"],   # the two frontends, side by side
     "tools": ["varjax.tools.*", "varjax.__main__", "varjax"],
 }
 
@@ -104,6 +104,21 @@ def test_imports_point_down_the_layer_order():
     upward = sorted(f"{m} ({names[layer_of(m)]}) imports {d} ({names[layer_of(d)]})"
                     for m, d in GRAPH.edges if layer_of(d) > layer_of(m))
     assert not upward, "imports pointing up the layer order:\n" + "\n".join(upward)
+
+
+def _frontend(module: str) -> str | None:
+    for name in ("varjax.nnx", "varjax.nn"):
+        if module == name or module.startswith(name + "."):
+            return name
+    return None
+
+
+def test_the_two_frontends_never_import_each_other():
+    """``varjax.nn`` (Linen) and ``varjax.nnx`` (NNX) share the layers below them
+    (``functional/`` math, the Variable core, object mode), never each other's code."""
+    crossing = sorted(f"{m} imports {d}" for m, d in GRAPH.edges
+                      if _frontend(m) and _frontend(d) and _frontend(m) != _frontend(d))
+    assert not crossing, "\n".join(crossing)
 
 
 def test_no_import_cycles():

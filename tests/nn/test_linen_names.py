@@ -62,7 +62,6 @@ EXTRA = {
     "typing": "submodule of Linen's annotation aliases (Linen's is flax.typing)",
     "serialization": "submodule: registers boxes and FrozenDict with flax.serialization when the user "
                      "imports it (varjax does not import flax)",
-    "unsupported": "submodule: NotProvidedError, raised by names kept for import only (fp8 ops)",
 }
 
 # Names in both whose signature differs from Linen's on purpose.

@@ -74,7 +74,7 @@ __all__ = [
     "VariableStructureError", "TransformError", "UnsupportedPrimitiveError",
     "PipelineError", "PassError", "VerificationError", "ModuleError", "NameInUseError",
     "AssignSubModuleError", "UnboundModuleError", "InvalidScopeError", "FrozenModuleError",
-    "ConfigError", "InconsistentAliasError", "NotProvidedError",
+    "ConfigError", "StaticDataError", "InconsistentAliasError", "NotProvidedError",
     "TRACEBACK_FILTERING_ENV", "api_boundary",
     "format_path", "source_text", "module_text", "where", "enclosing", "call_site",
 ]
@@ -378,6 +378,12 @@ class InvalidScopeError(ModuleError):
 
 class FrozenModuleError(ModuleError):
     """An attribute was set on a module outside ``setup``; modules are frozen dataclasses."""
+
+
+class StaticDataError(ModuleError, ValueError):
+    """An ``nnx`` object's static attribute holds data (a Variable, a module, an array)
+    inside a plain container: a transform would not see it.  Also a ``ValueError``, as
+    Flax NNX raises."""
 
 
 class ConfigError(ModuleError, ValueError):

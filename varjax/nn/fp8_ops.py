@@ -10,7 +10,7 @@ as ``dot_general_cls`` fails at the line that builds it.
 """
 from __future__ import annotations
 
-from varjax.nn.unsupported import unprovided_class
+from varjax.trace.unprovided import unprovided_class
 
 __all__ = ["Fp8DirectDotGeneralOp", "Fp8DotGeneral", "Fp8DotGeneralOp", "Fp8Einsum", "NANOOFp8DotGeneralOp"]
 

@@ -54,7 +54,7 @@ from varjax.nn.typing import PaddingLike as PaddingLike
 from varjax.nn.typing import PrecisionLike as PrecisionLike
 from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.nn.typing import Shape as Shape
-from varjax.nn.unsupported import not_provided
+from varjax.trace.unprovided import not_provided
 
 __all__ = ["Dense", "DenseGeneral", "Conv", "ConvLocal", "ConvTranspose", "Einsum", "Embed",
            "canonicalize_padding", "default_kernel_init", "default_embed_init"]
@@ -214,7 +214,7 @@ class _Conv(Module):
         if self.feature_group_count != 1:
             not_provided("ConvLocal with feature_group_count != 1",
                          "lax.conv_general_dilated_local has no feature groups (nor has Linen's ConvLocal).",
-                         f"use feature_group_count=1 (got {self.feature_group_count}).")
+                         f"use feature_group_count=1 (got {self.feature_group_count}).", by="varjax.nn")
         kernel_shape, bias_shape = F.conv_local_shapes(inputs, kernel_size, self.features, **geometry,
                                                        conv_general_dilated=conv)
         kernel = self.param("kernel", self.kernel_init, kernel_shape, self.param_dtype)

@@ -29,7 +29,7 @@ from varjax.ir.axis_metadata import set_logical_axis_rules as set_axis_rules
 from varjax.nn.spmd import RulesFallback as RulesFallback
 from varjax.nn.spmd import logical_to_mesh as logical_to_mesh
 from varjax.nn.spmd import with_logical_constraint as with_sharding_constraint
-from varjax.nn.unsupported import not_provided, unprovided_class
+from varjax.trace.unprovided import not_provided, unprovided_class
 from varjax.transforms import remat as remat
 
 __all__ = ["AxisMetadata", "PartitionedVariable", "RulesFallback", "axis_rules", "core_remat_static",
@@ -49,7 +49,7 @@ PartitionedVariable = unprovided_class("PartitionedVariable", _WHY, _FIX, __name
 def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args: Any,
                     axes: tuple[str, ...] | None = None, module: Any = None, **init_kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
-    not_provided("nn.partitioning.param_with_axes", _WHY, _FIX)
+    not_provided("nn.partitioning.param_with_axes", _WHY, _FIX, by="varjax.nn")
 
 
 def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], *init_args: Any,
@@ -57,28 +57,28 @@ def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], 
                        fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED,
                        **init_kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
-    not_provided("nn.partitioning.variable_with_axes", _WHY, _FIX)
+    not_provided("nn.partitioning.variable_with_axes", _WHY, _FIX, by="varjax.nn")
 
 
 def get_axis_names(axes_metadata: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
-    not_provided("nn.partitioning.get_axis_names", _WHY, _FIX)
+    not_provided("nn.partitioning.get_axis_names", _WHY, _FIX, by="varjax.nn")
 
 
 def scan_with_axes(target: Any, *args: Any, **kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
     not_provided("nn.partitioning.scan_with_axes", _WHY,
-                 "nn.scan(..., metadata_params={nn.PARTITION_NAME: 'layers'}) over boxed variables")
+                 "nn.scan(..., metadata_params={nn.PARTITION_NAME: 'layers'}) over boxed variables", by="varjax.nn")
 
 
 def vmap_with_axes(target: Any, *args: Any, **kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
     not_provided("nn.partitioning.vmap_with_axes", _WHY,
-                 "nn.vmap(..., metadata_params={nn.PARTITION_NAME: 'name'}) over boxed variables")
+                 "nn.vmap(..., metadata_params={nn.PARTITION_NAME: 'name'}) over boxed variables", by="varjax.nn")
 
 
 def core_remat_static(fn: Any, *args: Any, **kwargs: Any) -> NoReturn:
     """Not provided: a lift of ``flax.core`` scope functions, which varjax does not have."""
     not_provided("nn.partitioning.core_remat_static",
                  "it lifts flax.core functions of a Scope; varjax.nn has no flax.core layer.",
-                 "use nn.partitioning.remat (nn.remat), which takes static_argnums")
+                 "use nn.partitioning.remat (nn.remat), which takes static_argnums", by="varjax.nn")

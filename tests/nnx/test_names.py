@@ -1,0 +1,34 @@
+"""``varjax.nnx`` has every public name of ``flax.nnx``: built, or listed in ``unbuilt.NOT_YET``
+with the part it belongs to, where using it raises ``NotProvidedError`` saying so."""
+import flax.nnx
+import pytest
+
+import varjax.nnx as nnx
+from varjax import errors
+from varjax.nnx import unbuilt
+
+
+def _public(module) -> set[str]:
+    return {n for n in dir(module) if not n.startswith("_")}
+
+
+def test_every_flax_nnx_name_is_built_or_listed_with_its_reason():
+    flax_names = _public(flax.nnx)
+    assert flax_names - set(nnx.__all__) - set(unbuilt.NOT_YET) == set()
+    assert set(nnx.__all__) - flax_names == set()              # nothing extra
+    assert set(nnx.__all__) & set(unbuilt.NOT_YET) == set()    # a built name leaves the table
+    assert set(unbuilt.NOT_YET) <= flax_names
+    assert _public(nnx) == flax_names
+
+
+def test_an_unbuilt_name_raises_not_provided_naming_its_part():
+    with pytest.raises(errors.NotProvidedError, match="nnx.jit .*an nnx transform") as info:
+        nnx.jit
+    assert __file__ in info.value.source
+    with pytest.raises(NotImplementedError, match="a layer"):
+        from varjax.nnx import BatchNorm  # noqa: F401
+
+
+def test_a_name_flax_nnx_does_not_have_is_an_attribute_error():
+    with pytest.raises(AttributeError):
+        nnx.no_such_name

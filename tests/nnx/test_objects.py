@@ -1,0 +1,127 @@
+"""NNX objects as pytrees of Variables, on varjax's object core (``notes/nnx.md``)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx as flax_nnx
+
+import varjax as vj
+from varjax import errors
+from varjax import nnx
+
+
+class Count(nnx.Variable):
+    pass
+
+
+class Block(nnx.Module):
+    def __init__(self, rngs):
+        self.linear = nnx.Linear(2, 2, rngs=rngs)
+        self.deterministic = False
+        self.calls = Count(jnp.array(0))
+
+    def __call__(self, x):
+        self.calls[...] += 1
+        return self.linear(x)
+
+
+class Model(nnx.Module):
+    def __init__(self, rngs):
+        self.blocks = nnx.List([Block(rngs), Block(rngs)])
+        self.scale = jnp.float32(2.0)
+        self.name = "model"
+
+    def __call__(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.scale * x
+
+
+X = jnp.ones((1, 2))
+
+
+def test_data_attributes_are_the_pytree_children_in_name_order_as_in_flax_nnx():
+    ours = Model(nnx.Rngs(0))
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(ours)[0]]
+    assert [p.split("[<flat")[0] for p in paths] == [
+        ".blocks[0].calls", ".blocks[0].linear.bias", ".blocks[0].linear.kernel",
+        ".blocks[1].calls", ".blocks[1].linear.bias", ".blocks[1].linear.kernel", ".scale"]
+    copy = jax.tree.map(lambda a: a + 1, ours)
+    assert type(copy) is Model and copy.name == "model" and copy.blocks[1].deterministic is False
+    np.testing.assert_array_equal(copy.blocks[0].linear.kernel[...], ours.blocks[0].linear.kernel[...] + 1)
+
+
+def test_variable_types_are_collections_named_as_flax_nnx_names_them():
+    for ours, theirs in ((nnx.Param, flax_nnx.Param), (nnx.BatchStat, flax_nnx.BatchStat),
+                         (nnx.Cache, flax_nnx.Cache), (nnx.Intermediate, flax_nnx.Intermediate),
+                         (nnx.Perturbation, flax_nnx.Perturbation)):
+        assert nnx.variable_name_from_type(ours) == flax_nnx.variable_name_from_type(theirs)
+        assert ours(jnp.zeros(())).collection == nnx.variable_name_from_type(ours)
+    assert nnx.variable_name_from_type(Count) == "Count"
+    assert nnx.variable_type_from_name("params") is nnx.Param
+    with pytest.raises(errors.InvalidVariablesError):
+        nnx.variable_type_from_name("no_such_collection")
+    made = nnx.variable_type_from_name("made_here", allow_register=True)
+    assert issubclass(made, nnx.Variable) and made(jnp.zeros(())).collection == "made_here"
+
+
+def test_variable_accessors_and_metadata():
+    v = nnx.Param(jnp.ones(2), tag="t")
+    assert v.tag == "t" and v.get_metadata() == {"tag": "t"}
+    v.set_value(jnp.zeros(2))
+    v[...] = v.get_value() + 3
+    np.testing.assert_array_equal(v[...], [3.0, 3.0])
+    v.set_metadata(other=1)
+    assert v.has_metadata("other") and v.replace(jnp.ones(1)).other == 1
+    with pytest.raises(errors.InvalidVariablesError, match="collection is its type"):
+        nnx.Param(jnp.ones(1), collection="batch_stats")
+
+
+def test_a_static_list_of_layers_is_refused_and_nnx_list_or_data_accepted():
+    class Bad(nnx.Module):
+        def __init__(self, rngs):
+            self.layers = [nnx.Linear(2, 2, rngs=rngs)]
+
+    with pytest.raises(errors.StaticDataError, match="'layers'") as info:
+        Bad(nnx.Rngs(0))
+    assert isinstance(info.value, ValueError) and __file__ in info.value.source
+
+    class Good(nnx.Module):
+        def __init__(self, rngs):
+            self.layers = nnx.data([nnx.Linear(2, 2, rngs=rngs)])
+            self.table = nnx.Dict(a=nnx.Param(jnp.ones(1)), n=3)
+            self.sizes = nnx.static((2, 2))
+    good = Good(nnx.Rngs(0))
+    assert len(jax.tree.leaves(good)) == 3 and good.table.n == 3 and good.table["a"].collection == "params"
+
+
+def test_iter_modules_train_eval_and_sow():
+    model = Model(nnx.Rngs(0))
+    paths = [p for p, _ in model.iter_modules()]
+    assert paths == [("blocks", 0, "linear"), ("blocks", 0), ("blocks", 1, "linear"), ("blocks", 1), ()]
+    assert [k for k, _ in model.iter_children()] == [("blocks", 0), ("blocks", 1)]
+    model.eval()
+    assert all(b.deterministic for b in model.blocks)
+    model.train()
+    assert not any(b.deterministic for b in model.blocks)
+    with pytest.raises(errors.ModuleError, match="no_such"):
+        model.set_attributes(no_such=1)
+    block = model.blocks[0]
+    block.sow(nnx.Intermediate, "seen", jnp.ones(1))
+    block.sow(nnx.Intermediate, "seen", jnp.zeros(1))
+    assert len(block.seen[...]) == 2 and block.seen.collection == "intermediates"
+    with pytest.raises(errors.ModuleError, match="sow"):
+        block.sow(nnx.Cache, "seen", jnp.ones(1))
+
+
+def test_object_mode_transforms_take_an_nnx_module_and_write_its_variables_back():
+    model = Model(nnx.Rngs(0))
+    out = vj.jit(lambda m, x: m(x))(model, X)
+    assert out.shape == (1, 2) and int(model.blocks[0].calls[...]) == 1
+    grads = vj.grad(lambda m, x: jnp.sum(m(x)))(model, X)
+    assert type(grads) is Model and int(model.blocks[1].calls[...]) == 2
+    assert {"Count", "params"} <= set(vj.state(model))
+    # the same computation by hand on the values
+    k = [b.linear.kernel[...] for b in model.blocks]
+    b = [b.linear.bias[...] for b in model.blocks]
+    np.testing.assert_allclose(out, 2.0 * ((X @ k[0] + b[0][None]) @ k[1] + b[1][None]), rtol=1e-6)

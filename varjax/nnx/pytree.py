@@ -1,0 +1,229 @@
+"""NNX's eager objects as pytrees: ``Pytree``/``Object``, ``data``/``static``, ``List``/``Dict``.
+
+An NNX object is a plain Python object built in ``__init__``.  Its *data* attributes --
+Variables, other NNX objects, ``Rngs``, arrays, or anything marked ``nnx.data(...)`` -- are
+its pytree children, in attribute-name order, and everything else is static (the treedef).
+So a module is a tree whose leaves are Variables (object-mode nodes, ``varjax.objects``),
+and every object-mode transform (``vj.jit``, ``vj.grad``...) takes it as it is: inside,
+each Variable access is a ``var_get``/``var_set`` of one trace, and updates come back
+through the discharge signature (``notes/nnx.md``).
+
+A static attribute holding data inside a plain container (a Python list of layers) would be
+invisible to a transform, so assigning one is an error (``StaticDataError``), as in NNX:
+use ``nnx.List``/``nnx.Dict`` or ``nnx.data``.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, MutableMapping, MutableSequence
+
+import jax
+import numpy as np
+
+from varjax.ir import errors
+from varjax.trace.rngs import Rngs, RngStream
+from varjax.trace.variable import Variable
+
+__all__ = ["Pytree", "Object", "data", "static", "is_data", "List", "Dict"]
+
+_DATA_NAMES = "_nnx_data"    # the instance's set of data attribute names
+
+
+class _Marked:
+    """What ``nnx.data``/``nnx.static`` return: a value with its classification, which the
+    assignment unwraps."""
+
+    __slots__ = ("value", "data")
+
+    def __init__(self, value: Any, data: bool):
+        self.value, self.data = value, data
+
+
+def data(value: Any, /) -> Any:
+    """Marks ``value`` as data for the attribute it is assigned to (a pytree child)."""
+    return _Marked(value, True)
+
+
+def static(value: Any, /) -> Any:
+    """Marks ``value`` as static for the attribute it is assigned to (part of the treedef)."""
+    return _Marked(value, False)
+
+
+def is_data(x: Any) -> bool:
+    """Whether ``x`` is data by its type: a Variable, an NNX object, RNG state, an array."""
+    return isinstance(x, (Variable, Pytree, Rngs, RngStream, jax.Array, np.ndarray))
+
+
+def _check_static(owner: Any, name: str, value: Any) -> None:
+    if any(is_data(leaf) for leaf in jax.tree.leaves(value, is_leaf=is_data)):
+        raise errors.StaticDataError(
+            f"attribute '{name}' of {type(owner).__name__} is static (a "
+            f"{type(value).__name__} is not data by its type) but holds data (a Variable, "
+            "an NNX object or an array), which a transform would not see.",
+            path=(name,), **errors.where(),
+            fix=f"use nnx.List/nnx.Dict for containers of layers, or mark it: "
+                f"self.{name} = nnx.data(...)")
+
+
+def _assign(obj: Any, name: str, value: Any) -> None:
+    names = obj.__dict__.setdefault(_DATA_NAMES, set())
+    if isinstance(value, _Marked):
+        is_data_, value = value.data, value.value
+    else:
+        is_data_ = is_data(value) or name in names
+        if not is_data_:
+            _check_static(obj, name, value)
+    (names.add if is_data_ else names.discard)(name)
+    obj.__dict__[name] = value
+
+
+def _flatten_with_keys(obj: Any) -> tuple[list, tuple]:
+    names = sorted(obj.__dict__.get(_DATA_NAMES, ()))
+    statics = tuple(sorted((k, v) for k, v in obj.__dict__.items()
+                           if k != _DATA_NAMES and k not in names))
+    return [(jax.tree_util.GetAttrKey(n), obj.__dict__[n]) for n in names], (tuple(names), statics)
+
+
+def _flatten(obj: Any) -> tuple[list, tuple]:
+    return _strip_keys(_flatten_with_keys(obj))
+
+
+def _unflatten(cls: type, aux: tuple, children: Any) -> Any:
+    names, statics = aux
+    obj = object.__new__(cls)
+    obj.__dict__.update(statics)
+    obj.__dict__.update(zip(names, children))
+    obj.__dict__[_DATA_NAMES] = set(names)
+    return obj
+
+
+class Pytree:
+    """An eager object whose data attributes are its pytree children (module docstring)."""
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        cls._register()
+
+    @classmethod
+    def _register(cls) -> None:
+        jax.tree_util.register_pytree_with_keys(
+            cls, _flatten_with_keys, lambda aux, children: _unflatten(cls, aux, children), _flatten)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _assign(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self.__dict__.get(_DATA_NAMES, set()).discard(name)
+        del self.__dict__[name]
+
+
+Object = Pytree
+
+
+def _element_key(key: Any) -> Any:
+    return jax.tree_util.SequenceKey(key) if isinstance(key, int) else jax.tree_util.DictKey(key)
+
+
+def _strip_keys(flat: tuple[list, tuple]) -> tuple[list, tuple]:
+    return [v for _, v in flat[0]], flat[1]
+
+
+def _container_flatten(obj: _Container) -> tuple[list, tuple]:
+    items = obj._items()
+    kids = [(_element_key(k), v) for k, v in items if is_data(v)]
+    aux = tuple((k, is_data(v), None if is_data(v) else v) for k, v in items)
+    return kids, aux
+
+
+def _container_unflatten(cls: type, aux: tuple, children: Any) -> Any:
+    it = iter(children)
+    items = [(k, next(it) if data_ else value) for k, data_, value in aux]
+    obj = object.__new__(cls)
+    if issubclass(cls, List):
+        obj.__dict__["_list"] = [v for _, v in items]
+    else:
+        obj.__dict__["_dict"] = dict(items)
+    return obj
+
+
+class _Container(Pytree):
+    """``List``/``Dict``: elements classified as attributes are, data or static."""
+
+    @classmethod
+    def _register(cls) -> None:
+        jax.tree_util.register_pytree_with_keys(
+            cls, _container_flatten, lambda aux, children: _container_unflatten(cls, aux, children),
+            lambda o: _strip_keys(_container_flatten(o)))
+
+    def _items(self) -> list[tuple[Any, Any]]:
+        raise NotImplementedError
+
+    def _check(self, key: Any, value: Any) -> Any:
+        if isinstance(value, _Marked):
+            return value.value
+        if not is_data(value):
+            _check_static(self, str(key), value)
+        return value
+
+
+class List(_Container, MutableSequence):
+    """A list of layers (or values) that is a pytree: its data elements are children."""
+
+    def __init__(self, items: Any = ()):
+        self.__dict__["_list"] = [self._check(i, v) for i, v in enumerate(items)]
+
+    def _items(self) -> list[tuple[Any, Any]]:
+        return list(enumerate(self._list))
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._list[i]
+
+    def __setitem__(self, i: Any, value: Any) -> None:
+        self._list[i] = self._check(i, value)
+
+    def __delitem__(self, i: Any) -> None:
+        del self._list[i]
+
+    def __len__(self) -> int:
+        return len(self._list)
+
+    def insert(self, i: int, value: Any) -> None:
+        self._list.insert(i, self._check(i, value))
+
+    def __repr__(self) -> str:
+        return f"List({self._list!r})"
+
+
+class Dict(_Container, MutableMapping):
+    """A mapping of layers (or values) that is a pytree, children in key order."""
+
+    def __init__(self, items: Any = (), /, **kwargs: Any):
+        self.__dict__["_dict"] = {}
+        for k, v in dict(items, **kwargs).items():
+            self[k] = v
+
+    def _items(self) -> list[tuple[Any, Any]]:
+        return sorted(self._dict.items())
+
+    def __getitem__(self, key: str) -> Any:
+        return self._dict[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._dict[key] = self._check(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        del self._dict[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict)
+
+    def __len__(self) -> int:
+        return len(self._dict)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["_dict"][key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __repr__(self) -> str:
+        return f"Dict({self._dict!r})"
