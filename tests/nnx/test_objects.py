@@ -6,8 +6,7 @@ import pytest
 from flax import nnx as flax_nnx
 
 import varjax as vj
-from varjax import errors
-from varjax import nnx
+from varjax import errors, nnx
 
 
 class Count(nnx.Variable):

@@ -13,18 +13,51 @@ from __future__ import annotations
 from typing import Any
 
 from varjax.functional import initializers as initializers
-from varjax.functional.activations import (celu, elu, gelu, glu, hard_sigmoid, hard_silu,
-                                           hard_swish, hard_tanh, leaky_relu, log_sigmoid,
-                                           log_softmax, logsumexp, one_hot, relu, relu6, selu,
-                                           sigmoid, silu, soft_sign, softmax, softplus,
-                                           standardize, swish, tanh)
+from varjax.functional.activations import (
+    celu,
+    elu,
+    gelu,
+    glu,
+    hard_sigmoid,
+    hard_silu,
+    hard_swish,
+    hard_tanh,
+    leaky_relu,
+    log_sigmoid,
+    log_softmax,
+    logsumexp,
+    one_hot,
+    relu,
+    relu6,
+    selu,
+    sigmoid,
+    silu,
+    soft_sign,
+    softmax,
+    softplus,
+    standardize,
+    swish,
+    tanh,
+)
 from varjax.nnx import unbuilt as _unbuilt
 from varjax.nnx.linear import Linear
 from varjax.nnx.module import Module, iter_children, iter_modules
 from varjax.nnx.pytree import Dict, List, Object, Pytree, data, static
-from varjax.nnx.variables import (BatchStat, Cache, Intermediate, LoRAParam, OptState, Param,
-                                  Perturbation, RngCount, RngKey, RngState, Variable,
-                                  variable_name_from_type, variable_type_from_name)
+from varjax.nnx.variables import (
+    BatchStat,
+    Cache,
+    Intermediate,
+    LoRAParam,
+    OptState,
+    Param,
+    Perturbation,
+    RngCount,
+    RngKey,
+    RngState,
+    Variable,
+    variable_name_from_type,
+    variable_type_from_name,
+)
 from varjax.trace.rngs import Rngs, RngStream
 
 __all__ = [

@@ -7,7 +7,7 @@ is built; ``tests/nnx/test_names.py`` compares the table with ``dir(flax.nnx)``.
 """
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from varjax.trace.unprovided import not_provided
 
