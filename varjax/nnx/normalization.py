@@ -1,0 +1,133 @@
+"""``nnx.LayerNorm`` and ``nnx.BatchNorm``: declarations over ``varjax.functional.normalization``.
+
+Each layer declares its ``scale`` and ``bias`` as ``Param``s drawn from ``rngs.params()``
+in NNX's order (scale, then bias; each only when used), ``BatchNorm`` its running
+``mean``/``var`` as ``BatchStat``s, and computes with the functions ``varjax.nn``'s layers
+call (``moments``, ``normalize``, ``ema``).  NNX promotes the input and every Variable to
+one dtype before the statistics (``promote_dtype``), so the layers here do too: that is what
+makes their outputs and running averages flax.nnx's bit for bit.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from varjax.functional import initializers
+from varjax.functional import normalization as F
+from varjax.nnx.call_options import first_from
+from varjax.nnx.linear import promote_dtype as default_promote_dtype
+from varjax.nnx.module import Module
+from varjax.nnx.pytree import data
+from varjax.nnx.variables import BatchStat, Param
+from varjax.trace.rngs import Rngs
+
+__all__ = ["LayerNorm", "BatchNorm"]
+
+Axes = int | tuple[int, ...]
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
+
+
+def _learned(module: Module, num_features: int, rngs: Rngs, param_dtype: Any,
+             use_scale: bool, scale_init: Callable[..., Any], scale_metadata: Mapping[str, Any],
+             use_bias: bool, bias_init: Callable[..., Any], bias_metadata: Mapping[str, Any]
+             ) -> None:
+    """Sets ``module.scale`` and ``module.bias``: ``Param``s of ``(num_features,)``, each
+    from one ``rngs.params()`` draw (scale first), or None when unused."""
+    shape = (num_features,)
+    module.scale = Param(scale_init(rngs.params(), shape, param_dtype), **scale_metadata) \
+        if use_scale else data(None)
+    module.bias = Param(bias_init(rngs.params(), shape, param_dtype), **bias_metadata) \
+        if use_bias else data(None)
+
+
+def _value(variable: Param | None) -> jax.Array | None:
+    return None if variable is None else variable[...]
+
+
+class LayerNorm(Module):
+    """Normalizes each example over ``reduction_axes`` (the features by default), then
+    scales and shifts per feature."""
+
+    def __init__(self, num_features: int, *, epsilon: float = 1e-6, dtype: Any = None,
+                 param_dtype: Any = jnp.float32, use_bias: bool = True, use_scale: bool = True,
+                 bias_init: Callable[..., Any] = initializers.zeros_init(),
+                 scale_init: Callable[..., Any] = initializers.ones_init(),
+                 reduction_axes: Axes = -1, feature_axes: Axes = -1,
+                 axis_name: str | None = None, axis_index_groups: Any = None,
+                 use_fast_variance: bool = True,
+                 promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
+                 bias_metadata: Mapping[str, Any] = _NO_METADATA,
+                 scale_metadata: Mapping[str, Any] = _NO_METADATA):
+        _learned(self, num_features, rngs, param_dtype, use_scale, scale_init, scale_metadata,
+                 use_bias, bias_init, bias_metadata)
+        self.num_features, self.epsilon = num_features, epsilon
+        self.dtype, self.param_dtype = dtype, param_dtype
+        self.use_bias, self.use_scale = use_bias, use_scale
+        self.reduction_axes, self.feature_axes = reduction_axes, feature_axes
+        self.axis_name, self.axis_index_groups = axis_name, axis_index_groups
+        self.use_fast_variance, self.promote_dtype = use_fast_variance, promote_dtype
+
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
+        x, scale, bias = self.promote_dtype((x, _value(self.scale), _value(self.bias)),
+                                            dtype=self.dtype)
+        mean, var = F.moments(x, self.reduction_axes, dtype=self.dtype, axis_name=self.axis_name,
+                              axis_index_groups=self.axis_index_groups,
+                              use_fast_variance=self.use_fast_variance, mask=mask)
+        return F.normalize(x, mean, var, scale, bias, reduction_axes=self.reduction_axes,
+                           feature_axes=self.feature_axes, epsilon=self.epsilon, dtype=self.dtype)
+
+
+class BatchNorm(Module):
+    """Normalizes each feature over the batch (every axis but ``axis``).
+
+    In training (``use_running_average=False``, what ``Module.train()`` sets) it uses the
+    batch's statistics and updates the running averages in place,
+    ``ra = momentum * ra + (1 - momentum) * batch_stat``; in evaluation it uses the running
+    averages and writes nothing.
+    """
+
+    def __init__(self, num_features: int, *, use_running_average: bool | None = False,
+                 axis: int = -1, momentum: float = 0.99, epsilon: float = 1e-5,
+                 dtype: Any = None, param_dtype: Any = jnp.float32, use_bias: bool = True,
+                 use_scale: bool = True,
+                 bias_init: Callable[..., Any] = initializers.zeros_init(),
+                 scale_init: Callable[..., Any] = initializers.ones_init(),
+                 axis_name: str | None = None, axis_index_groups: Any = None,
+                 use_fast_variance: bool = True,
+                 promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
+                 bias_metadata: Mapping[str, Any] = _NO_METADATA,
+                 scale_metadata: Mapping[str, Any] = _NO_METADATA):
+        # Running statistics are float32 whatever param_dtype, as NNX keeps them.
+        self.mean = BatchStat(jnp.zeros((num_features,), jnp.float32))
+        self.var = BatchStat(jnp.ones((num_features,), jnp.float32))
+        _learned(self, num_features, rngs, param_dtype, use_scale, scale_init, scale_metadata,
+                 use_bias, bias_init, bias_metadata)
+        self.num_features, self.use_running_average = num_features, use_running_average
+        self.axis, self.momentum, self.epsilon = axis, momentum, epsilon
+        self.dtype, self.param_dtype = dtype, param_dtype
+        self.use_bias, self.use_scale = use_bias, use_scale
+        self.axis_name, self.axis_index_groups = axis_name, axis_index_groups
+        self.use_fast_variance, self.promote_dtype = use_fast_variance, promote_dtype
+
+    def __call__(self, x: jax.Array, use_running_average: bool | None = None, *,
+                 mask: jax.Array | None = None) -> jax.Array:
+        use_running_average = first_from(
+            use_running_average, self.use_running_average, name="use_running_average",
+            fix="pass use_running_average= to BatchNorm or its call, or call "
+                "model.train()/eval()")
+        feature_axes = F.canonical_axes(x.ndim, self.axis)
+        reduction_axes = tuple(a for a in range(x.ndim) if a not in feature_axes)
+        x, mean, var, scale, bias = self.promote_dtype(
+            (x, self.mean[...], self.var[...], _value(self.scale), _value(self.bias)),
+            dtype=self.dtype)
+        if not use_running_average:
+            mean, var = F.moments(x, reduction_axes, dtype=self.dtype, axis_name=self.axis_name,
+                                  axis_index_groups=self.axis_index_groups,
+                                  use_fast_variance=self.use_fast_variance, mask=mask)
+            self.mean[...] = F.ema(self.mean[...], mean, self.momentum)
+            self.var[...] = F.ema(self.var[...], var, self.momentum)
+        return F.normalize(x, mean, var, scale, bias, reduction_axes=reduction_axes,
+                           feature_axes=feature_axes, epsilon=self.epsilon, dtype=self.dtype)
