@@ -10,7 +10,7 @@ one of their names raises ``NotProvidedError`` saying so (``unbuilt.py``).
 """
 from __future__ import annotations
 
-from typing import Any
+import typing
 
 from varjax.functional import initializers as initializers
 from varjax.functional.activations import (
@@ -39,10 +39,24 @@ from varjax.functional.activations import (
     swish,
     tanh,
 )
+from varjax.nnx import filterlib, graph, statelib
 from varjax.nnx import unbuilt as _unbuilt
+from varjax.nnx.filterlib import All, Any, Everything, Not, Nothing, OfType, PathContains, WithTag
+from varjax.nnx.graph import (
+    GraphDef,
+    clone,
+    graphdef,
+    merge,
+    replace_by_pure_dict,
+    split,
+    state,
+    to_pure_dict,
+    update,
+)
 from varjax.nnx.linear import Linear
 from varjax.nnx.module import Module, iter_children, iter_modules
 from varjax.nnx.pytree import Dict, List, Object, Pytree, data, static
+from varjax.nnx.statelib import State
 from varjax.nnx.variables import (
     BatchStat,
     Cache,
@@ -61,6 +75,9 @@ from varjax.nnx.variables import (
 from varjax.trace.rngs import Rngs, RngStream
 
 __all__ = [
+    "graph", "statelib", "filterlib", "split", "merge", "state", "update", "clone", "graphdef",
+    "GraphDef", "State", "to_pure_dict", "replace_by_pure_dict", "All", "Any", "Not", "Nothing",
+    "Everything", "OfType", "PathContains", "WithTag",
     "Module", "Pytree", "Object", "List", "Dict", "data", "static", "iter_modules",
     "iter_children", "Variable", "Param", "BatchStat", "Cache", "Intermediate", "Perturbation",
     "OptState", "LoRAParam", "RngState", "RngKey", "RngCount", "variable_name_from_type",
@@ -71,7 +88,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typing.NoReturn:
     return _unbuilt.missing(name, __name__)
 
 

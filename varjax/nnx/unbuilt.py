@@ -24,14 +24,14 @@ _PARTS = {
         "using_eager_sharding", "proxy_caller"),
     "graph and state (issue 35, part 3); until then vj.split, vj.merge, vj.state and "
     "vj.update take NNX modules": (
-        "split", "merge", "state", "update", "pop", "clone", "graphdef", "unpack", "to_tree",
-        "from_tree", "State", "GraphState", "PureState", "FlatState", "to_flat_state",
-        "from_flat_state", "merge_state", "to_pure_dict", "replace_by_pure_dict", "map",
+        "pop", "unpack", "to_tree",
+        "from_tree", "GraphState", "PureState", "FlatState", "to_flat_state",
+        "from_flat_state", "merge_state", "map",
         "map_state", "recursive_map", "find_duplicates", "split_context", "merge_context",
         "update_context", "current_update_context", "SplitContext", "MergeContext",
-        "UpdateContext", "GraphDef", "NodeStates", "filter_state", "split_state", "flatten",
-        "unflatten", "restore_int_paths", "graph", "graphlib", "statelib", "filterlib", "All",
-        "Any", "Not", "Nothing", "Everything", "OfType", "PathContains", "WithTag",
+        "UpdateContext", "NodeStates", "filter_state", "split_state", "flatten",
+        "unflatten", "restore_int_paths", "graphlib",
+
         "iter_graph", "extract", "pure", "as_pure", "as_abstract", "get_abstract_model",
         "abstract_with_sharding", "vars_as", "with_vars", "check_pytree", "has_data",
         "is_data", "register_data_type", "Data", "Static", "dataclass", "traversals", "tracers",

@@ -1,0 +1,112 @@
+"""NNX's filter language: which leaves of an object ``state``/``split`` select.
+
+A filter is turned into a predicate ``(path, value) -> bool`` (``to_predicate``), ``path``
+being the leaf's path in the object (attribute names, list indices, stream names):
+
+* a type: the leaf is an instance (``nnx.Param``; ``nnx.Variable`` for every Variable);
+* a string: the leaf's collection is that name (SPEC §6: a type and its collection name
+  select the same Variables, ``'params'`` as ``nnx.Param``), or its ``tag`` metadata is;
+* ``...`` or ``True``: everything; ``None`` or ``False``: nothing;
+* a list or tuple: any of them; a callable: itself;
+* ``Not``, ``All``, ``Any``, ``OfType``, ``PathContains``, ``WithTag``, ``Everything``,
+  ``Nothing``: the combinators by name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+from varjax.ir import errors
+from varjax.trace.variable import Variable
+
+__all__ = ["to_predicate", "Not", "All", "Any", "OfType", "PathContains", "WithTag",
+           "Everything", "Nothing"]
+
+Predicate = tp.Callable[[tuple, tp.Any], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class OfType:
+    type: type
+
+    def __call__(self, path: tuple, value: tp.Any) -> bool:
+        return isinstance(value, self.type)
+
+
+@dataclasses.dataclass(frozen=True)
+class WithTag:
+    tag: str
+
+    def __call__(self, path: tuple, value: tp.Any) -> bool:
+        return isinstance(value, Variable) and value.get_metadata().get("tag") == self.tag
+
+
+@dataclasses.dataclass(frozen=True)
+class _Collection:
+    name: str
+
+    def __call__(self, path: tuple, value: tp.Any) -> bool:
+        return isinstance(value, Variable) and (
+            value.collection == self.name or value.get_metadata().get("tag") == self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class PathContains:
+    key: tp.Any
+
+    def __call__(self, path: tuple, value: tp.Any) -> bool:
+        return self.key in path
+
+
+class Any:  # noqa: A001  (NNX's name)
+    def __init__(self, *filters: tp.Any):
+        self.predicates = tuple(to_predicate(f) for f in filters)
+
+    def __call__(self, path: tuple, value: tp.Any) -> bool:
+        return any(p(path, value) for p in self.predicates)
+
+
+class All:
+    def __init__(self, *filters: tp.Any):
+        self.predicates = tuple(to_predicate(f) for f in filters)
+
+    def __call__(self, path: tuple, value: tp.Any) -> bool:
+        return all(p(path, value) for p in self.predicates)
+
+
+class Not:
+    def __init__(self, filter: tp.Any):  # noqa: A002  (NNX's name)
+        self.predicate = to_predicate(filter)
+
+    def __call__(self, path: tuple, value: tp.Any) -> bool:
+        return not self.predicate(path, value)
+
+
+class Everything:
+    def __call__(self, path: tuple, value: tp.Any) -> bool:
+        return True
+
+
+class Nothing:
+    def __call__(self, path: tuple, value: tp.Any) -> bool:
+        return False
+
+
+def to_predicate(f: tp.Any) -> Predicate:
+    """The predicate of filter ``f`` (module docstring)."""
+    if f is Ellipsis or f is True:
+        return Everything()
+    if f is None or f is False:
+        return Nothing()
+    if isinstance(f, type):
+        return OfType(f)
+    if isinstance(f, str):
+        return _Collection(f)
+    if isinstance(f, (list, tuple)):
+        return Any(*f)
+    if callable(f):
+        return f
+    raise errors.InvalidVariablesError(
+        f"{f!r} is not an nnx filter.", **errors.where(),
+        fix="use a Variable type, a collection name, ..., a list of filters, or a "
+            "predicate (path, value) -> bool")
