@@ -69,6 +69,12 @@ def _batch_shape(key: jax.Array) -> tuple[int, ...]:
     return shape if _is_typed(key) else shape[:-1]
 
 
+def _like(old: jax.Array, key: jax.Array) -> jax.Array:
+    """``key`` in the kind of ``old``: raw ``uint32`` data when the stream held a raw key,
+    so that reseeding a stream never changes what kind of key it holds."""
+    return jax.random.key_data(key) if not _is_typed(old) and _is_typed(key) else key
+
+
 def _show(x: Any) -> str:
     """An array as ``type value``; a tracer as its type only; anything else (a leaf that
     ``jax.tree.map`` replaced) as its repr."""
@@ -131,6 +137,20 @@ class RngStream(_Samplers):
         if split is not None:
             key = jax.random.split(key, split)
         return RngStream(key, tag=self.tag)
+
+    def _varjax_replace(self, key: Any, count: Any = None) -> None:
+        """Give this stream a new key (in its own kind) and count, in place: what
+        ``nnx.reseed``/``split_rngs``/``fork_rngs``/``restore_rngs`` do to the streams inside
+        an object, which keep being the same objects.  ``count`` None restarts at 0."""
+        try:
+            self.key = _like(self.key, key)
+        except AttributeError:   # a stream inside an object-mode body: its key is fixed
+            raise errors.TransformError(
+                f"the key of RNG stream '{self.tag}' cannot be replaced inside an object-mode "
+                "transformation (vj.jit, vj.vmap...): there, a stream's key is fixed.",
+                collection=self.tag, **errors.where(),
+                fix="reseed, split or fork the streams before the transformation") from None
+        self.count = jnp.zeros(_batch_shape(self.key), jnp.uint32) if count is None else count
 
     def tree_flatten(self) -> tuple[tuple, str]:
         return (self.key, self.count), self.tag
@@ -261,9 +281,7 @@ def reseed(target: Any, **seeds: Any) -> Any:
         old = state[name]["key"]
         shape = _batch_shape(old)
         key = _as_key(seed, name)
-        key = jax.random.split(key, shape) if shape else key
-        if not _is_typed(old) and _is_typed(key):   # keep the stored key's kind (raw uint32)
-            key = jax.random.key_data(key)
+        key = _like(old, jax.random.split(key, shape) if shape else key)
         state[name] = {"key": key, "count": jnp.zeros(shape, jnp.uint32)}
     if isinstance(target, Rngs):
         return Rngs(**{name: RngStream(s["key"], s["count"], tag=name) for name, s in state.items()})

@@ -1,0 +1,287 @@
+"""NNX's randomness functions over objects: ``split_rngs``, ``fork_rngs``, ``restore_rngs``,
+``reseed``.
+
+``nnx.Rngs``/``nnx.RngStream`` are ``vj.Rngs``/``vj.RngStream`` (``varjax.trace.rngs``), and
+an NNX object is a pytree holding them, so these functions walk the object with JAX's own
+flattening, one level at a time, and act on each ``RngStream`` they meet, as flax.nnx 0.12.8
+does, bit for bit: the same draws from each stream, in the same order.
+
+Two ways, as NNX's ``graph=``/``graph_updates=`` choose (both on by default, as in Flax):
+
+* graph updates (``graph=True, graph_updates=True``): the streams inside ``node`` are changed
+  in place (each keeps being the same object) and the old key and count of each come back
+  as ``SplitBackups``, for ``restore_rngs`` or a ``with`` block to put back;
+* otherwise a copy of ``node`` comes back whose chosen streams are new (the originals are
+  drawn from once each, as NNX's copy shares their counts); its other streams and its
+  Variables are the originals' objects.
+
+Graph mode visits a stream reachable twice once; tree mode (``graph=False``) refuses one, as
+NNX refuses shared references there.  A stream is chosen by a filter (``only=``, the keys of
+``split=``) that must match both its key and its count, seen as ``nnx.RngKey``/
+``nnx.RngCount`` Variables tagged with the stream's name at ``(*path, 'key')`` and
+``(*path, 'count')``: ``'dropout'`` chooses the ``dropout`` streams, ``nnx.RngState`` all.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
+
+import jax
+
+from varjax.ir import errors
+from varjax.nnx.filterlib import to_predicate
+from varjax.nnx.variables import RngCount, RngKey
+from varjax.trace.rngs import Rngs, RngStream
+from varjax.trace.variable import Variable
+
+__all__ = ["split_rngs", "fork_rngs", "restore_rngs", "reseed", "SplitBackups"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+Path = tuple
+
+
+class _Missing:
+    """No node given: the call is a decorator factory."""
+
+
+_MISSING = _Missing()
+
+
+# -- walking an object --------------------------------------------------------------------
+
+def _key_name(k: Any) -> Any:
+    for attr in ("name", "key", "idx"):   # GetAttrKey, DictKey/FlattenedIndexKey, SequenceKey
+        if hasattr(k, attr):
+            return getattr(k, attr)
+    return k
+
+
+def _level(node: Any) -> tuple[list[tuple[Any, Any]], Any] | None:
+    """``node``'s children as ``(key, child)`` pairs in JAX's flatten order and its treedef,
+    or None for a leaf (streams and Variables are leaves here: no stream is below them)."""
+    if isinstance(node, (RngStream, Variable)):
+        return None
+    flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    if jax.tree_util.treedef_is_leaf(treedef):
+        return None
+    keys = list(node) if isinstance(node, Rngs) else [_key_name(p[0]) for p, _ in flat]
+    return list(zip(keys, (child for _, child in flat))), treedef
+
+
+def _walk(node: Any, graph: bool, on_stream: Callable[[Path, RngStream], Any]) -> Any:
+    """``node`` rebuilt with each stream replaced by ``on_stream(path, stream)``, visiting
+    streams in NNX's order (depth first, children in flatten order).  Graph mode visits an
+    object reachable twice once (both places get the one result); tree mode refuses it."""
+    done: dict[int, Any] = {}
+    seen: dict[int, Path] = {}
+
+    def visit(path: Path, x: Any) -> Any:
+        if graph and id(x) in done:
+            return done[id(x)]
+        if not graph and isinstance(x, (RngStream, Variable)):
+            if id(x) in seen:
+                raise errors.InconsistentAliasError(
+                    f"{type(x).__name__} found at two paths, {_show(seen[id(x)])} and "
+                    f"{_show(path)}: tree mode (graph=False) does not take shared "
+                    "references.", path=tuple(map(str, path)), **errors.where(),
+                    fix="pass graph=True, or give each place its own object")
+            seen[id(x)] = path
+        if isinstance(x, RngStream):
+            out = on_stream(path, x)
+        else:
+            level = _level(x)
+            out = x if level is None else level[1].unflatten(
+                [visit((*path, k), child) for k, child in level[0]])
+        done[id(x)] = out
+        return out
+
+    return visit((), node)
+
+
+def _streams(node: Any, graph: bool) -> list[tuple[Path, RngStream]]:
+    """Every stream inside ``node`` with its path, in NNX's order."""
+    found: list[tuple[Path, RngStream]] = []
+    _walk(node, graph, lambda path, s: found.append((path, s)))
+    return found
+
+
+def _show(path: Path) -> str:
+    return "/".join(map(str, path)) or "(the node itself)"
+
+
+def _chosen(predicate: Callable[[Path, Any], bool], path: Path, stream: RngStream) -> bool:
+    """Whether a filter chooses ``stream``: it matches the stream's key and its count, each
+    seen as NNX shows it (an ``RngKey``/``RngCount`` tagged with the stream's name)."""
+    return (predicate((*path, "key"), RngKey(stream.key, tag=stream.tag))
+            and predicate((*path, "count"), RngCount(stream.count, tag=stream.tag)))
+
+
+def _modes(graph: bool | None, graph_updates: bool | None) -> tuple[bool, bool]:
+    """Flax 0.12.8's defaults: graph mode, with graph updates."""
+    return graph is None or graph, graph_updates is None or graph_updates
+
+
+# -- backups ------------------------------------------------------------------------------
+
+@jax.tree_util.register_pytree_node_class
+class SplitBackups(Iterable):
+    """The old key and count of each stream ``split_rngs``/``fork_rngs`` changed in place,
+    as ``(stream, key, count)``; ``restore_rngs`` puts them back, as does leaving a ``with``
+    block over it."""
+
+    def __init__(self, backups: list):
+        self.backups = backups
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self.backups)
+
+    def __enter__(self) -> SplitBackups:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        restore_rngs(self)
+
+    def tree_flatten(self) -> tuple[tuple, None]:
+        return (self.backups,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, children: tuple) -> SplitBackups:
+        return cls(*children)
+
+
+def restore_rngs(backups: Iterable[tuple], /) -> None:
+    """Put back each stream's backed-up key (and count, when the backup has one)."""
+    for stream, key, *count in backups:
+        stream._varjax_replace(key, count[0] if count else stream.count)
+
+
+# -- split_rngs -----------------------------------------------------------------------------
+
+def split_rngs(node: Any = _MISSING, /, *, splits: int | tuple[int, ...], only: Any = ...,
+               squeeze: bool = False, graph: bool | None = None,
+               graph_updates: bool | None = None) -> Any:
+    """Each chosen stream (``only``) draws a key and is keyed by that key split to ``splits``
+    (count 0 of that shape): one stream per member of a mapped axis.  ``squeeze=True`` (with
+    ``splits=1``) keeps the first key and no new axis.
+
+    In place with backups (graph updates), or a copy (module docstring); with no ``node``,
+    a decorator doing it to a function's arguments for the call (in place: restored after)."""
+    graph, graph_updates = _modes(graph, graph_updates)
+    if isinstance(node, _Missing):
+        return _decorator(split_rngs, graph, graph_updates,
+                          dict(splits=splits, only=only, squeeze=squeeze))
+    if squeeze and splits != 1:
+        raise errors.ConfigError(
+            f"split_rngs: squeeze=True needs splits=1, got splits={splits!r}.", **errors.where(),
+            fix="pass splits=1 with squeeze=True, or squeeze=False")
+    predicate = to_predicate(only)
+
+    def split_key(stream: RngStream) -> Any:
+        key = jax.random.split(stream(), splits)
+        return key[0] if squeeze else key
+
+    if graph and graph_updates:
+        backups = []
+        for path, stream in _streams(node, graph=True):
+            if _chosen(predicate, path, stream):
+                key = split_key(stream)
+                backups.append((stream, stream.key, stream.count))
+                stream._varjax_replace(key)
+        return SplitBackups(backups)
+    return _walk(node, graph, lambda path, s: RngStream(split_key(s), tag=s.tag)
+                 if _chosen(predicate, path, s) else s)
+
+
+# -- fork_rngs ------------------------------------------------------------------------------
+
+def fork_rngs(node: Any = _MISSING, /, *, split: Any = None, graph: bool | None = None,
+              graph_updates: bool | None = None) -> Any:
+    """Each stream is keyed by a draw from itself (count 0): ``stream.fork(split=n)``, ``n``
+    from ``split`` (None, a shape, or ``{filter: shape or None}``; a stream no filter
+    matches is left alone).
+
+    In place with backups (graph updates), or a copy (module docstring); with no ``node``,
+    a decorator doing it to a function's arguments for the call (in place: restored after).
+    In place, a stream matching several filters is forked once per match, as in NNX."""
+    graph, graph_updates = _modes(graph, graph_updates)
+    if isinstance(node, _Missing):
+        return _decorator(fork_rngs, graph, graph_updates, dict(split=split))
+    if split is None:
+        split = {...: None}
+    elif not isinstance(split, Mapping):
+        split = {...: split}
+    predicates = {to_predicate(f): n for f, n in split.items()}
+
+    if graph and graph_updates:
+        backups = []
+        for path, stream in _streams(node, graph=True):
+            for predicate, n in predicates.items():
+                if _chosen(predicate, path, stream):
+                    forked = stream.fork(n)
+                    backups.append((stream, stream.key, stream.count))
+                    stream._varjax_replace(forked.key, forked.count)
+        return SplitBackups(backups)
+
+    def fork_one(path: Path, stream: RngStream) -> RngStream:
+        n = next(((n,) for p, n in predicates.items() if _chosen(p, path, stream)), None)
+        return stream if n is None else stream.fork(n[0])
+    return _walk(node, graph, fork_one)
+
+
+def _decorator(fn: Callable[..., Any], graph: bool, graph_updates: bool,
+               options: dict[str, Any]) -> Callable[[F], F]:
+    """``fn`` (split_rngs or fork_rngs) as a decorator over a function's ``(args, kwargs)``:
+    in place for the call and restored after (graph updates), or the call gets copies."""
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if graph and graph_updates:
+                with fn((args, kwargs), graph=True, graph_updates=True, **options):
+                    return f(*args, **kwargs)
+            args, kwargs = fn((args, kwargs), graph=graph, graph_updates=False, **options)
+            return f(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+    return decorate
+
+
+# -- reseed ---------------------------------------------------------------------------------
+
+def _scalars_only(path: Path, key: Any, shape: tuple[int, ...]) -> Any:
+    if shape != ():
+        raise errors.ConfigError(
+            f"reseed: the stream at {_show(path)} has keys of shape {shape}, not one key, and "
+            "policy='scalars_only' reseeds single keys only.", path=tuple(map(str, path)),
+            **errors.where(), fix="pass policy='match_shape' (the new key split to that "
+                                  "shape), or a policy (path, key, shape) -> keys")
+    return key
+
+
+def _match_shape(path: Path, key: Any, shape: tuple[int, ...]) -> Any:
+    return jax.random.split(key, shape) if shape else key
+
+
+_POLICIES = {"scalars_only": _scalars_only, "match_shape": _match_shape}
+
+
+def reseed(node: Any, /, *, graph: bool | None = None,
+           policy: str | Callable[[Path, Any, tuple[int, ...]], Any] = "scalars_only",
+           **stream_keys: Any) -> None:
+    """Restart, in place, every stream inside ``node`` whose name is one of ``stream_keys``:
+    its key becomes the next draw of ``vj.Rngs(**stream_keys)``'s stream of that name
+    (``fold_in(key(seed), i)`` for the ``i``-th such stream met, as NNX draws it), made
+    into the stream's key shape by ``policy``; its count becomes 0.
+
+    NNX's in-place form, for models; ``vj.reseed`` is the copying form for a variables dict
+    or an ``Rngs`` (and keys a fresh stream by the seed itself)."""
+    if callable(policy):
+        make = policy
+    elif policy in _POLICIES:
+        make = _POLICIES[policy]
+    else:
+        raise errors.ConfigError(
+            f"reseed: policy must be 'scalars_only', 'match_shape' or a callable, got "
+            f"{policy!r}.", **errors.where(), fix="pass policy='match_shape'")
+    seeds = Rngs(**stream_keys)
+    for path, stream in _streams(node, _modes(graph, None)[0]):
+        if stream.tag in stream_keys:
+            stream._varjax_replace(make(path, seeds[stream.tag](), jax.numpy.shape(stream.count)))
