@@ -25,7 +25,11 @@ def add_bias(y: jax.Array, bias: jax.Array | None) -> jax.Array:
     """``y + bias`` with ``bias`` aligned to ``y``'s trailing axes (explicit rank, no rank promotion)."""
     if bias is None:
         return y
-    # lax, not jnp: the dtypes already agree, and jnp's checks cost trace time per layer.
+    if y.dtype != bias.dtype:
+        # A preferred_element_type can widen the product past the bias's dtype: promote as
+        # Flax's ``y + bias`` does (standard promotion, explicitly).
+        y, bias = dtypes.promote_dtype(y, bias, inexact=False)
+    # lax, not jnp: the dtypes agree now, and jnp's checks cost trace time per layer.
     return lax.add(y, lax.broadcast_in_dim(bias, y.shape, tuple(range(y.ndim - bias.ndim, y.ndim))))
 
 
