@@ -134,3 +134,10 @@ def test_no_import_cycles():
 def test_file_is_at_most_max_lines(module):
     n = len(SOURCES[module].read_text().splitlines())
     assert n <= MAX_LINES, f"{SOURCES[module].relative_to(ROOT)} has {n} lines (at most {MAX_LINES})"
+
+
+def test_test_files_have_distinct_names():
+    """pytest imports test files by basename (no packages under tests/): two files with one
+    name in two folders fail collection on a clean checkout."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

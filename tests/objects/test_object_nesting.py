@@ -114,3 +114,20 @@ def test_jit_of_cond_writes_back():
     step(v, True)
     step(v, False)
     assert float(v.value) == 2.0
+
+
+def test_a_variable_a_nested_grad_does_not_differentiate_is_read_and_written_there():
+    # jax.grad hands its non-differentiated arguments over as they are: here the enclosing
+    # trace's handle, which binding read under the nested trace (InvalidScopeError).
+    count = vj.Variable(jnp.zeros(()), collection="counts")
+
+    def loss(x, c):
+        c.value = c.value + 1
+        return jnp.sum(x ** 2)
+
+    @vj.jit
+    def step(c, x):
+        return vj.grad(loss, argnums=0)(x, c)
+    g = step(count, jnp.arange(3.0))
+    np.testing.assert_array_equal(g, 2 * jnp.arange(3.0))
+    assert float(count.value) == 1.0

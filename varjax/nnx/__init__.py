@@ -1,15 +1,16 @@
 """``varjax.nnx``: Flax NNX by one import, on varjax's IR (SPEC §6; ``notes/nnx.md``).
 
-``from varjax import nnx`` in place of ``from flax import nnx``.  Built so far: modules
-(``Module``, ``Pytree``/``Object``, ``List``/``Dict``, ``data``/``static``), the Variable
-types, ``Rngs`` (varjax's, which derives NNX's keys bit for bit), ``Linear``, the
-activations and initializers.  An NNX module is a pytree of Variables, so varjax's
-object-mode transforms (``vj.jit``, ``vj.grad``, ``vj.vmap``...) take it now; the ``nnx``
-transforms, graph and state functions and the other layers are not built yet, and using
-one of their names raises ``NotProvidedError`` saying so (``unbuilt.py``).
+``from varjax import nnx`` in place of ``from flax import nnx``.  Built so far: modules and
+Variables, ``Rngs`` (varjax's, which derives NNX's keys bit for bit) and the RNG helpers,
+the graph and state functions with NNX's filters, ``jit``/``grad``/``value_and_grad``/
+``remat`` in graph mode on the object-mode transforms, and the layers ``Linear``, ``Conv``,
+``Embed``, ``LayerNorm``, ``BatchNorm``, ``Dropout``.  Every other flax.nnx name exists and
+raises ``NotProvidedError`` saying which part it belongs to (``unbuilt.py``).
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import typing
 
 from varjax.functional import initializers as initializers
@@ -39,8 +40,10 @@ from varjax.functional.activations import (
     swish,
     tanh,
 )
-from varjax.nnx import filterlib, graph, statelib
+from varjax.nnx import filterlib, graph, rnglib, statelib, transforms
 from varjax.nnx import unbuilt as _unbuilt
+from varjax.nnx.convolution import Conv
+from varjax.nnx.embedding import Embed
 from varjax.nnx.filterlib import All, Any, Everything, Not, Nothing, OfType, PathContains, WithTag
 from varjax.nnx.graph import (
     GraphDef,
@@ -55,8 +58,12 @@ from varjax.nnx.graph import (
 )
 from varjax.nnx.linear import Linear
 from varjax.nnx.module import Module, iter_children, iter_modules
+from varjax.nnx.normalization import BatchNorm, LayerNorm
 from varjax.nnx.pytree import Dict, List, Object, Pytree, data, static
+from varjax.nnx.rnglib import fork_rngs, reseed, restore_rngs, split_rngs
 from varjax.nnx.statelib import State
+from varjax.nnx.stochastic import Dropout
+from varjax.nnx.transforms import DiffState, grad, jit, remat, value_and_grad
 from varjax.nnx.variables import (
     BatchStat,
     Cache,
@@ -75,20 +82,26 @@ from varjax.nnx.variables import (
 from varjax.trace.rngs import Rngs, RngStream
 
 __all__ = [
+    "rnglib", "split_rngs", "fork_rngs", "restore_rngs", "reseed",
+    "transforms", "jit", "grad", "value_and_grad", "remat", "DiffState",
     "graph", "statelib", "filterlib", "split", "merge", "state", "update", "clone", "graphdef",
     "GraphDef", "State", "to_pure_dict", "replace_by_pure_dict", "All", "Any", "Not", "Nothing",
     "Everything", "OfType", "PathContains", "WithTag",
     "Module", "Pytree", "Object", "List", "Dict", "data", "static", "iter_modules",
     "iter_children", "Variable", "Param", "BatchStat", "Cache", "Intermediate", "Perturbation",
     "OptState", "LoRAParam", "RngState", "RngKey", "RngCount", "variable_name_from_type",
-    "variable_type_from_name", "Rngs", "RngStream", "Linear", "initializers",
+    "variable_type_from_name", "Rngs", "RngStream", "Linear", "Conv", "Embed", "LayerNorm",
+    "BatchNorm", "Dropout", "initializers",
     "celu", "elu", "gelu", "glu", "hard_sigmoid", "hard_silu", "hard_swish", "hard_tanh",
     "leaky_relu", "log_sigmoid", "log_softmax", "logsumexp", "one_hot", "relu", "relu6", "selu",
     "sigmoid", "silu", "soft_sign", "softmax", "softplus", "standardize", "swish", "tanh",
 ]
 
 
-def __getattr__(name: str) -> typing.NoReturn:
+def __getattr__(name: str) -> typing.Any:
+    # ``from varjax.nnx import <submodule>`` asks for the attribute before importing it.
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
     return _unbuilt.missing(name, __name__)
 
 

@@ -3,7 +3,7 @@
 Each name resolves (``nnx.jit``, ``from varjax.nnx import split``) to ``NotProvidedError``
 saying which part of the NNX frontend it belongs to, rather than ``AttributeError``: ported
 code fails at the line that asks for it, with the reason.  A name leaves this table when it
-is built; ``tests/nnx/test_names.py`` compares the table with ``dir(flax.nnx)``.
+is built; ``tests/nnx/test_nnx_names.py`` compares the table with ``dir(flax.nnx)``.
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ __all__ = ["NOT_YET", "missing"]
 _PARTS = {
     "an nnx transform (issue 35, part 4); until then vj.jit, vj.grad, vj.vmap and the other "
     "object-mode transforms take NNX modules": (
-        "jit", "jit_partial", "cached_partial", "vmap", "pmap", "shard_map", "scan", "remat",
-        "grad", "value_and_grad", "jvp", "vjp", "custom_vjp", "cond", "switch", "while_loop",
+        "jit_partial", "cached_partial", "vmap", "pmap", "shard_map", "scan",
+        "jvp", "vjp", "custom_vjp", "cond", "switch", "while_loop",
         "fori_loop", "eval_shape", "make_jaxpr", "capture", "transform_metadata", "prefix",
-        "StateAxes", "DiffState", "StateSharding", "Carry", "set_graph_mode",
-        "set_graph_updates", "compat", "checkify", "call", "transforms", "use_eager_sharding",
+        "StateAxes", "StateSharding", "Carry", "set_graph_mode",
+        "set_graph_updates", "compat", "checkify", "call", "use_eager_sharding",
         "using_eager_sharding", "proxy_caller"),
     "graph and state (issue 35, part 3); until then vj.split, vj.merge, vj.state and "
     "vj.update take NNX modules": (
@@ -36,8 +36,8 @@ _PARTS = {
         "abstract_with_sharding", "vars_as", "with_vars", "check_pytree", "has_data",
         "is_data", "register_data_type", "Data", "Static", "dataclass", "traversals", "tracers",
         "variables", "pytreelib", "object", "module", "variablelib", "reprlib"),
-    "randomness beyond Rngs (issue 35, part 2)": (
-        "fork_rngs", "split_rngs", "restore_rngs", "reseed", "with_rngs", "rnglib"),
+    "randomness beyond Rngs (issue 35, part 2): with_rngs needs string filters that match "
+    "streams by tag, and RngStream.split/broadcast": ("with_rngs",),
     "training (issue 35, part 5)": (
         "Optimizer", "ModelAndOptimizer", "TrainState", "Metric", "MultiMetric", "metrics",
         "optimizer", "training"),
@@ -52,12 +52,12 @@ _PARTS = {
 
 # Every other public name of flax.nnx 0.12.8 is a layer or layer function: the layers issue.
 _LAYERS = (
-    "BatchNorm", "Bidirectional", "Conv", "ConvTranspose", "Dropout", "EMA", "Einsum", "Embed",
-    "GRUCell", "GroupNorm", "InstanceNorm", "LSTMCell", "LayerNorm", "LinearGeneral", "LoRA",
-    "LoRALinear", "MultiHeadAttention", "OptimizedLSTMCell", "PReLU", "RMSNorm", "RNN",
-    "RNNCellBase", "Sequential", "SimpleCell", "SpectralNorm", "WeightNorm", "avg_pool",
-    "combine_masks", "dot_product_attention", "identity", "make_attention_mask",
-    "make_causal_mask", "max_pool", "min_pool", "nn", "pool")
+    "Bidirectional", "ConvTranspose", "EMA", "Einsum", "GRUCell", "GroupNorm", "InstanceNorm",
+    "LSTMCell", "LinearGeneral", "LoRA", "LoRALinear", "MultiHeadAttention",
+    "OptimizedLSTMCell", "PReLU", "RMSNorm", "RNN", "RNNCellBase", "Sequential", "SimpleCell",
+    "SpectralNorm", "WeightNorm", "avg_pool", "combine_masks", "dot_product_attention",
+    "identity", "make_attention_mask", "make_causal_mask", "max_pool", "min_pool", "nn",
+    "pool")
 
 NOT_YET: dict[str, str] = {
     **{name: why for why, names in _PARTS.items() for name in names},
@@ -66,7 +66,9 @@ NOT_YET: dict[str, str] = {
 
 
 def missing(name: str, module: str) -> NoReturn:
-    """``NotProvidedError`` for a name of ``NOT_YET``, else ``AttributeError``."""
+    """``NotProvidedError`` for a name of ``NOT_YET``, else ``AttributeError``.  Only
+    names that are not submodules get here: a submodule (``varjax.nnx.graph``) is imported
+    by the package's ``__getattr__`` before it asks."""
     if name in NOT_YET:
         not_provided(f"nnx.{name}", f"not built yet: it is {NOT_YET[name]}.",
                      "see notes/nnx.md for what varjax.nnx has now", by="varjax.nnx")

@@ -20,11 +20,11 @@ from typing import Any, Callable, Hashable, Mapping, Protocol
 
 import jax
 
-from varjax.ir import streams
+from varjax.ir import axis_metadata, streams
 from varjax.ir.primitives import Key, Path
 from varjax.trace.context import TraceContext
 from varjax.trace.rngs import Rngs, RngStream
-from varjax.trace.variable import Variable, sharded
+from varjax.trace.variable import Variable
 
 
 @dataclasses.dataclass(eq=False)
@@ -182,9 +182,14 @@ class VariableKind:
         return ()
 
     def bind(self, node: Variable, prefix: Path, ctx: TraceContext) -> Variable:
-        # run gives the value boxed when its metadata place it (variable.boxed)
+        # run gives the value boxed when its metadata place it (variable.boxed): the trace's
+        # type says so.  Not the node's value: a node JAX did not copy (an argument a nested
+        # grad does not differentiate) is a handle of the enclosing trace, not readable here.
+        vt = ctx.variables.get((node.collection, tuple(prefix)))
+        boxed_in = vt is not None and axis_metadata.is_axis_metadata(
+            jax.tree.unflatten(vt.tree, vt.avals))
         return type(node).at(node.collection, prefix, node.get_metadata(), ctx.origin,
-                             unbox=sharded(node._metadata, node.value))
+                             unbox=boxed_in)
 
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("a Variable has no variables below it")

@@ -109,7 +109,7 @@ def test_split_rngs_squeeze_needs_splits_1():
         fnnx.split_rngs(model(FLAX), splits=2, squeeze=True)
     with pytest.raises(errors.ConfigError, match="squeeze=True needs splits=1") as e:
         rnglib.split_rngs(model(VARJAX), splits=2, squeeze=True)
-    assert isinstance(e.value, ValueError) and "test_rngs.py" in str(e.value)
+    assert isinstance(e.value, ValueError) and "test_nnx_rngs.py" in str(e.value)
 
 
 def test_split_rngs_as_a_context_manager_restores_on_exit():
@@ -168,20 +168,23 @@ def test_split_rngs_decorator_without_graph_updates_passes_copies():
     assert v.params.count == 1
 
 
-def test_split_rngs_visits_a_shared_rngs_once_in_graph_mode():
-    def shared(side):
-        nnx = side.nnx
+def _shared(side):
+    """A module holding one Rngs at two attributes."""
+    nnx = side.nnx
 
-        class Twice(nnx.Module):
-            def __init__(self, rngs):
-                self.a, self.b = rngs, rngs
-        return Twice(nnx.Rngs(params=0))
-    (f, v) = both(shared)
+    class Twice(nnx.Module):
+        def __init__(self, rngs):
+            self.a, self.b = rngs, rngs
+    return Twice(nnx.Rngs(params=0))
+
+
+def test_split_rngs_visits_a_shared_rngs_once_in_graph_mode():
+    (f, v) = both(_shared)
     fnnx.split_rngs(f, splits=2)
     rnglib.split_rngs(v, splits=2)
     same(f, v)
     assert v.a.params.key.shape == (2,)    # split once, not split again as b
-    (f, v) = both(shared)
+    (f, v) = both(_shared)
     fc = fnnx.split_rngs(f, splits=3, graph_updates=False)
     vc = rnglib.split_rngs(v, splits=3, graph_updates=False)
     same(f, v)
@@ -190,14 +193,7 @@ def test_split_rngs_visits_a_shared_rngs_once_in_graph_mode():
 
 
 def test_tree_mode_refuses_a_shared_stream():
-    def shared(side):
-        nnx = side.nnx
-
-        class Twice(nnx.Module):
-            def __init__(self, rngs):
-                self.a, self.b = rngs, rngs
-        return Twice(nnx.Rngs(params=0))
-    (f, v) = both(shared)
+    (f, v) = both(_shared)
     with pytest.raises(ValueError):
         fnnx.split_rngs(f, splits=2, graph=False)
     with pytest.raises(errors.InconsistentAliasError, match="a/params and b/params") as e:

@@ -95,7 +95,7 @@ def test_dropout_without_deterministic_is_a_config_error():
     with pytest.raises(errors.ConfigError, match="deterministic") as info:
         Dropout(0.5, deterministic=None, rngs=nnx.Rngs(0))(X)
     assert isinstance(info.value, ValueError)
-    assert "test_layers.py" in info.value.source
+    assert "test_nnx_layers.py" in info.value.source
 
 
 def test_dropout_without_rngs_is_a_config_error():

@@ -22,11 +22,15 @@ def test_every_flax_nnx_name_is_built_or_listed_with_its_reason():
 
 
 def test_an_unbuilt_name_raises_not_provided_naming_its_part():
-    with pytest.raises(errors.NotProvidedError, match="nnx.jit .*an nnx transform") as info:
-        nnx.jit
+    with pytest.raises(errors.NotProvidedError, match="nnx.vmap .*an nnx transform") as info:
+        nnx.vmap
     assert __file__ in info.value.source
     with pytest.raises(NotImplementedError, match="a layer"):
-        from varjax.nnx import BatchNorm  # noqa: F401
+        from varjax.nnx import GroupNorm  # noqa: F401
+
+
+def test_a_submodule_named_as_an_unbuilt_name_still_imports():
+    from varjax.nnx import transforms  # noqa: F401  (flax.nnx has a `transforms` too)
 
 
 def test_a_name_flax_nnx_does_not_have_is_an_attribute_error():
