@@ -1,0 +1,79 @@
+"""NNX's ``vmap`` in graph mode, on varjax's object-mode ``vmap``.
+
+A module is a pytree of Variables, so ``in_axes`` is JAX's prefix over the arguments: a
+module at ``0`` has every Variable (and every ``Rngs`` key and count) mapped along axis 0,
+at ``None`` broadcast.  Variable updates come back stacked along their module's axis;
+Variables made inside come back stacked along ``out_axes``, so
+``vmap(lambda rngs: Model(rngs))(rngs.fork(split=n))`` makes an ensemble, as in flax.nnx.
+Keyword arguments are bound to their positions first, as flax.nnx binds them, so
+``in_axes`` applies to them too.
+
+Not built, refused with ``NotProvidedError`` by name: ``StateAxes`` prefixes (an axis per
+filter of a module's state), ``transform_metadata``, ``spmd_axis_name``; a structural
+change inside; returning an argument's object (flax.nnx returns the caller's object).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Mapping
+
+import jax
+
+from varjax.nnx.transform_checks import checked, no_argument_returned, refuse_bound_method
+from varjax.nnx.transforms import _decorator, _refuse
+from varjax.objects import object_transforms as objects
+from varjax.trace.unprovided import not_provided
+
+__all__ = ["vmap"]
+
+
+def _int_axes(name: str, axes: Any) -> None:
+    """``in_axes``/``out_axes`` are a prefix of ints and Nones; anything else there (a
+    ``StateAxes``) is not built."""
+    for leaf in jax.tree.leaves(axes):
+        if not isinstance(leaf, int) or isinstance(leaf, bool):
+            not_provided(f"nnx.vmap({name}={type(leaf).__name__}(...))",
+                         f"an {name} entry other than an int or None (a StateAxes prefix: an "
+                         "axis per filter of a module's state) is not built yet.",
+                         f"give an int or None per argument in {name}; to map part of a "
+                         "module's state, split it (nnx.split) and pass the states with "
+                         "their own axes", by="varjax.nnx")
+
+
+def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple:
+    """``args`` and ``kwargs`` as positional arguments of ``f``, defaults included, as
+    flax.nnx resolves them before mapping (``in_axes`` then applies to all of them)."""
+    if not isinstance(f, functools.partial):
+        bound = inspect.signature(f).bind(*args, **kwargs)
+        bound.apply_defaults()
+        args, kwargs = bound.args, bound.kwargs
+    if kwargs:     # a partial's signature is opaque, as in flax.nnx
+        raise TypeError("keyword arguments could not be resolved to positions")
+    return args
+
+
+def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
+         axis_name: Any = None, axis_size: int | None = None, spmd_axis_name: Any = None,
+         transform_metadata: Mapping[str, Any] | None = None, graph: bool | None = None,
+         graph_updates: bool | None = None) -> Any:
+    """``jax.vmap`` over NNX objects: a module argument's Variables are mapped along its
+    ``in_axes`` entry (``None``: broadcast), and their updates come back to it."""
+    _refuse("vmap", spmd_axis_name=(spmd_axis_name, None), graph=(graph, None),
+            graph_updates=(graph_updates, None))
+    if transform_metadata:
+        not_provided("nnx.vmap(transform_metadata=...)", "this option is not built yet.",
+                     "call nnx.vmap without transform_metadata", by="varjax.nnx")
+    _int_axes("in_axes", in_axes)
+    _int_axes("out_axes", out_axes)
+
+    def build(fn: Callable) -> Callable:
+        refuse_bound_method(fn, "vmap")
+        mapped = objects.vmap(checked(fn, "vmap", no_argument_returned), in_axes=in_axes,
+                              out_axes=out_axes, axis_size=axis_size, axis_name=axis_name)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return mapped(*_positional(fn, args, kwargs))
+        return call
+    return _decorator(f, build)

@@ -1,0 +1,109 @@
+"""NNX's ``cond``, ``switch``, ``while_loop``, ``fori_loop`` and ``eval_shape`` in graph mode,
+on varjax's object-mode control flow (``varjax.objects.control_flow``).
+
+Inside a branch or a loop body every Variable access is a ``var_get``/``var_set`` of one
+functionalized trace, and the updates reach the caller's Variables (a BatchNorm's
+statistics, a counter), as flax.nnx writes them.  Where flax.nnx keeps object identity and
+object mode would not, ``transform_checks`` restores it or refuses the case:
+
+* a loop returns its carry with the caller's objects in it (flax.nnx does), when the body
+  returns each carry object in the place it came in; a body that moves them is refused
+  (``while_loop``: flax.nnx refuses it too; ``fori_loop``: flax.nnx follows them, not built);
+* a branch returning an operand's object, and a structural change inside, are refused with
+  ``NotProvidedError``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+
+from varjax.ir import errors
+from varjax.nnx.transform_checks import (
+    as_given,
+    checked,
+    no_argument_returned,
+    refuse_bound_method,
+    same_carry_objects,
+)
+from varjax.nnx.transforms import _refuse
+from varjax.objects import control_flow, object_transforms
+from varjax.trace.unprovided import not_provided
+
+__all__ = ["cond", "switch", "while_loop", "fori_loop", "eval_shape"]
+
+
+def _branch(fn: Callable, what: str) -> Callable:
+    return checked(fn, what, no_argument_returned)
+
+
+def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any,
+         graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+    """``jax.lax.cond`` over NNX objects: a Variable either branch writes is updated."""
+    _refuse("cond", graph=(graph, None), graph_updates=(graph_updates, None))
+    return control_flow.cond(pred, _branch(true_fun, "cond"), _branch(false_fun, "cond"),
+                             *operands)
+
+
+def switch(index: Any, branches: Sequence[Callable], *operands: Any,
+           graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+    """``jax.lax.switch`` over NNX objects: a Variable any branch writes is updated."""
+    _refuse("switch", graph=(graph, None), graph_updates=(graph_updates, None))
+    return control_flow.switch(index, [_branch(f, "switch") for f in branches], *operands)
+
+
+def _moved_while() -> None:
+    raise errors.TransformError(
+        "nnx.while_loop: the body returns the carry's objects in other places; the number "
+        "of steps is not known while tracing, so neither is where each object ends "
+        "(flax.nnx refuses it too).", **errors.where(),
+        fix="return each carry object in the place it came in; swap Variable values instead")
+
+
+def _moved_fori() -> None:
+    not_provided("a nnx.fori_loop body returning carry objects in other places",
+                 "flax.nnx follows each object to the place it ends in; varjax.nnx returns "
+                 "the caller's objects only where they stay in place.",
+                 "return each carry object in the place it came in; swap Variable values "
+                 "instead", by="varjax.nnx")
+
+
+def _while_carry(what: str, body: Callable, args: tuple, out: Any) -> None:
+    same_carry_objects(what, body, args[0], out, _moved_while)
+
+
+def _fori_carry(what: str, body: Callable, args: tuple, out: Any) -> None:
+    same_carry_objects(what, body, args[1], out, _moved_fori)
+
+
+def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *,
+               graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+    """``jax.lax.while_loop`` over NNX objects in the carry: the body's Variable updates are
+    carried and written back, and the carry returned holds the caller's objects."""
+    _refuse("while_loop", graph=(graph, None), graph_updates=(graph_updates, None))
+    final = control_flow.while_loop(
+        cond_fun, checked(body_fun, "while_loop", _while_carry), init_val)
+    return as_given(init_val, final)
+
+
+def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any, *,
+              unroll: int | bool | None = None, graph: bool | None = None,
+              graph_updates: bool | None = None) -> Any:
+    """``jax.lax.fori_loop`` over NNX objects in the carry (see ``while_loop``)."""
+    _refuse("fori_loop", unroll=(unroll, None), graph=(graph, None),
+            graph_updates=(graph_updates, None))
+    final = control_flow.fori_loop(
+        lower, upper, checked(body_fun, "fori_loop", _fori_carry), init_val)
+    return as_given(init_val, final)
+
+
+def eval_shape(f: Callable, *args: Any, graph: bool | None = None,
+               graph_updates: bool | None = None, **kwargs: Any) -> Any:
+    """``jax.eval_shape`` over NNX objects: the output's modules hold Variables of
+    ``jax.ShapeDtypeStruct``s (an abstract model: ``eval_shape(lambda: Model(rngs))``).
+    The function runs on copies of the arguments, so, as in flax.nnx, nothing is written
+    back to them."""
+    _refuse("eval_shape", graph=(graph, None), graph_updates=(graph_updates, None))
+    refuse_bound_method(f, "eval_shape")
+    return jax.eval_shape(object_transforms.jit(f), *args, **kwargs)
+

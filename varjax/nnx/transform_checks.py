@@ -1,0 +1,134 @@
+"""What NNX's graph-mode transforms promise about objects, checked where object mode differs.
+
+flax.nnx's graph mode keeps object identity through a transform: a module a function
+returns unchanged is the caller's module, a loop's carry holds the caller's objects after
+the loop, and a structural change inside reaches the caller.  Object mode writes Variable
+*values* back and returns new objects.  Where that would be a visible difference, the
+``varjax.nnx`` transforms either restore the caller's objects (``as_given``: a loop carry
+whose objects stay in their places) or refuse the case by name, while tracing; a trace that
+raised is not cached, so a refusal holds on every call.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import jax
+
+from varjax.ir import errors
+from varjax.ir.caches import LRU
+from varjax.nnx.graph import graphdef
+from varjax.nnx.module import Module
+from varjax.nnx.pytree import Pytree
+from varjax.objects.nodes import is_node
+from varjax.trace.unprovided import not_provided
+
+
+def _is_object(x: Any) -> bool:
+    return isinstance(x, Pytree) or is_node(x)
+
+
+def objects_in(tree: Any) -> list[Any]:
+    """Every NNX object and object-mode node (Variable, ``Rngs``) reachable in ``tree``,
+    modules before their children, in tree order."""
+    found: list[Any] = []
+
+    def walk(t: Any) -> None:
+        for x in jax.tree.leaves(t, is_leaf=lambda y: y is not t and _is_object(y)):
+            if _is_object(x):
+                found.append(x)
+                if isinstance(x, Pytree):
+                    walk(x)
+    walk([tree])
+    return found
+
+
+def _top_objects(tree: Any) -> list[Any]:
+    return [x for x in jax.tree.leaves(tree, is_leaf=_is_object) if _is_object(x)]
+
+
+def _structures(tree: Any) -> list[Any]:
+    return [graphdef(x) for x in _top_objects(tree) if isinstance(x, Pytree)]
+
+
+def _structure_unchanged(what: str, before: list[Any], tree: Any) -> None:
+    """``NotProvidedError`` when a module of ``tree`` gained, lost or changed an attribute
+    since ``before`` (``_structures``): the change would not reach the caller's object."""
+    if before != _structures(tree):
+        not_provided(f"a structural change inside nnx.{what}",
+                     "a module gained, lost or changed an attribute inside the function; that "
+                     "change would not reach the caller's object (NNX's graph updates are not "
+                     "built yet).", f"make the change outside nnx.{what}", by="varjax.nnx")
+
+
+def no_argument_returned(what: str, fn: Callable, args: tuple, out: Any) -> None:
+    """``NotProvidedError`` when ``out`` holds an object of ``args``: flax.nnx returns the
+    caller's object there, object mode would return a new one."""
+    given = {id(x) for x in objects_in(args)}
+    for x in objects_in(out):
+        if id(x) in given:
+            not_provided(f"returning an argument's {type(x).__name__} from nnx.{what}",
+                         "flax.nnx returns the caller's own object there; varjax would return "
+                         "a new one holding the values.",
+                         "return arrays; the updates to the argument's Variables are written "
+                         "back to it anyway", by="varjax.nnx")
+
+
+def refuse_bound_method(f: Callable, what: str) -> None:
+    """flax.nnx refuses a module's bound method (``nnx.vmap(model.__call__)``): the module
+    would be a closure, which no transform tracks.  The same ``ValueError`` here."""
+    while isinstance(f, functools.partial):
+        f = f.func
+    if inspect.ismethod(f) and isinstance(f.__self__, Module):
+        raise ValueError(f"nnx.{what} does not support bound methods. Use the decorator form "
+                         f"@nnx.{what} or call nnx.{what}(MyClass.method)(instance, ...) "
+                         "with the unbound method.")
+
+
+_CHECKED = LRU()    # (fn, what, check_out) -> fn checked
+
+
+def checked(fn: Callable, what: str,
+            check_out: Callable[[str, Callable, tuple, Any], None]) -> Callable:
+    """``fn`` refusing a structural change to its arguments' modules, and calling
+    ``check_out(what, fn, args, out)`` on what it returns (both while tracing); one per
+    ``(fn, what, check_out)``, so the traces of ``fn`` are cached across calls."""
+    key = (fn, what, check_out)
+    found = _CHECKED.get(key)
+    if found is None:
+        @functools.wraps(fn)
+        def found(*args: Any) -> Any:
+            before = _structures(args)
+            out = fn(*args)
+            _structure_unchanged(what, before, args)
+            check_out(what, fn, args, out)
+            return out
+        _CHECKED[key] = found
+    return found
+
+
+def same_carry_objects(what: str, fn: Callable, carry: Any, new_carry: Any,
+                       moved: Callable[[], None]) -> None:
+    """The new carry must hold the objects of ``carry`` in the same places; ``moved()`` is
+    called when it holds the same objects in other places (each loop says what that is),
+    ``TransformError`` when it holds other objects."""
+    old, new = objects_in(carry), objects_in(new_carry)
+    if [id(x) for x in old] == [id(x) for x in new]:
+        return
+    if sorted(map(id, old)) == sorted(map(id, new)):
+        moved()
+    raise errors.TransformError(
+        f"nnx.{what}: {getattr(fn, '__name__', 'the body')} returns a carry whose objects "
+        "are not the ones it was given (a new module or Variable, or one left out); the "
+        "loop carries the same objects from step to step.", **errors.where(),
+        fix="return the carry objects it got, in their places; assign Variable values to "
+            "change them")
+
+
+def as_given(init: Any, final: Any) -> Any:
+    """``final`` with the caller's objects of ``init`` in their places (their Variables
+    already hold the final values), as flax.nnx returns a loop's carry."""
+    objects = iter(_top_objects(init))
+    leaves, tree = jax.tree.flatten(final, is_leaf=_is_object)
+    return jax.tree.unflatten(tree, [next(objects) if _is_object(x) else x for x in leaves])
