@@ -27,10 +27,17 @@ def _model(lib, seed=0):
     return Model if seed is None else Model(lib.Rngs(seed))
 
 
-def _same_state(ours, theirs):
+def _same_state(ours, theirs, same_paths=True):
+    """The same values (RNG keys by their data); with ``same_paths`` the same tree too (a
+    Dropout's stream sits one level deeper in varjax.nnx, notes/nnx.md)."""
     a, b = nnx.to_pure_dict(nnx.state(ours)), flax_nnx.to_pure_dict(flax_nnx.state(theirs))
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    if same_paths:
+        assert jax.tree.structure(a) == jax.tree.structure(b)
+    leaves = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves[0]) == len(leaves[1])
+    for x, y in zip(*leaves):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
         np.testing.assert_array_equal(x, y)
 
 
@@ -285,3 +292,58 @@ def test_vmap_returning_an_argument_module_is_not_provided():
 def test_vmap_of_a_bound_method_is_refused_as_flax_refuses_it():
     with pytest.raises(ValueError, match="does not support bound methods"):
         vmap(_model(nnx).__call__)
+
+
+def _dropout_model(lib):
+    class Model(lib.Module):
+        def __init__(self, rngs):
+            self.lin = lib.Linear(2, 3, rngs=rngs)
+            self.drop = lib.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.lin(x))
+    return Model
+
+
+def test_vmap_ensemble_with_dropout_draws_flax_masks_per_member_and_advances_streams():
+    Model, FModel = _dropout_model(nnx), _dropout_model(flax_nnx)
+    ens = vmap(lambda rngs: Model(rngs))(nnx.Rngs(0, dropout=1).fork(split=4))
+    with pytest.warns(DeprecationWarning):
+        fens = flax_nnx.vmap(lambda rngs: FModel(rngs))(flax_nnx.Rngs(0, dropout=1).fork(split=4))
+    for _ in range(2):     # the second call draws new masks: the stream counts came back
+        y = vmap(lambda m, x: m(x), in_axes=(0, None))(ens, X)
+        np.testing.assert_array_equal(
+            y, flax_nnx.vmap(lambda m, x: m(x), in_axes=(0, None))(fens, X))
+    assert not all(np.array_equal(y[0], y[i]) for i in range(1, 4))
+    _same_state(ens, fens, same_paths=False)
+
+
+def test_fori_loop_dropout_draws_flax_masks_each_step():
+    ours, theirs = _dropout_model(nnx)(nnx.Rngs(0, dropout=1)), \
+        _dropout_model(flax_nnx)(flax_nnx.Rngs(0, dropout=1))
+    np.testing.assert_array_equal(fori_loop(0, 3, _body, (ours, X))[1],
+                                  flax_nnx.fori_loop(0, 3, _body, (theirs, X))[1])
+    _same_state(ours, theirs, same_paths=False)
+
+
+def test_fori_loop_body_is_traced_once_for_repeated_calls():
+    traced = []
+
+    def body(i, carry):
+        traced.append(i)
+        return _body(i, carry)
+    ours = _model(nnx)
+    fori_loop(0, 2, body, (ours, X))
+    first = len(traced)
+    fori_loop(0, 2, body, (ours, X))
+    assert len(traced) == first and int(ours.count[...]) == 4
+
+
+def test_vmap_structural_change_is_not_provided():
+    ens = vmap(lambda rngs: nnx.Linear(2, 3, rngs=rngs))(nnx.Rngs(0).fork(split=2))
+
+    def grow(m):
+        m.extra = nnx.BatchStat(jnp.zeros(()))
+        return jnp.zeros(())
+    with pytest.raises(errors.NotProvidedError, match="structural change inside nnx.vmap"):
+        vmap(grow)(ens)
