@@ -233,6 +233,15 @@ def test_a_gradient_missing_a_variable_is_an_error_naming_it():
     assert e.value.path == ("lin2", "bias") and "test_nnx_training.py" in e.value.source
 
 
+def test_a_gradient_of_a_variable_the_model_lacks_is_an_error_naming_it():
+    ours = _model(nnx)
+    opt = Optimizer(ours, optax.sgd(0.1), wrt=nnx.Param)
+    grads = nnx.grad(_loss)(ours, X, Y)
+    grads["extra"] = nnx.Param(jnp.zeros(()))
+    with pytest.raises(errors.InvalidVariablesError, match="extra is for no variable"):
+        opt.update(ours, grads)
+
+
 def test_tree_mode_is_not_provided():
     with pytest.raises(errors.NotProvidedError, match="graph=False"):
         Optimizer(_model(nnx), optax.sgd(0.1), wrt=nnx.Param, graph=False)
