@@ -124,3 +124,12 @@ def test_object_mode_transforms_take_an_nnx_module_and_write_its_variables_back(
     k = [b.linear.kernel[...] for b in model.blocks]
     b = [b.linear.bias[...] for b in model.blocks]
     np.testing.assert_allclose(out, 2.0 * ((X @ k[0] + b[0][None]) @ k[1] + b[1][None]), rtol=1e-6)
+
+
+def test_a_variable_computes_like_its_value_as_in_flax_nnx():
+    a, b = nnx.Param(jnp.array([1.0, 2.0])), nnx.BatchStat(jnp.array(4.0))
+    fa, fb = flax_nnx.Param(jnp.array([1.0, 2.0])), flax_nnx.BatchStat(jnp.array(4.0))
+    for ours, theirs in ((a + 1, fa + 1), (1 - a, 1 - fa), (a * b, fa * fb), (b / 2, fb / 2),
+                         (-a, -fa), (a @ a, fa @ fa), (a ** 2, fa ** 2)):
+        np.testing.assert_array_equal(ours, theirs)
+    assert float(b) == 4.0 and bool(a)        # truth is the object's, not the array's

@@ -40,8 +40,10 @@ from varjax.functional.activations import (
     swish,
     tanh,
 )
-from varjax.nnx import filterlib, graph, rnglib, statelib, transforms
+from varjax.nnx import filterlib, graph, metrics, optimizer, rnglib, statelib, transforms
 from varjax.nnx import unbuilt as _unbuilt
+from varjax.nnx.batching import vmap
+from varjax.nnx.control import cond, eval_shape, fori_loop, switch, while_loop
 from varjax.nnx.convolution import Conv
 from varjax.nnx.embedding import Embed
 from varjax.nnx.filterlib import All, Any, Everything, Not, Nothing, OfType, PathContains, WithTag
@@ -57,8 +59,10 @@ from varjax.nnx.graph import (
     update,
 )
 from varjax.nnx.linear import Linear
+from varjax.nnx.metrics import Metric, MultiMetric
 from varjax.nnx.module import Module, iter_children, iter_modules
 from varjax.nnx.normalization import BatchNorm, LayerNorm
+from varjax.nnx.optimizer import ModelAndOptimizer, OptArray, Optimizer, OptVariable
 from varjax.nnx.pytree import Dict, List, Object, Pytree, data, static
 from varjax.nnx.rnglib import fork_rngs, reseed, restore_rngs, split_rngs
 from varjax.nnx.statelib import State
@@ -83,6 +87,9 @@ from varjax.trace.rngs import Rngs, RngStream
 
 __all__ = [
     "rnglib", "split_rngs", "fork_rngs", "restore_rngs", "reseed",
+    "metrics", "optimizer", "Optimizer", "ModelAndOptimizer", "OptArray", "OptVariable", "Metric",
+    "MultiMetric",
+    "vmap", "cond", "switch", "while_loop", "fori_loop", "eval_shape",
     "transforms", "jit", "grad", "value_and_grad", "remat", "DiffState",
     "graph", "statelib", "filterlib", "split", "merge", "state", "update", "clone", "graphdef",
     "GraphDef", "State", "to_pure_dict", "replace_by_pure_dict", "All", "Any", "Not", "Nothing",

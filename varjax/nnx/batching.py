@@ -20,8 +20,13 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-from varjax.nnx.transform_checks import checked, no_argument_returned, refuse_bound_method
-from varjax.nnx.transforms import _decorator, _refuse
+from varjax.nnx.transform_checks import (
+    as_decorator,
+    checked,
+    no_argument_returned,
+    refuse_bound_method,
+    refuse_options,
+)
 from varjax.objects import object_transforms as objects
 from varjax.trace.unprovided import not_provided
 
@@ -59,7 +64,7 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
          graph_updates: bool | None = None) -> Any:
     """``jax.vmap`` over NNX objects: a module argument's Variables are mapped along its
     ``in_axes`` entry (``None``: broadcast), and their updates come back to it."""
-    _refuse("vmap", spmd_axis_name=(spmd_axis_name, None), graph=(graph, None),
+    refuse_options("vmap", spmd_axis_name=(spmd_axis_name, None), graph=(graph, None),
             graph_updates=(graph_updates, None))
     if transform_metadata:
         not_provided("nnx.vmap(transform_metadata=...)", "this option is not built yet.",
@@ -76,4 +81,4 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
         def call(*args: Any, **kwargs: Any) -> Any:
             return mapped(*_positional(fn, args, kwargs))
         return call
-    return _decorator(f, build)
+    return as_decorator(f, build)

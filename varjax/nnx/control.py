@@ -24,9 +24,9 @@ from varjax.nnx.transform_checks import (
     checked,
     no_argument_returned,
     refuse_bound_method,
+    refuse_options,
     same_carry_objects,
 )
-from varjax.nnx.transforms import _refuse
 from varjax.objects import control_flow, object_transforms
 from varjax.trace.unprovided import not_provided
 
@@ -40,7 +40,7 @@ def _branch(fn: Callable, what: str) -> Callable:
 def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any,
          graph: bool | None = None, graph_updates: bool | None = None) -> Any:
     """``jax.lax.cond`` over NNX objects: a Variable either branch writes is updated."""
-    _refuse("cond", graph=(graph, None), graph_updates=(graph_updates, None))
+    refuse_options("cond", graph=(graph, None), graph_updates=(graph_updates, None))
     return control_flow.cond(pred, _branch(true_fun, "cond"), _branch(false_fun, "cond"),
                              *operands)
 
@@ -48,7 +48,7 @@ def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any,
 def switch(index: Any, branches: Sequence[Callable], *operands: Any,
            graph: bool | None = None, graph_updates: bool | None = None) -> Any:
     """``jax.lax.switch`` over NNX objects: a Variable any branch writes is updated."""
-    _refuse("switch", graph=(graph, None), graph_updates=(graph_updates, None))
+    refuse_options("switch", graph=(graph, None), graph_updates=(graph_updates, None))
     return control_flow.switch(index, [_branch(f, "switch") for f in branches], *operands)
 
 
@@ -80,7 +80,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *,
                graph: bool | None = None, graph_updates: bool | None = None) -> Any:
     """``jax.lax.while_loop`` over NNX objects in the carry: the body's Variable updates are
     carried and written back, and the carry returned holds the caller's objects."""
-    _refuse("while_loop", graph=(graph, None), graph_updates=(graph_updates, None))
+    refuse_options("while_loop", graph=(graph, None), graph_updates=(graph_updates, None))
     final = control_flow.while_loop(
         cond_fun, checked(body_fun, "while_loop", _while_carry), init_val)
     return as_given(init_val, final)
@@ -90,7 +90,7 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any, *,
               unroll: int | bool | None = None, graph: bool | None = None,
               graph_updates: bool | None = None) -> Any:
     """``jax.lax.fori_loop`` over NNX objects in the carry (see ``while_loop``)."""
-    _refuse("fori_loop", unroll=(unroll, None), graph=(graph, None),
+    refuse_options("fori_loop", unroll=(unroll, None), graph=(graph, None),
             graph_updates=(graph_updates, None))
     final = control_flow.fori_loop(
         lower, upper, checked(body_fun, "fori_loop", _fori_carry), init_val)
@@ -103,7 +103,7 @@ def eval_shape(f: Callable, *args: Any, graph: bool | None = None,
     ``jax.ShapeDtypeStruct``s (an abstract model: ``eval_shape(lambda: Model(rngs))``).
     The function runs on copies of the arguments, so, as in flax.nnx, nothing is written
     back to them."""
-    _refuse("eval_shape", graph=(graph, None), graph_updates=(graph_updates, None))
+    refuse_options("eval_shape", graph=(graph, None), graph_updates=(graph_updates, None))
     refuse_bound_method(f, "eval_shape")
     return jax.eval_shape(object_transforms.jit(f), *args, **kwargs)
 

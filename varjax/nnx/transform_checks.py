@@ -75,6 +75,20 @@ def no_argument_returned(what: str, fn: Callable, args: tuple, out: Any) -> None
                          "back to it anyway", by="varjax.nnx")
 
 
+def refuse_options(what: str, **given: Any) -> None:
+    """``NotProvidedError`` for an option of ``nnx.<what>`` given a value other than its
+    default (``given``: name -> (value, default))."""
+    for name, (value, default) in given.items():
+        if value is not default and value != default:
+            not_provided(f"nnx.{what}({name}=...)", "this option is not built yet.",
+                         f"call nnx.{what} without {name}", by="varjax.nnx")
+
+
+def as_decorator(f: Any, build: Callable[[Callable], Callable]) -> Any:
+    """NNX's transforms are also decorators with options: ``@nnx.jit(static_argnums=1)``."""
+    return build if f is None else build(f)
+
+
 def refuse_bound_method(f: Callable, what: str) -> None:
     """flax.nnx refuses a module's bound method (``nnx.vmap(model.__call__)``): the module
     would be a closure, which no transform tracks.  The same ``ValueError`` here."""
@@ -98,10 +112,10 @@ def checked(fn: Callable, what: str,
     found = _CHECKED.get(key)
     if found is None:
         @functools.wraps(fn)
-        def found(*args: Any) -> Any:
-            before = _structures(args)
-            out = fn(*args)
-            _structure_unchanged(what, before, args)
+        def found(*args: Any, **kwargs: Any) -> Any:
+            before = _structures((args, kwargs))
+            out = fn(*args, **kwargs)
+            _structure_unchanged(what, before, (args, kwargs))
             check_out(what, fn, args, out)
             return out
         _CHECKED[key] = found

@@ -10,8 +10,9 @@ Variables through the discharge signature.  What NNX adds is desugared:
   rest, ``vj.value_and_grad`` differentiates the first and writes updates of the rest back
   (a BatchNorm's statistics), and the gradient is a ``State``, as NNX returns it;
 * ``jit`` refuses, with ``NotProvidedError``, a function that changes a module's structure
-  (adds or removes an attribute, changes a static one): that change would not reach the
-  caller's object, and NNX's graph updates, which carry it, are not built yet.
+  (adds or removes an attribute, changes a static one), or returns an argument's module:
+  the change would not reach the caller's object, and the module returned would be a new
+  one (NNX's graph updates, which carry both, are not built yet; ``transform_checks``).
 
 Options of flax.nnx's signatures that are not built raise ``NotProvidedError`` when given.
 """
@@ -22,31 +23,13 @@ import functools
 from typing import Any, Callable, Sequence
 
 from varjax.ir import errors
-from varjax.nnx.graph import graphdef, merge, split
+from varjax.nnx.graph import merge, split
 from varjax.nnx.pytree import Pytree
+from varjax.nnx.transform_checks import as_decorator, checked, no_argument_returned, refuse_options
 from varjax.nnx.variables import Param
 from varjax.objects import object_transforms as objects
-from varjax.trace.unprovided import not_provided
 
 __all__ = ["jit", "grad", "value_and_grad", "remat", "DiffState"]
-
-
-def _refuse(what: str, **given: Any) -> None:
-    """``NotProvidedError`` for an option of ``what`` given a value other than its default
-    (``given``: name -> (value, default))."""
-    for name, (value, default) in given.items():
-        if value is not default and value != default:
-            not_provided(f"nnx.{what}({name}=...)", "this option is not built yet.",
-                         f"call nnx.{what} without {name}", by="varjax.nnx")
-
-
-def _decorator(f: Any, build: Callable[[Callable], Callable]) -> Any:
-    """NNX's transforms are also decorators with options: ``@nnx.jit(static_argnums=1)``."""
-    return build if f is None else build(f)
-
-
-def _structure(args: tuple) -> list:
-    return [graphdef(a) if isinstance(a, Pytree) else None for a in args]
 
 
 def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings: Any = None,
@@ -56,28 +39,17 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings:
         inline: bool = False, graph: bool | None = None, graph_updates: bool | None = None
         ) -> Any:
     """``jax.jit`` over NNX objects: Variable updates come back to the caller's objects."""
-    _refuse("jit", in_shardings=(in_shardings, None), out_shardings=(out_shardings, None),
-            static_argnames=(static_argnames, None), donate_argnames=(donate_argnames, None),
-            keep_unused=(keep_unused, False), device=(device, None), backend=(backend, None),
-            inline=(inline, False), graph=(graph, None), graph_updates=(graph_updates, None))
+    refuse_options("jit", in_shardings=(in_shardings, None),
+                   out_shardings=(out_shardings, None), static_argnames=(static_argnames, None),
+                   donate_argnames=(donate_argnames, None), keep_unused=(keep_unused, False),
+                   device=(device, None), backend=(backend, None), inline=(inline, False),
+                   graph=(graph, None), graph_updates=(graph_updates, None))
 
     def build(f: Callable) -> Callable:
-        @functools.wraps(f)
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            before = _structure(args)
-            out = f(*args, **kwargs)
-            for i, (was, now) in enumerate(zip(before, _structure(args))):
-                if was is not None and was != now:
-                    not_provided(
-                        "a structural change inside nnx.jit",
-                        f"argument {i} ({type(args[i]).__name__}) gained, lost or changed an "
-                        "attribute inside the function; that change would not reach the "
-                        "caller's object (NNX's graph updates are not built yet).",
-                        "make the change outside the jitted function", by="varjax.nnx")
-            return out
-        return objects.jit(checked, static_argnums=() if static_argnums is None else static_argnums,
+        return objects.jit(checked(f, "jit", no_argument_returned),
+                           static_argnums=() if static_argnums is None else static_argnums,
                            donate_argnums=() if donate_argnums is None else donate_argnums)
-    return _decorator(fun, build)
+    return as_decorator(fun, build)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,9 +72,9 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
     """``jax.value_and_grad`` over NNX objects: a module argument's gradient is the ``State``
     of its ``nnx.Param``s (or of a ``DiffState``'s filter); the rest of its Variables keep
     the updates the function made."""
-    _refuse("value_and_grad", holomorphic=(holomorphic, False), allow_int=(allow_int, False),
-            reduce_axes=(reduce_axes, ()), graph=(graph, None),
-            graph_updates=(graph_updates, None))
+    refuse_options("value_and_grad", holomorphic=(holomorphic, False),
+                   allow_int=(allow_int, False), reduce_axes=(reduce_axes, ()),
+                   graph=(graph, None), graph_updates=(graph_updates, None))
     diffs, many = _diff_states(argnums)
 
     def build(fn: Callable) -> Callable:
@@ -130,7 +102,7 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
                                         if many else diffs[0].argnum, has_aux=has_aux)
             return vg(*args, *(rests[i] for i in order))
         return call
-    return _decorator(f, build)
+    return as_decorator(f, build)
 
 
 def grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
@@ -147,13 +119,13 @@ def grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
             value, grads = vg(*args)
             return (grads, value[1]) if has_aux else grads
         return call
-    return _decorator(f, build)
+    return as_decorator(f, build)
 
 
 def remat(f: Callable | None = None, *, prevent_cse: bool = True,
           static_argnums: int | Sequence[int] = (), policy: Callable | None = None,
           graph: bool | None = None, graph_updates: bool | None = None) -> Any:
     """``jax.checkpoint`` over NNX objects."""
-    _refuse("remat", graph=(graph, None), graph_updates=(graph_updates, None))
-    return _decorator(f, lambda fn: objects.remat(fn, prevent_cse=prevent_cse,
+    refuse_options("remat", graph=(graph, None), graph_updates=(graph_updates, None))
+    return as_decorator(f, lambda fn: objects.remat(fn, prevent_cse=prevent_cse,
                                                   static_argnums=static_argnums, policy=policy))

@@ -16,9 +16,8 @@ __all__ = ["NOT_YET", "missing"]
 _PARTS = {
     "an nnx transform (issue 35, part 4); until then vj.jit, vj.grad, vj.vmap and the other "
     "object-mode transforms take NNX modules": (
-        "jit_partial", "cached_partial", "vmap", "pmap", "shard_map", "scan",
-        "jvp", "vjp", "custom_vjp", "cond", "switch", "while_loop",
-        "fori_loop", "eval_shape", "make_jaxpr", "capture", "transform_metadata", "prefix",
+        "jit_partial", "cached_partial", "pmap", "shard_map", "scan",
+        "jvp", "vjp", "custom_vjp", "make_jaxpr", "capture", "transform_metadata", "prefix",
         "StateAxes", "StateSharding", "Carry", "set_graph_mode",
         "set_graph_updates", "compat", "checkify", "call", "use_eager_sharding",
         "using_eager_sharding", "proxy_caller"),
@@ -38,15 +37,14 @@ _PARTS = {
         "variables", "pytreelib", "object", "module", "variablelib", "reprlib"),
     "randomness beyond Rngs (issue 35, part 2): with_rngs needs string filters that match "
     "streams by tag, and RngStream.split/broadcast": ("with_rngs",),
-    "training (issue 35, part 5)": (
-        "Optimizer", "ModelAndOptimizer", "TrainState", "Metric", "MultiMetric", "metrics",
-        "optimizer", "training"),
+    "training (issue 35, part 5): TrainState needs GraphDef.apply": (
+        "TrainState", "training"),
     "a Variable or module helper (issue 35, part 1)": (
         "register_variable_name", "var_defaults", "with_metadata", "set_metadata",
         "VariableMetadata", "view", "view_info", "with_attributes", "display", "tabulate",
         "summary", "visualization", "iter_module_children", "PARTITION_NAME",
         "get_partition_spec", "get_named_sharding", "with_partitioning", "logical_axis_rules",
-        "spmd", "A", "M", "OptArray", "OptVariable", "Initializer", "helpers",
+        "spmd", "A", "M", "Initializer", "helpers",
         "deprecations", "wrappers", "bridge"),
 }
 

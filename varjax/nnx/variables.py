@@ -57,6 +57,22 @@ class Variable(core.Variable, collection="Variable"):
         return type(self)(value, **self._metadata)
 
 
+def _delegate(name: str) -> Any:
+    def op(self: Variable, *args: Any) -> Any:
+        return getattr(self.value, name)(*args)
+    op.__name__ = name
+    return op
+
+
+# NNX Variables compute like their values (``self.total / self.count`` in a metric).
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or",
+              "xor", "lshift", "rshift"):
+    setattr(Variable, f"__{_name}__", _delegate(f"__{_name}__"))
+    setattr(Variable, f"__r{_name}__", _delegate(f"__r{_name}__"))
+for _name in ("neg", "pos", "abs", "invert", "lt", "le", "gt", "ge", "float", "int", "index"):
+    setattr(Variable, f"__{_name}__", _delegate(f"__{_name}__"))
+
+
 class Param(Variable, collection="params"):
     """Trainable parameters (collection ``params``)."""
 
