@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: install test demo examples digits ensemble char_lm parallel multihost lora bench fuzz fuzz-linen dump docs lint clean
+.PHONY: install test demo examples digits ensemble char_lm parallel multihost lora bench fuzz fuzz-linen fuzz-nnx dump docs lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ fuzz-linen: $(VENV)/.installed-test
 	VARJAX_LINEN_EXAMPLES=$${VARJAX_LINEN_EXAMPLES:-3000} VARJAX_LINEN_KEEP_GOING=1 \
 	XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true" \
 	$(BIN)/python -m pytest -s -p no:xdist tests/test_linen_diff.py
+
+# Differential test against flax.nnx, as fuzz-linen: every failing example is recorded and the
+# run goes on; `VARJAX_NNX_EXAMPLES=200 make fuzz-nnx` runs one chunk of a longer run.
+fuzz-nnx: $(VENV)/.installed-test
+	VARJAX_NNX_EXAMPLES=$${VARJAX_NNX_EXAMPLES:-1000} VARJAX_NNX_KEEP_GOING=1 \
+	XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true" \
+	$(BIN)/python -m pytest -s -p no:xdist tests/test_nnx_diff.py
 
 demo: $(VENV)/.installed-examples
 	$(BIN)/python examples/demo.py

@@ -1,0 +1,311 @@
+"""Differential test: random NNX modules under ``flax.nnx`` and ``varjax.nnx``.
+
+Each example draws a spec (``tests/nnx_diff/modules.py``): a tree of small ``nnx.Module``
+classes built in ``__init__(self, rngs)`` from ``Linear`` / ``Conv`` / ``LayerNorm`` /
+``BatchNorm`` / ``Dropout``, a user-defined ``Count`` Variable incremented in ``__call__``,
+``nnx.List`` of layers and a child module shared at two attributes, and a stack of up to two
+transforms around the forward: ``nnx.jit``, ``nnx.grad`` / ``nnx.value_and_grad`` of the
+sum of what is inside, ``nnx.vmap`` over the batch with the module broadcast
+(``in_axes=(None, 0)``), ``nnx.cond`` on the sign of the input's sum (the other branch runs on
+``2 * x``), ``nnx.fori_loop`` of 2 steps carrying the module and the activation, ``nnx.remat``.
+One source builds the classes against both libraries, and the test checks, from the same seed:
+
+* construction: every Variable (``nnx.to_pure_dict(nnx.state(model))``: params, batch
+  statistics, counters, the RNG streams' keys and counts) bit for bit;
+* the transformed call in train mode, then in eval mode (``model.train()`` / ``.eval()``):
+  its result (outputs, gradients as pure dicts) and every Variable afterwards, to 1e-5
+  relative, and absolute relative to the largest value compared.  A float32 difference is
+  recomputed by both libraries in float64, from the same Variables: it is roundoff when the
+  float64 answers agree to 1e-9 (counted), otherwise the example fails.
+
+A spec flax.nnx rejects (it raises while building or calling) is skipped
+(``hypothesis.reject``); anything varjax raises where flax did not, or any difference, fails.
+
+``VARJAX_NNX_EXAMPLES`` sets the number of examples (default 20, derandomized);
+``make fuzz-nnx`` runs 1,000, records every failing example and prints the smallest of each
+kind at the end (``VARJAX_NNX_KEEP_GOING=1``).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import re
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx as flax_nnx
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis.errors import HypothesisException
+
+from varjax import nnx as vj_nnx
+
+sys.path.insert(0, os.path.dirname(__file__))
+from nnx_diff import modules as M  # noqa: E402
+
+_ENV = "VARJAX_NNX_EXAMPLES"
+EXAMPLES = int(os.environ.get(_ENV, "20"))
+# CI (no env var): a fixed example sequence.  An explicit count (`make fuzz-nnx`): fresh randomness.
+DERANDOMIZE = os.environ.get("VARJAX_NNX_DERANDOMIZE", "1" if _ENV not in os.environ else "0") == "1"
+# `make fuzz-nnx`: a failing example is recorded and the run goes on, so that one run lists
+# every kind of failure; otherwise (CI) the first failure fails and hypothesis shrinks it.
+KEEP_GOING = os.environ.get("VARJAX_NNX_KEEP_GOING", "0") == "1"
+RTOL = ATOL = 1e-5
+RTOL64 = ATOL64 = 1e-9
+
+_stats: collections.Counter = collections.Counter()
+_failures: dict[str, list] = {}
+_failure_counts: collections.Counter = collections.Counter()
+
+# flax.nnx warns on Variable access styles it is deprecating; not what is compared here.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+
+
+# --- comparison ----------------------------------------------------------------------------
+
+def pure(nnx, tree):
+    """Nested dicts of arrays: States as ``to_pure_dict``, keys as their key data."""
+    if isinstance(tree, nnx.State):
+        tree = nnx.to_pure_dict(tree)
+    if isinstance(tree, dict) or hasattr(tree, "items"):
+        return {k: pure(nnx, v) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return tuple(pure(nnx, v) for v in tree)
+    if isinstance(tree, jax.Array) and jnp.issubdtype(tree.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(tree)
+    return tree
+
+
+def variables(nnx, model) -> dict:
+    return pure(nnx, nnx.state(model))
+
+
+def layout(tree) -> dict:
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(p): (tuple(np.shape(x)), str(jnp.result_type(x))) for p, x in flat}
+
+
+def assert_layout(actual, expected, what: str, desc: str = "") -> None:
+    a, e = layout(actual), layout(expected)
+    if a != e:
+        only_a = {k: v for k, v in a.items() if e.get(k) != v}
+        only_e = {k: v for k, v in e.items() if a.get(k) != v}
+        raise AssertionError(f"{what}: layout differs\n varjax only: {only_a}\n flax only:   {only_e}{desc}")
+
+
+class Mismatch(AssertionError):
+    """Values differ where layouts agree: float32 roundoff or a wrong answer (``_settle``)."""
+
+
+def assert_close(actual, expected, what: str, desc: str = "", rtol: float = RTOL, atol: float = ATOL) -> None:
+    assert_layout(actual, expected, what, desc)
+    flat = jax.tree_util.tree_flatten_with_path(expected)[0]
+    # Absolute tolerance relative to the largest value compared: a value that is zero in
+    # exact arithmetic is float32 cancellation noise of the size of the terms that cancelled.
+    scale = max([1.0] + [float(np.max(np.abs(np.asarray(e, np.float64)), initial=0.0)) for _, e in flat])
+    for (path, e), a in zip(flat, jax.tree.leaves(actual)):
+        try:
+            np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(e, np.float64), rtol=rtol,
+                                       atol=atol * scale, err_msg=f"{what}{jax.tree_util.keystr(path)}")
+        except AssertionError as err:
+            raise Mismatch(f"{what}: values differ{err}{desc}") from None
+
+
+def assert_equal(actual, expected, what: str, desc: str = "") -> None:
+    assert_layout(actual, expected, what, desc)
+    flat = jax.tree_util.tree_flatten_with_path(expected)[0]
+    for (path, e), a in zip(flat, jax.tree.leaves(actual)):
+        try:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(e),
+                                          err_msg=f"{what}{jax.tree_util.keystr(path)}")
+        except AssertionError as err:
+            raise AssertionError(f"{what}: values differ{err}{desc}") from None
+
+
+class VarjaxFailure(AssertionError):
+    pass
+
+
+def _varjax(what: str, desc: str, fn, *args):
+    """``fn(*args)``; an exception is a varjax-only failure (flax did this step)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - anything varjax raises here is the finding
+        tb = "".join(traceback.format_exception_only(type(e), e)).strip()
+        raise VarjaxFailure(f"{what}: varjax raised where flax did not\n{tb}{desc}") from e
+
+
+def _flax(fn, *args):
+    """``fn(*args)``; a spec flax rejects is skipped."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        _stats["flax rejected: " + type(e).__name__] += 1
+        reject()
+
+
+# --- the transform stack -------------------------------------------------------------------
+
+def program(nnx, kinds: tuple):
+    """``f(model, x)``: the forward with the transforms ``kinds`` around it, innermost first."""
+    def f(m, x):
+        return m(x)
+    for kind in kinds:
+        f = _wrap(nnx, kind, f)
+    return f
+
+
+def _wrap(nnx, kind: str, g):
+    if kind == "jit":
+        return nnx.jit(g)
+    if kind == "remat":
+        return nnx.remat(g)
+    if kind == "vmap":
+        return nnx.vmap(g, in_axes=(None, 0))
+    if kind == "grad":
+        return nnx.grad(lambda m, x: jnp.sum(g(m, x)))
+    if kind == "value_and_grad":
+        return nnx.value_and_grad(lambda m, x: jnp.sum(g(m, x)))
+    if kind == "cond":
+        return lambda m, x: nnx.cond(jnp.sum(x) > 0, g, lambda m, x: g(m, 2 * x), m, x)
+    if kind == "fori_loop":
+        return lambda m, x: nnx.fori_loop(0, 2, lambda i, c: (c[0], g(c[0], c[1])), (m, x))[1]
+    raise ValueError(kind)
+
+
+def _input(spec: M.Spec):
+    return jnp.asarray(np.random.default_rng(spec.seed).standard_normal(spec.shape), jnp.float32)
+
+
+def _models(spec: M.Spec, desc: str):
+    f_model = _flax(lambda: M.build(flax_nnx, spec)(flax_nnx.Rngs(params=spec.seed, dropout=spec.seed + 1)))
+    v_model = _varjax("construction", desc, lambda: M.build(vj_nnx, spec)(
+        vj_nnx.Rngs(params=spec.seed, dropout=spec.seed + 1)))
+    return f_model, v_model
+
+
+# --- one example ---------------------------------------------------------------------------
+
+def check_spec(spec: M.Spec) -> None:
+    desc = "\n" + M.format_spec(spec)
+    f_model, v_model = _models(spec, desc)
+    assert_equal(variables(vj_nnx, v_model), variables(flax_nnx, f_model), "after construction", desc)
+    x = _input(spec)
+    f_run, v_run = program(flax_nnx, spec.transforms), program(vj_nnx, spec.transforms)
+    for mode in ("train", "eval"):
+        before = variables(flax_nnx, f_model)
+        getattr(f_model, mode)()
+        _varjax(f"model.{mode}()", desc, getattr(v_model, mode))
+        f_out = pure(flax_nnx, _flax(f_run, f_model, x))
+        v_out = pure(vj_nnx, _varjax(f"{mode} mode: the call", desc, v_run, v_model, x))
+        what = f"{mode} mode, transforms {spec.transforms}: "
+        got = (v_out, variables(vj_nnx, v_model))
+        want = (f_out, variables(flax_nnx, f_model))
+        for part, label in enumerate(("result", "variables after")):
+            try:
+                assert_close(got[part], want[part], what + label, desc)
+            except Mismatch as m:
+                _settle(m, spec, mode, before, x, part)
+    _stats["checked"] += 1
+
+
+def _settle(mismatch: Mismatch, spec: M.Spec, mode: str, before: dict, x, part: int) -> None:
+    """Both libraries again in float64, from the Variables ``before`` the call (flax's, which
+    were varjax's too: they are compared after construction and after each call).  Roundoff
+    when the float64 answers agree to ``RTOL64``."""
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        answers = []
+        for nnx in (flax_nnx, vj_nnx):
+            try:
+                model = M.build(nnx, spec)(nnx.Rngs(params=spec.seed, dropout=spec.seed + 1))
+                state = nnx.state(model)
+                nnx.replace_by_pure_dict(state, jax.tree.map(_wide, before))
+                nnx.update(model, state)
+                getattr(model, mode)()
+                out = pure(nnx, program(nnx, spec.transforms)(model, _wide(x)))
+                answers.append((out, variables(nnx, model))[part])
+            except Exception as e:  # noqa: BLE001 - a float64 failure leaves the float32 one standing
+                raise AssertionError(f"{mismatch}\n\n(the float64 recheck raised: "
+                                     f"{type(e).__name__}: {e})") from None
+    try:
+        assert_close(answers[1], answers[0], "float64", rtol=RTOL64, atol=ATOL64)
+    except Mismatch as m64:
+        raise AssertionError(f"{mismatch}\n\nand in float64 too:{m64}") from None
+    _stats["float32 roundoff (float64 agrees)"] += 1
+
+
+def _wide(a):
+    a = jnp.asarray(a)
+    return a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a
+
+
+# --- the test ------------------------------------------------------------------------------
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=DERANDOMIZE, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.filter_too_much])
+@given(M.specs())
+def _fuzz(spec: M.Spec) -> None:
+    if not KEEP_GOING:
+        check_spec(spec)
+        return
+    try:
+        check_spec(spec)
+    except AssertionError as e:
+        _record(spec, e)
+    except HypothesisException:
+        raise                   # reject(): a spec flax rejects
+    except Exception as e:  # noqa: BLE001 - an error of this harness: recorded, the run goes on
+        _record(spec, AssertionError(f"harness error: {type(e).__name__}: {e}\n{M.format_spec(spec)}\n"
+                                     + "".join(traceback.format_exception(e)[-6:])))
+    done = _stats["checked"] + _stats["FAILED"]
+    if done % 100 == 0:
+        print(f"fuzz-nnx: {done} done at {time.strftime('%H:%M:%S')}: {dict(sorted(_stats.items()))}",
+              flush=True)
+
+
+def _kind(e: AssertionError) -> str:
+    """A failure's kind: its first two lines with numbers and names taken out (for a layout
+    difference, the last names of the paths that differ), so one bug in different models
+    is one kind."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    if "layout differs" in lines[0]:
+        names = sorted(set(re.findall(r"\['(\w+)'\]\"", " ".join(lines[1:3]))))
+        lines = [lines[0], "paths ending " + "/".join(names)]
+    head = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", " | ".join(lines[:2]))
+    return re.sub(r"'[^']*'|\([^)]*\)", "*", head)[:200]
+
+
+def _record(spec: M.Spec, e: AssertionError) -> None:
+    _stats["FAILED"] += 1
+    _failure_counts[_kind(e)] += 1
+    size = sum(1 for _ in M.walk_ops(spec.root)) + len(spec.transforms)
+    found = _failures.setdefault(_kind(e), [])
+    found.append((size, spec, str(e)))
+    found.sort(key=lambda f: f[0])
+    del found[3:]
+
+
+def test_nnx_diff(report):
+    before = collections.Counter(_stats)
+    _failures.clear()
+    _failure_counts.clear()
+    start = time.perf_counter()
+    try:
+        _fuzz()
+    finally:
+        counts = collections.Counter(_stats)
+        counts.subtract(before)
+        extra = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "checked" and v)
+        seconds = time.perf_counter() - start
+        report(f"fuzz-nnx: {counts['checked']} examples checked in {seconds:.0f} s ({extra})")
+    if _failures:
+        kinds = [f"{_failure_counts[kind]} example(s) of: {kind}\n\n{found[0][2]}"
+                 + "".join(f"\n\nanother example:\n{M.format_spec(spec)}" for _, spec, _ in found[1:])
+                 for kind, found in sorted(_failures.items())]
+        pytest.fail(f"{counts['FAILED']} failing examples, {len(_failures)} kinds; the smallest of each:\n\n"
+                    + ("\n\n" + "=" * 100 + "\n\n").join(kinds), pytrace=False)
