@@ -1,0 +1,176 @@
+"""The rest of NNX's graph and state functions: flat states (``to_flat_state``,
+``from_flat_state``), functions over states (``merge_state``, ``map_state``,
+``split_state``, ``filter_state``), and walks of an object's graph (``pop``,
+``iter_graph``, ``find_duplicates``).
+
+The state functions are ``State``'s methods (``varjax.nnx.statelib``) under flax.nnx's
+names.  The walks visit an object as flax.nnx's graph mode does: depth first, an object's
+attributes in name order (a ``List`` by index, ``Rngs`` by stream name), each NNX object and
+Variable once however many paths lead to it, so a shared layer is walked at its first path.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from varjax.ir import errors
+from varjax.nnx.filterlib import to_predicate
+from varjax.nnx.pytree import Dict, List, Pytree, _Container
+from varjax.nnx.statelib import FlatState, State
+from varjax.trace.rngs import Rngs, RngStream
+from varjax.trace.variable import Variable
+
+__all__ = ["to_flat_state", "from_flat_state", "merge_state", "map_state", "split_state",
+           "filter_state", "pop", "iter_graph", "find_duplicates"]
+
+
+def to_flat_state(state: Any) -> FlatState:
+    """``state``'s ``(path, leaf)`` pairs, sorted by path."""
+    return _as_state(state).flat_state()
+
+
+def from_flat_state(flat_state: Any, *, cls: type[State] = State) -> State:
+    """The nested state of ``(path, leaf)`` pairs or a ``{path: leaf}`` mapping."""
+    return cls.from_flat_path(flat_state)
+
+
+def merge_state(state: Any, /, *states: Any, cls: type[State] = State) -> State:
+    """One state of the leaves of all, the last state giving a path winning."""
+    return cls.merge(state, *states)
+
+
+def map_state(f: Callable[[tuple, Any], Any], state: Any) -> State:
+    """A new state holding ``f(path, leaf)`` at each leaf's path."""
+    return _as_state(state).map(f)
+
+
+def split_state(state: Any, first: Any, /, *filters: Any) -> Any:
+    """One state per filter, a leaf in the first whose filter matches; every leaf must
+    match one (end with ``...``)."""
+    return _as_state(state).split(first, *filters)
+
+
+def filter_state(state: Any, first: Any, /, *filters: Any) -> Any:
+    """As ``split_state``, leaving out the leaves no filter matches."""
+    return _as_state(state).filter(first, *filters)
+
+
+def _as_state(state: Any) -> State:
+    return state if isinstance(state, State) else State(state)
+
+
+def _is_graph_node(x: Any) -> bool:
+    return isinstance(x, (Pytree, Rngs, RngStream))
+
+
+def _children(node: Any) -> list[tuple[Any, Any]]:
+    """A node's ``(key, child)`` pairs, data and static, in flax.nnx's graph order; an
+    empty list for a leaf."""
+    if isinstance(node, _Container):
+        return node._items()
+    if isinstance(node, Pytree):
+        return sorted((k, v) for k, v in node.__dict__.items() if k != "_nnx_data")
+    if isinstance(node, Rngs):
+        return sorted(node._streams.items())
+    if isinstance(node, RngStream):
+        return [("count", node.count), ("key", node.key), ("tag", node.tag)]
+    if isinstance(node, dict):
+        return sorted(node.items())
+    if isinstance(node, (list, tuple)):
+        return list(enumerate(node))
+    return []
+
+
+def _is_node(x: Any) -> bool:
+    return _is_graph_node(x) or isinstance(x, (dict, list, tuple))
+
+
+def iter_graph(node: Any, /, *, graph: bool | None = None) -> Iterator[tuple[tuple, Any]]:
+    """Every node and leaf under ``node`` with its path, children before their parent and
+    ``node`` last; each object and Variable once (its first path).  Leaves include the
+    static attributes."""
+    if graph is False:
+        raise errors.NotProvidedError(
+            "iter_graph(graph=False): NNX's tree mode is not built in varjax.nnx.",
+            **errors.where(), fix="leave graph at its default (graph mode)")
+    seen: set[int] = set()
+    stack: list[tuple[tuple, Any, bool]] = [((), node, False)]
+    while stack:
+        path, current, walked = stack.pop()
+        if walked or not (_is_node(current) or isinstance(current, Variable)):
+            yield path, current
+            continue
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, Variable):
+            yield path, current
+            continue
+        stack.append((path, current, True))
+        stack.extend(((*path, k), child, False) for k, child in reversed(_children(current)))
+
+
+def find_duplicates(node: Any, /, *, only: Any = ...) -> list[list[tuple]]:
+    """The paths of each NNX object or Variable reachable by more than one path (a shared
+    layer, a tied weight), first path first.  ``only`` filters the repeated paths."""
+    candidate = to_predicate(only)
+    paths: dict[int, list[tuple]] = {}
+
+    def walk(obj: Any, path: tuple) -> None:
+        shared = _is_graph_node(obj) or isinstance(obj, Variable)
+        if shared and id(obj) in paths:
+            if candidate(path, obj):
+                paths[id(obj)].append(path)
+            return
+        if shared:
+            paths[id(obj)] = [path]
+        for k, child in _children(obj) if _is_node(obj) else ():
+            walk(child, (*path, k))
+
+    walk(node, ())
+    return [p for p in paths.values() if len(p) > 1]
+
+
+def pop(node: Any, *filters: Any) -> Any:
+    """Removes from ``node`` the Variables each filter selects (a Variable in the first
+    whose filter matches) and returns them, one ``State`` per filter.  A Variable reachable
+    by several paths is popped at its first."""
+    if not filters:
+        raise errors.ConfigError("pop: no filter was given.", **errors.where(),
+                                 fix="say which Variables to pop, e.g. nnx.pop(model, nnx.Intermediate)")
+    predicates = [to_predicate(f) for f in filters]
+    flats: list[dict[tuple, Any]] = [{} for _ in predicates]
+    seen: set[int] = set()
+
+    def walk(obj: Any, path: tuple) -> None:
+        seen.add(id(obj))
+        for key, value in _children(obj):
+            if _is_node(value):
+                if id(value) not in seen:
+                    walk(value, (*path, key))
+                continue
+            if not isinstance(value, Variable) or id(value) in seen:
+                continue
+            here = (*path, key)
+            i = next((i for i, p in enumerate(predicates) if p(here, value)), None)
+            if i is not None:
+                seen.add(id(value))
+                _remove(obj, key, here)
+                flats[i][here] = value
+
+    walk(node, ())
+    states = [State.from_flat(f) for f in flats]
+    return states[0] if len(states) == 1 else tuple(states)
+
+
+def _remove(parent: Any, key: Any, path: tuple) -> None:
+    if isinstance(parent, (List, list, tuple, dict)):
+        raise errors.NotProvidedError(
+            f"pop: the Variable at {'/'.join(map(str, path))} is an element of a "
+            f"{type(parent).__name__}, which pop does not remove elements from (flax.nnx "
+            "refuses a plain container and leaves an nnx.List broken).",
+            path=tuple(map(str, path)), **errors.where(),
+            fix="hold Variables to pop in module attributes or an nnx.Dict")
+    if isinstance(parent, Dict):
+        del parent[key]
+    else:
+        delattr(parent, key)
