@@ -9,6 +9,7 @@ from flax import nnx as flax_nnx
 
 from varjax import errors, nnx
 from varjax.nnx.batching import vmap
+from varjax.nnx.differentiation import jvp, vjp
 from varjax.nnx.iteration import Carry, scan
 
 X = jnp.arange(12.0).reshape(3, 2, 2) / 7     # 3 steps of a (2, 2) batch
@@ -152,3 +153,101 @@ def test_scan_returning_an_argument_module_as_output_is_not_provided():
 def test_scan_of_a_bound_method_is_refused_as_flax_refuses_it():
     with pytest.raises(ValueError, match="does not support bound methods"):
         scan(_model(nnx).__call__)
+
+
+# --- jvp / vjp -----------------------------------------------------------------------------
+
+def _counted(lib):
+    class Counted(lib.Module):
+        def __init__(self, rngs):
+            self.lin = lib.Linear(2, 3, rngs=rngs)
+            self.count = lib.BatchStat(jnp.array(0))
+
+        def __call__(self, x):
+            self.count[...] += 1
+            return self.lin(x)
+    return Counted(lib.Rngs(0))
+
+
+def _loss(m, x):
+    y = m(x)
+    return jnp.sum(y ** 2), y.mean()
+
+
+def _assert_same_tree(a, b):
+    assert type(a).__name__ == type(b).__name__
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        assert u.dtype == v.dtype
+        if u.dtype != jax.dtypes.float0:
+            np.testing.assert_array_equal(u, v)
+
+
+def test_vjp_cotangent_of_a_module_is_a_module_and_updates_are_written_back():
+    ours, theirs = _counted(nnx), _counted(flax_nnx)
+    x = X[0]
+    out, fn, aux = vjp(_loss, ours, x, has_aux=True, graph_updates=False)
+    fout, ffn, faux = flax_nnx.vjp(_loss, theirs, x, has_aux=True, graph_updates=False)
+    np.testing.assert_array_equal(out, fout)
+    np.testing.assert_array_equal(aux, faux)
+    _assert_same_tree(fn(jnp.ones(())), ffn(jnp.ones(())))
+    _same_state(ours, theirs)
+    assert int(ours.count[...]) == 1
+    out2, fn2 = vjp(graph_updates=False)(lambda m, x: _loss(m, x)[0])(ours, x)
+    np.testing.assert_array_equal(out2, out)
+    assert int(ours.count[...]) == 2
+
+
+def test_jvp_tangent_of_a_module_is_a_module_and_updates_are_written_back():
+    ours, theirs = _counted(nnx), _counted(flax_nnx)
+    x = X[0]
+
+    def tangent(m):
+        return jax.tree.map(lambda a: jnp.ones_like(a) if a.dtype.kind == "f"
+                            else np.zeros(a.shape, jax.dtypes.float0), m)
+    out = jvp(_loss, (ours, x), (tangent(ours), x), has_aux=True, graph_updates=False)
+    fout = flax_nnx.jvp(_loss, (theirs, x), (tangent(theirs), x), has_aux=True,
+                        graph_updates=False)
+    for u, v in zip(out, fout, strict=True):
+        np.testing.assert_array_equal(u, v)
+    _same_state(ours, theirs)
+    assert int(ours.count[...]) == 1
+
+
+def test_vjp_and_jvp_with_graph_updates_raise_as_flax_raises():
+    m, x = _counted(nnx), X[0]
+    with pytest.raises(NotImplementedError, match="graph_updates is not supported for nnx.vjp"):
+        flax_nnx.vjp(_loss, _counted(flax_nnx), x)
+    with pytest.raises(NotImplementedError, match="graph_updates is not supported for nnx.vjp"):
+        vjp(_loss, m, x)
+    with pytest.raises(NotImplementedError, match="graph_updates is not supported for nnx.jvp"):
+        jvp(_loss, (m, x), (m, x))
+    assert int(m.count[...]) == 0
+
+
+def test_vjp_and_jvp_tree_mode_reduce_axes_and_returning_a_module_are_not_provided():
+    m, x = _counted(nnx), X[0]
+    with pytest.raises(errors.NotProvidedError, match="graph=False"):
+        vjp(_loss, m, x, graph=False)
+    with pytest.raises(errors.NotProvidedError, match="graph=False"):
+        jvp(_loss, (m, x), (m, x), graph=False)
+    with pytest.raises(errors.NotProvidedError, match="reduce_axes"):
+        vjp(_loss, m, x, reduce_axes=("i",), graph_updates=False)
+    with pytest.raises(errors.NotProvidedError, match="returning an object from nnx.vjp"):
+        vjp(lambda m, x: m, m, x, graph_updates=False)
+
+
+def test_vjp_inside_nnx_jit_matches_flax_and_writes_updates_back():
+    from varjax.nnx.transforms import jit
+
+    def run(lib, jit_, vjp_):
+        m = _counted(lib)
+
+        @jit_
+        def g(m, x):
+            _, fn = vjp_(lambda m, x: _loss(m, x)[0], m, x, graph_updates=False)
+            return fn(jnp.ones(()))[1]
+        return g(m, X[0]), m
+    (gx, ours), (fgx, theirs) = run(nnx, jit, vjp), run(flax_nnx, flax_nnx.jit, flax_nnx.vjp)
+    np.testing.assert_array_equal(gx, fgx)
+    _same_state(ours, theirs)
+    assert int(ours.count[...]) == 1
