@@ -18,9 +18,11 @@ from varjax.nnx.state_ops import (
     map_state,
     merge_state,
     pop,
+    restore_int_paths,
     split_state,
     to_flat_state,
 )
+from varjax.nnx.state_ops import map as map_node
 from varjax.nnx.statelib import FlatState
 
 
@@ -252,3 +254,29 @@ def test_find_duplicates_lists_the_paths_of_shared_objects_and_variables(only):
     ours = find_duplicates(shared(nnx), **kw(nnx))
     want = flax_nnx.find_duplicates(shared(flax_nnx), **kw(flax_nnx))
     assert ours == want and len(want) == (3 if only == "everything" else 2)
+
+
+def test_map_builds_a_new_object_of_mapped_leaves_as_flax_nnx():
+    model, theirs = _model(nnx), _model(flax_nnx)
+
+    def double(path, leaf):
+        return leaf * 2 if isinstance(leaf, (nnx.Param, flax_nnx.Param)) else leaf
+    ours, want = map_node(double, model), flax_nnx.map(double, theirs)
+    _same_flat(to_flat_state(nnx.state(ours)), _their_flat(flax_nnx.state(want)))
+    assert type(ours.lin.kernel) is nnx.Param and ours.lin.kernel is not model.lin.kernel
+    assert ours.norm.mean is model.norm.mean and want.norm.mean is theirs.norm.mean
+    bare = map_node(double, model, recreate_variables=False)
+    bare_theirs = flax_nnx.map(double, theirs, recreate_variables=False)
+    assert isinstance(bare.lin.kernel, jax.Array) and isinstance(bare_theirs.lin.kernel, jax.Array)
+    with pytest.raises(errors.NotProvidedError, match="tree mode"):
+        map_node(double, model, graph=False)
+
+
+def test_restore_int_paths_turns_checkpoint_string_indices_back_into_ints():
+    model = nnx.List([nnx.Linear(1, 1, rngs=nnx.Rngs(0)) for _ in range(2)])
+    pure = nnx.to_pure_dict(nnx.state(model))
+    stored = {str(k): layer for k, layer in pure.items()}
+    assert jax.tree.structure(restore_int_paths(stored)) == jax.tree.structure(pure)
+    given = {"0": {"a": 1, "1x": 2}, "b": {"2": 3}, "c": 4}
+    want = {0: {"a": 1, "1x": 2}, "b": {2: 3}, "c": 4}
+    assert restore_int_paths(given) == flax_nnx.restore_int_paths(given) == want

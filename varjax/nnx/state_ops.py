@@ -1,7 +1,8 @@
 """The rest of NNX's graph and state functions: flat states (``to_flat_state``,
 ``from_flat_state``), functions over states (``merge_state``, ``map_state``,
 ``split_state``, ``filter_state``), and walks of an object's graph (``pop``,
-``iter_graph``, ``find_duplicates``).
+``iter_graph``, ``find_duplicates``), ``map`` over an object's state, and
+``restore_int_paths`` for a checkpoint's string keys.
 
 The state functions are ``State``'s methods (``varjax.nnx.statelib``) under flax.nnx's
 names.  The walks visit an object as flax.nnx's graph mode does: depth first, an object's
@@ -10,17 +11,18 @@ Variable once however many paths lead to it, so a shared layer is walked at its 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from varjax.ir import errors
 from varjax.nnx.filterlib import to_predicate
+from varjax.nnx.graph import _flat
 from varjax.nnx.pytree import Dict, List, Pytree, _Container
 from varjax.nnx.statelib import FlatState, State
 from varjax.trace.rngs import Rngs, RngStream
-from varjax.trace.variable import Variable
+from varjax.trace.variable import Variable, held
 
 __all__ = ["to_flat_state", "from_flat_state", "merge_state", "map_state", "split_state",
-           "filter_state", "pop", "iter_graph", "find_duplicates"]
+           "filter_state", "pop", "iter_graph", "find_duplicates", "map", "restore_int_paths"]
 
 
 def to_flat_state(state: Any) -> FlatState:
@@ -52,6 +54,58 @@ def split_state(state: Any, first: Any, /, *filters: Any) -> Any:
 def filter_state(state: Any, first: Any, /, *filters: Any) -> Any:
     """As ``split_state``, leaving out the leaves no filter matches."""
     return _as_state(state).filter(first, *filters)
+
+
+def map(f: Callable[[tuple, Any], Any], node: Any, /, *, graph: bool | None = None,
+        recreate_variables: bool = True) -> Any:
+    """A new object of ``node``'s structure holding ``f(path, leaf)`` at each leaf.  Where
+    ``f`` maps a Variable to a plain value, the new object holds a Variable of the same type
+    and metadata around it (with ``recreate_variables=False``, the value itself); a
+    Variable ``f`` returns is used as it is."""
+    _refuse_tree_mode("map", graph)
+    g, entries = _flat(node)
+    leaves = []
+    for path, leaf in entries:
+        new = f(path, leaf)
+        if recreate_variables and isinstance(leaf, Variable) and not isinstance(new, Variable):
+            new = held(type(leaf), leaf.collection, new, leaf.get_metadata())
+        leaves.append(new)
+    return g.treedef.unflatten(leaves)
+
+
+def restore_int_paths(pure_dict: Mapping) -> dict:
+    """``pure_dict`` with each key that reads as an integer made one: a checkpoint stores
+    list indices as strings, and ``to_pure_dict`` names them by int."""
+    out: dict = {}
+    for path, value in _flatten_mapping(pure_dict):
+        *head, last = (_int_or_key(k) for k in path)
+        node = out
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = value
+    return out
+
+
+def _flatten_mapping(m: Mapping, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    for k, v in m.items():
+        if isinstance(v, Mapping):
+            yield from _flatten_mapping(v, (*path, k))
+        else:
+            yield (*path, k), v
+
+
+def _int_or_key(k: Any) -> Any:
+    try:
+        return int(k)
+    except ValueError:
+        return k
+
+
+def _refuse_tree_mode(name: str, graph: bool | None) -> None:
+    if graph is False:
+        raise errors.NotProvidedError(
+            f"{name}(graph=False): NNX's tree mode is not built in varjax.nnx.",
+            **errors.where(), fix="leave graph at its default (graph mode)")
 
 
 def _as_state(state: Any) -> State:
@@ -88,10 +142,7 @@ def iter_graph(node: Any, /, *, graph: bool | None = None) -> Iterator[tuple[tup
     """Every node and leaf under ``node`` with its path, children before their parent and
     ``node`` last; each object and Variable once (its first path).  Leaves include the
     static attributes."""
-    if graph is False:
-        raise errors.NotProvidedError(
-            "iter_graph(graph=False): NNX's tree mode is not built in varjax.nnx.",
-            **errors.where(), fix="leave graph at its default (graph mode)")
+    _refuse_tree_mode("iter_graph", graph)
     seen: set[int] = set()
     stack: list[tuple[tuple, Any, bool]] = [((), node, False)]
     while stack:
@@ -164,11 +215,12 @@ def pop(node: Any, *filters: Any) -> Any:
 
 def _remove(parent: Any, key: Any, path: tuple) -> None:
     if isinstance(parent, (List, list, tuple, dict)):
+        names = tuple(str(k) for k in path)
         raise errors.NotProvidedError(
-            f"pop: the Variable at {'/'.join(map(str, path))} is an element of a "
+            f"pop: the Variable at {'/'.join(names)} is an element of a "
             f"{type(parent).__name__}, which pop does not remove elements from (flax.nnx "
             "refuses a plain container and leaves an nnx.List broken).",
-            path=tuple(map(str, path)), **errors.where(),
+            path=names, **errors.where(),
             fix="hold Variables to pop in module attributes or an nnx.Dict")
     if isinstance(parent, Dict):
         del parent[key]
