@@ -9,7 +9,7 @@ from flax import nnx as flax_nnx
 
 from varjax import errors, nnx
 from varjax.nnx.batching import vmap
-from varjax.nnx.differentiation import jvp, vjp
+from varjax.nnx.differentiation import custom_vjp, jvp, vjp
 from varjax.nnx.iteration import Carry, scan
 
 X = jnp.arange(12.0).reshape(3, 2, 2) / 7     # 3 steps of a (2, 2) batch
@@ -251,3 +251,56 @@ def test_vjp_inside_nnx_jit_matches_flax_and_writes_updates_back():
     np.testing.assert_array_equal(gx, fgx)
     _same_state(ours, theirs)
     assert int(ours.count[...]) == 1
+
+
+# --- custom_vjp ----------------------------------------------------------------------------
+
+def _custom(lib, custom_vjp_):
+    class Foo(lib.Module):
+        def __init__(self):
+            self.x, self.y = lib.Param(jnp.array(1.0)), lib.Param(jnp.array(2.0))
+            self.n = lib.BatchStat(jnp.array(0))
+
+    @custom_vjp_(graph_updates=False, nondiff_argnums=(1,))
+    def f(m, k):
+        m.n[...] += 1
+        return jnp.sin(m.x[...]) * m.y[...] * k
+
+    def f_fwd(m, k):
+        return f(m, k), (jnp.cos(m.x[...]), jnp.sin(m.x[...]), m)
+
+    def f_bwd(k, res, g):
+        cos_x, sin_x, m = res
+        m_g = jax.tree.map(lambda a: a, m)
+        m_g.x[...] = cos_x * g * m.y[...] * k * 10     # not the true derivative: bwd's own
+        m_g.y[...] = sin_x * g * k
+        return (m_g,)
+    f.defvjp(f_fwd, f_bwd)
+    return f, Foo()
+
+
+def test_custom_vjp_bwd_gives_a_module_cotangent_with_nondiff_args_and_updates_kept():
+    from varjax.nnx.transforms import grad
+    f, ours = _custom(nnx, custom_vjp)
+    ff, theirs = _custom(flax_nnx, flax_nnx.custom_vjp)
+    g = grad(lambda m: f(m, 3.0))(ours)
+    fg = flax_nnx.grad(lambda m: ff(m, 3.0))(theirs)
+    _assert_same_tree(nnx.to_pure_dict(g), flax_nnx.to_pure_dict(fg))
+    np.testing.assert_array_equal(f(ours, 3.0), ff(theirs, 3.0))
+    _same_state(ours, theirs)
+    assert int(ours.n[...]) == 2
+
+
+def test_custom_vjp_forms_not_built_are_not_provided():
+    with pytest.raises(errors.NotProvidedError, match="graph updates"):
+        custom_vjp(lambda m: m)
+    with pytest.raises(errors.NotProvidedError, match="graph=False"):
+        custom_vjp(lambda m: m, graph=False)
+    with pytest.raises(errors.NotProvidedError, match="DiffState"):
+        custom_vjp(lambda m: m, graph_updates=False,
+                   nondiff_argnums=(flax_nnx.DiffState(0, ...),))
+    f = custom_vjp(lambda m: m, graph_updates=False)
+    with pytest.raises(errors.NotProvidedError, match="updates_g"):
+        f.defvjp(lambda m: (m, None), lambda res, g, *, updates_g: (g,))
+    with pytest.raises(errors.NotProvidedError, match="symbolic_zeros"):
+        f.defvjp(lambda m: (m, None), lambda res, g: (g,), symbolic_zeros=True)
