@@ -304,3 +304,21 @@ def test_custom_vjp_forms_not_built_are_not_provided():
         f.defvjp(lambda m: (m, None), lambda res, g, *, updates_g: (g,))
     with pytest.raises(errors.NotProvidedError, match="symbolic_zeros"):
         f.defvjp(lambda m: (m, None), lambda res, g: (g,), symbolic_zeros=True)
+
+
+def test_scan_over_a_layer_stack_inside_nnx_jit_matches_flax():
+    from varjax.nnx.transforms import jit
+
+    def run(lib, vmap_, scan_, jit_, carry):
+        stack = vmap_(lambda r: _block(lib)(r))(lib.Rngs(0).fork(split=3))
+
+        @jit_
+        def forward(stack, x):
+            return scan_(lambda x, layer: layer(x), in_axes=(carry, 0), out_axes=carry)(x, stack)
+        return forward(stack, X[0]), stack
+    (y, ours), (fy, theirs) = (run(nnx, vmap, scan, jit, Carry),
+                               run(flax_nnx, flax_nnx.vmap, flax_nnx.scan, flax_nnx.jit,
+                                   flax_nnx.Carry))
+    np.testing.assert_array_equal(y, fy)
+    _same_state(ours, theirs)
+    np.testing.assert_array_equal(ours.calls[...], [1, 1, 1])
