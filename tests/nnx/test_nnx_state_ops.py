@@ -280,3 +280,27 @@ def test_restore_int_paths_turns_checkpoint_string_indices_back_into_ints():
     given = {"0": {"a": 1, "1x": 2}, "b": {"2": 3}, "c": 4}
     want = {0: {"a": 1, "1x": 2}, "b": {2: 3}, "c": 4}
     assert restore_int_paths(given) == flax_nnx.restore_int_paths(given) == want
+
+
+def _plain_containers(lib):
+    class Held(lib.Module):
+        def __init__(self):
+            p = lib.Param(jnp.ones(1))
+            self.stuff = lib.data({"x": [p, jnp.zeros(1)], "y": (p,)})
+    return Held()
+
+
+def test_the_walks_enter_plain_containers_held_as_data_as_flax_nnx():
+    ours, theirs = _plain_containers(nnx), _plain_containers(flax_nnx)
+    def walk(it):
+        return [(p, type(v).__name__) for p, v in it if "_pytree" not in str(p)]
+    assert walk(iter_graph(ours)) == walk(flax_nnx.iter_graph(theirs))
+    shared = [[("stuff", "x", 0), ("stuff", "y", 0)]]
+    assert find_duplicates(ours) == flax_nnx.find_duplicates(theirs) == shared
+
+
+def test_pop_refuses_a_variable_inside_a_plain_container():
+    with pytest.raises(errors.NotProvidedError, match="stuff/x/0"):
+        pop(_plain_containers(nnx), nnx.Param)
+    with pytest.raises(ValueError):
+        flax_nnx.pop(_plain_containers(flax_nnx), flax_nnx.Param)
