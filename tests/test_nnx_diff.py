@@ -309,3 +309,36 @@ def test_nnx_diff(report):
                  for kind, found in sorted(_failures.items())]
         pytest.fail(f"{counts['FAILED']} failing examples, {len(_failures)} kinds; the smallest of each:\n\n"
                     + ("\n\n" + "=" * 100 + "\n\n").join(kinds), pytrace=False)
+
+
+# --- hand-written specs: one per transform, and the failures the fuzzer found --------------
+
+def _spec(ops: tuple, transforms: tuple, shape=(2, 3, 2), seed: int = 3) -> M.Spec:
+    return M.Spec(M.Node("Model", ops), shape, seed, transforms)
+
+
+def _body(batch_norm: bool) -> tuple:
+    """A counter, an nnx.List, a child; the child's BatchNorm where flax.nnx allows it (not
+    under vmap with the module broadcast: train mode updates its statistics per member)."""
+    child = (M.BatchNorm(3, 0.9),) if batch_norm else ()
+    return (M.Linear(2, 3), M.Counter(), M.Seq((M.LayerNorm(3), M.Linear(3, 3))),
+            M.Sub(M.Node("Block1", (*child, M.Conv(3, 2, 2)))))
+
+
+_HAND = {
+    **{f"{kind}_counter_list_child": _spec(_body(kind != "vmap"), (kind,)) for kind in M.TRANSFORMS},
+    "jit_of_value_and_grad": _spec(_body(True), ("value_and_grad", "jit")),
+    "fori_loop_in_vmap": _spec(_body(False), ("fori_loop", "vmap")),
+    # Found by the fuzzer: a child module held at two attributes is in flax.nnx's state once,
+    # at its first path; varjax's listed it at both.
+    "shared_child_is_in_the_state_once": _spec(
+        (M.Shared(M.Node("Block1", (M.Linear(2, 2),))),), ()),
+    # Found by the fuzzer: flax.nnx's Dropout holds its RngStream at `rngs` (key, count);
+    # varjax's held an Rngs at `rngs`, so the stream sat at `rngs/dropout`.
+    "dropout_stream_path": _spec((M.Dropout(0.5),), ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_HAND))
+def test_hand_written(name):
+    check_spec(_HAND[name])

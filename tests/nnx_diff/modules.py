@@ -8,7 +8,7 @@ children in ``__init__(self, rngs)`` and threading one float32 activation ``h`` 
   ``BatchNorm`` / ``Dropout``, and activations;
 * ``Counter``: a ``Count`` Variable (a user-defined ``nnx.Variable`` subclass, so a
   collection of its own) incremented in ``__call__`` and mixed back into ``h``;
-* ``Seq``: an ``nnx.List`` of layers applied in order;
+* ``Seq``: an ``nnx.List`` of layers (not activations: a list holds modules) applied in order;
 * ``Sub``: a child module; ``Shared``: one child module object held at two attributes and
   called through both (NNX's graph has one node at two paths).
 
@@ -154,7 +154,7 @@ def _node(draw, w: int, depth: int, counter: list, out_width: int | None) -> tup
         elif kind == "seq":
             layers = []
             for _ in range(draw(st.integers(1, 3))):
-                op, w = _layer(draw, draw(st.sampled_from(_LAYERS)), w)
+                op, w = _layer(draw, draw(st.sampled_from([k for k in _LAYERS if k != "act"])), w)
                 layers.append(op)
             ops.append(Seq(tuple(layers)))
         elif kind == "sub":
