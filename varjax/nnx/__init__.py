@@ -45,6 +45,7 @@ from varjax.nnx import unbuilt as _unbuilt
 from varjax.nnx.batching import vmap
 from varjax.nnx.control import cond, eval_shape, fori_loop, switch, while_loop
 from varjax.nnx.convolution import Conv
+from varjax.nnx.differentiation import custom_vjp, jvp, vjp
 from varjax.nnx.embedding import Embed
 from varjax.nnx.filterlib import All, Any, Everything, Not, Nothing, OfType, PathContains, WithTag
 from varjax.nnx.graph import (
@@ -58,6 +59,7 @@ from varjax.nnx.graph import (
     to_pure_dict,
     update,
 )
+from varjax.nnx.iteration import Carry, scan
 from varjax.nnx.linear import Linear
 from varjax.nnx.metrics import Metric, MultiMetric
 from varjax.nnx.module import Module, iter_children, iter_modules
@@ -65,7 +67,20 @@ from varjax.nnx.normalization import BatchNorm, LayerNorm
 from varjax.nnx.optimizer import ModelAndOptimizer, OptArray, Optimizer, OptVariable
 from varjax.nnx.pytree import Dict, List, Object, Pytree, data, static
 from varjax.nnx.rnglib import fork_rngs, reseed, restore_rngs, split_rngs
-from varjax.nnx.statelib import State
+from varjax.nnx.state_ops import (
+    filter_state,
+    find_duplicates,
+    from_flat_state,
+    iter_graph,
+    map,
+    map_state,
+    merge_state,
+    pop,
+    restore_int_paths,
+    split_state,
+    to_flat_state,
+)
+from varjax.nnx.statelib import FlatState, State
 from varjax.nnx.stochastic import Dropout
 from varjax.nnx.transforms import DiffState, grad, jit, remat, value_and_grad
 from varjax.nnx.variables import (
@@ -87,8 +102,11 @@ from varjax.trace.rngs import Rngs, RngStream
 
 __all__ = [
     "rnglib", "split_rngs", "fork_rngs", "restore_rngs", "reseed",
+    "pop", "to_flat_state", "from_flat_state", "merge_state", "map_state", "split_state",
+    "filter_state", "iter_graph", "find_duplicates", "map", "restore_int_paths", "FlatState",
     "metrics", "optimizer", "Optimizer", "ModelAndOptimizer", "OptArray", "OptVariable", "Metric",
     "MultiMetric",
+    "scan", "Carry", "jvp", "vjp", "custom_vjp",
     "vmap", "cond", "switch", "while_loop", "fori_loop", "eval_shape",
     "transforms", "jit", "grad", "value_and_grad", "remat", "DiffState",
     "graph", "statelib", "filterlib", "split", "merge", "state", "update", "clone", "graphdef",

@@ -15,7 +15,6 @@ change inside; returning an argument's object (flax.nnx returns the caller's obj
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any, Callable, Mapping
 
 import jax
@@ -24,6 +23,7 @@ from varjax.nnx.transform_checks import (
     as_decorator,
     checked,
     no_argument_returned,
+    positional,
     refuse_bound_method,
     refuse_options,
 )
@@ -44,18 +44,6 @@ def _int_axes(name: str, axes: Any) -> None:
                          f"give an int or None per argument in {name}; to map part of a "
                          "module's state, split it (nnx.split) and pass the states with "
                          "their own axes", by="varjax.nnx")
-
-
-def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple:
-    """``args`` and ``kwargs`` as positional arguments of ``f``, defaults included, as
-    flax.nnx resolves them before mapping (``in_axes`` then applies to all of them)."""
-    if not isinstance(f, functools.partial):
-        bound = inspect.signature(f).bind(*args, **kwargs)
-        bound.apply_defaults()
-        args, kwargs = bound.args, bound.kwargs
-    if kwargs:     # a partial's signature is opaque, as in flax.nnx
-        raise TypeError("keyword arguments could not be resolved to positions")
-    return args
 
 
 def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
@@ -79,6 +67,6 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return mapped(*_positional(fn, args, kwargs))
+            return mapped(*positional(fn, args, kwargs))
         return call
     return as_decorator(f, build)

@@ -24,10 +24,10 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from varjax.nnx.batching import _positional
 from varjax.nnx.transform_checks import (
     as_decorator,
     objects_in,
+    positional,
     refuse_bound_method,
     refuse_options,
 )
@@ -150,7 +150,7 @@ class CustomVjp:
         self.custom.defvjp(forward, backward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args = _positional(self.fun, args, kwargs)
+        args = positional(self.fun, args, kwargs)
         out, (states, _) = self.custom(*args)
         _write_back(args, states)
         return out

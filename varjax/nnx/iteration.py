@@ -26,13 +26,13 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
-from varjax.nnx.batching import _positional
 from varjax.nnx.transform_checks import (
     as_decorator,
     as_given,
     checked,
     no_argument_returned,
     objects_in,
+    positional,
     refuse_bound_method,
     refuse_options,
     same_carry_objects,
@@ -162,7 +162,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            args = _positional(fn, args, kwargs)
+            args = positional(fn, args, kwargs)
             if in_axes is Carry and len(args) != 1:
                 raise ValueError("When in_axes=Carry, the function must take exactly one "
                                  f"argument, got {len(args)} arguments.")

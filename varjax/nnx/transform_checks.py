@@ -146,3 +146,15 @@ def as_given(init: Any, final: Any) -> Any:
     objects = iter(_top_objects(init))
     leaves, tree = jax.tree.flatten(final, is_leaf=_is_object)
     return jax.tree.unflatten(tree, [next(objects) if _is_object(x) else x for x in leaves])
+
+
+def positional(f: Callable, args: tuple, kwargs: dict) -> tuple:
+    """``args`` and ``kwargs`` as positional arguments of ``f``, defaults included, as
+    flax.nnx resolves them before mapping (``in_axes`` then applies to all of them)."""
+    if not isinstance(f, functools.partial):
+        bound = inspect.signature(f).bind(*args, **kwargs)
+        bound.apply_defaults()
+        args, kwargs = bound.args, bound.kwargs
+    if kwargs:     # a partial's signature is opaque, as in flax.nnx
+        raise TypeError("keyword arguments could not be resolved to positions")
+    return args

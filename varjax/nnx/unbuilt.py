@@ -16,22 +16,19 @@ __all__ = ["NOT_YET", "missing"]
 _PARTS = {
     "an nnx transform (issue 35, part 4); until then vj.jit, vj.grad, vj.vmap and the other "
     "object-mode transforms take NNX modules": (
-        "jit_partial", "cached_partial", "pmap", "shard_map", "scan",
-        "jvp", "vjp", "custom_vjp", "make_jaxpr", "capture", "transform_metadata", "prefix",
-        "StateAxes", "StateSharding", "Carry", "set_graph_mode",
+        "jit_partial", "cached_partial", "pmap", "shard_map", "make_jaxpr", "capture",
+        "transform_metadata", "prefix", "StateAxes", "StateSharding", "set_graph_mode",
         "set_graph_updates", "compat", "checkify", "call", "use_eager_sharding",
         "using_eager_sharding", "proxy_caller"),
     "graph and state (issue 35, part 3); until then vj.split, vj.merge, vj.state and "
     "vj.update take NNX modules": (
-        "pop", "unpack", "to_tree",
-        "from_tree", "GraphState", "PureState", "FlatState", "to_flat_state",
-        "from_flat_state", "merge_state", "map",
-        "map_state", "recursive_map", "find_duplicates", "split_context", "merge_context",
+        "unpack", "to_tree",
+        "from_tree", "GraphState", "PureState", "recursive_map", "split_context", "merge_context",
         "update_context", "current_update_context", "SplitContext", "MergeContext",
-        "UpdateContext", "NodeStates", "filter_state", "split_state", "flatten",
-        "unflatten", "restore_int_paths", "graphlib",
+        "UpdateContext", "NodeStates", "flatten",
+        "unflatten", "graphlib",
 
-        "iter_graph", "extract", "pure", "as_pure", "as_abstract", "get_abstract_model",
+        "extract", "pure", "as_pure", "as_abstract", "get_abstract_model",
         "abstract_with_sharding", "vars_as", "with_vars", "check_pytree", "has_data",
         "is_data", "register_data_type", "Data", "Static", "dataclass", "traversals", "tracers",
         "variables", "pytreelib", "object", "module", "variablelib", "reprlib"),
