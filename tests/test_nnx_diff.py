@@ -336,6 +336,12 @@ _HAND = {
     # Found by the fuzzer: flax.nnx's Dropout holds its RngStream at `rngs` (key, count);
     # varjax's held an Rngs at `rngs`, so the stream sat at `rngs/dropout`.
     "dropout_stream_path": _spec((M.Dropout(0.5),), ()),
+    # Found by the fuzzer (with the two differences above normalized away): two shared
+    # children under nnx.cond in train mode; after the call the second one's BatchNorm mean
+    # held the first one's Linear kernel (or a Dropout's stream count a float vector).
+    "two_shared_children_under_cond": _spec(
+        (M.Shared(M.Node("Block1", (M.Linear(3, 3),))), M.Shared(M.Node("Block2", (M.BatchNorm(3, 0.9),)))),
+        ("cond",), shape=(2, 2, 3), seed=1),
 }
 
 
