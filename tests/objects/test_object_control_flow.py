@@ -120,3 +120,17 @@ def test_creating_a_variable_in_a_loop_body_raises():
     with pytest.raises(vj.errors.VariableCreationError) as info:
         vj.fori_loop(0, 2, body, model)
     assert info.value.collection == "extra"
+
+
+def test_cond_writes_back_each_variable_when_one_is_passed_at_two_places():
+    # JAX returns a copy per place; the branch outputs were taken apart without putting
+    # the two copies of `a` back together, so `b` received `a`'s value (shape (2, 2)).
+    a = vj.Variable(jnp.ones((2, 2)), collection="stats")
+    b = vj.Variable(jnp.zeros(2), collection="stats")
+
+    def bump(a1, a2, b):
+        b.value = b.value + jnp.sum(a1.value)
+        return jnp.zeros(())
+    vj.cond(True, bump, bump, a, a, b)
+    assert b.value.shape == (2,) and float(b.value[0]) == 4.0
+    np.testing.assert_array_equal(a.value, jnp.ones((2, 2)))

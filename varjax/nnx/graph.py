@@ -32,21 +32,27 @@ def _is_leaf(x: Any) -> bool:
     return isinstance(x, Variable)
 
 
-def _entries(node: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+def _entries(node: Any, path: tuple = (), seen: dict | None = None
+             ) -> Iterator[tuple[tuple, Any]]:
     """``(path, leaf)`` for every leaf of ``node``, in JAX's flatten order (Variables as
-    leaves), named as flax.nnx names them."""
+    leaves), named as flax.nnx names them.  An object reached again (a submodule held at
+    two attributes) is named by its first path, as NNX lists a shared object once: its
+    leaves come again, with the paths they have there."""
+    seen = {} if seen is None else seen
+    if isinstance(node, (Variable, Pytree, Rngs, RngStream)):
+        path = seen.setdefault(id(node), path)
     if isinstance(node, Variable):
         yield path, node
     elif isinstance(node, _Container):
         for key, value in node._items():
             if isinstance(value, (Variable, Pytree, Rngs, RngStream)) or _is_array(value):
-                yield from _entries(value, (*path, key))
+                yield from _entries(value, (*path, key), seen)
     elif isinstance(node, Pytree):
         for name in sorted(node.__dict__.get("_nnx_data", ())):
-            yield from _entries(node.__dict__[name], (*path, name))
+            yield from _entries(node.__dict__[name], (*path, name), seen)
     elif isinstance(node, Rngs):
         for name, stream in node._streams.items():
-            yield from _entries(stream, (*path, name))
+            yield from _entries(stream, (*path, name), seen)
     elif isinstance(node, RngStream):
         yield (*path, "key"), node.key
         yield (*path, "count"), node.count
@@ -119,7 +125,7 @@ def split(node: Any, *filters: Any) -> tuple:
     g, entries = _flat(node)
     parts = _partition(entries, filters or (...,))
     placed = sum(len(p.flat()) for p in parts)
-    if placed != len(entries):
+    if placed != len(dict(entries)):
         left = next(p for p, _ in entries if not any(p in s.flat() for s in parts))
         raise errors.InvalidVariablesError(
             f"split: the leaf at {'/'.join(map(str, left))} matches none of the filters.",
@@ -183,8 +189,9 @@ def update(node: Any, *states: Any) -> None:
 def clone(node: Any) -> Any:
     """A copy of ``node`` with new Variables holding the same values."""
     g, entries = _flat(node)
-    return g.treedef.unflatten([held(type(leaf), leaf.collection, leaf.value, leaf.get_metadata())
-                                if isinstance(leaf, Variable) else leaf for _, leaf in entries])
+    copies = {path: held(type(leaf), leaf.collection, leaf.value, leaf.get_metadata())
+              if isinstance(leaf, Variable) else leaf for path, leaf in entries}
+    return g.treedef.unflatten([copies[path] for path in g.paths])     # shared stay shared
 
 
 def to_pure_dict(s: Any) -> dict:

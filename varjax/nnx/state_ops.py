@@ -64,13 +64,13 @@ def map(f: Callable[[tuple, Any], Any], node: Any, /, *, graph: bool | None = No
     Variable ``f`` returns is used as it is."""
     _refuse_tree_mode("map", graph)
     g, entries = _flat(node)
-    leaves = []
-    for path, leaf in entries:
+    made: dict = {}
+    for path, leaf in dict(entries).items():    # a shared leaf once, so it stays shared
         new = f(path, leaf)
         if recreate_variables and isinstance(leaf, Variable) and not isinstance(new, Variable):
             new = held(type(leaf), leaf.collection, new, leaf.get_metadata())
-        leaves.append(new)
-    return g.treedef.unflatten(leaves)
+        made[path] = new
+    return g.treedef.unflatten([made[path] for path in g.paths])
 
 
 def restore_int_paths(pure_dict: Mapping) -> dict:

@@ -98,7 +98,9 @@ def _switch(what: str, index: Any, fns: list[Callable], labels: list[str],
             return out, ops
         return run_branch
     out, final = jax.lax.switch(index, [branch(f, label) for f, label in zip(fns, labels)], *operands)
-    after = Graph.of((final, {}))
+    # JAX returns a copy per place: an object passed at two places (a submodule shared by
+    # two modules) is one again, so the cells line up with the operands' graph.
+    after = Graph.of((dealias(tuple(final), {}, tuple(graph.places))[0], {}))
     for i, ((_, cell), (_, new)) in enumerate(zip(graph.cells, after.cells)):
         if i in written:
             cell.set(new.get())
