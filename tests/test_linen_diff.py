@@ -57,7 +57,6 @@ import functools
 import os
 import re
 import sys
-import time
 import traceback
 from typing import Callable
 
@@ -66,27 +65,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
-from hypothesis.errors import HypothesisException
+from hypothesis import reject
 
 import varjax.nn as vj_nn
 
 sys.path.insert(0, os.path.dirname(__file__))
+from differential import Campaign  # noqa: E402
 from linen_diff import modules as M  # noqa: E402
 
-_ENV = "VARJAX_LINEN_EXAMPLES"
-EXAMPLES = int(os.environ.get(_ENV, "20"))
-# CI (no env var): a fixed example sequence.  An explicit count (`make fuzz-linen`): fresh randomness.
-DERANDOMIZE = os.environ.get("VARJAX_LINEN_DERANDOMIZE", "1" if _ENV not in os.environ else "0") == "1"
-# `make fuzz-linen`: a failing example is recorded and the run goes on, so one run lists every
-# kind of failure; the test fails at the end, with the smallest spec of each kind.  Otherwise
-# (CI) the first failure fails the test and hypothesis shrinks it.
-KEEP_GOING = os.environ.get("VARJAX_LINEN_KEEP_GOING", "0") == "1"
 RTOL = ATOL = 1e-5
 
-_stats: collections.Counter = collections.Counter()
-_failures: dict[str, list] = {}     # failure kind -> [(spec size, spec, message)], KEEP_GOING only
-_failure_counts: collections.Counter = collections.Counter()
+_stats: collections.Counter = collections.Counter()    # the campaign's (differential.py)
 
 # Flax warns when it sees a jax.Array where it used to see a FrozenDict, and on lifted
 # transforms over modules with no variables; neither is about what is compared here.
@@ -635,65 +624,12 @@ def _to_float64(tree):
 
 # --- the test ------------------------------------------------------------------------------
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=DERANDOMIZE, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.filter_too_much])
-@given(M.specs())
-def _fuzz(spec: M.Spec) -> None:
-    if not KEEP_GOING:
-        check_spec(spec)
-        return
-    try:
-        check_spec(spec)
-    except AssertionError as e:
-        _record(spec, e)
-    except HypothesisException:
-        raise                   # reject(): a spec Linen rejects
-    except Exception as e:  # noqa: BLE001 - an error of this harness: recorded, the run goes on
-        _record(spec, AssertionError(f"harness error: {type(e).__name__}: {e}\n{M.format_spec(spec)}\n"
-                                     + "".join(traceback.format_exception(e)[-6:])))
-    done = _stats["checked"] + _stats["FAILED"]
-    if done % 100 == 0:         # progress of a long run
-        print(f"fuzz-linen: {done} done at {time.strftime('%H:%M:%S')}: {dict(sorted(_stats.items()))}",
-              flush=True)
-
-
-def _kind(e: AssertionError) -> str:
-    """A failure's kind: the step and the error's first line, with numbers and names of
-    variables taken out, so that one bug in different models is one kind."""
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    head = " | ".join(lines[:2])
-    head = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", head)
-    return re.sub(r"'[^']*'|\[[^\]]*\]", "*", head)[:160]
-
-
-def _record(spec: M.Spec, e: AssertionError) -> None:
-    _stats["FAILED"] += 1
-    _failure_counts[_kind(e)] += 1
-    size = sum(1 for _ in M.walk_ops(spec.root))
-    found = _failures.setdefault(_kind(e), [])
-    found.append((size, spec, str(e)))
-    found.sort(key=lambda f: f[0])
-    del found[3:]
+CAMPAIGN = Campaign("linen", M.specs(), check_spec, lambda spec: sum(1 for _ in M.walk_ops(spec.root)),
+                    M.format_spec, _stats)
 
 
 def test_linen_diff(report):
-    before = collections.Counter(_stats)
-    _failures.clear()
-    _failure_counts.clear()
-    try:
-        _fuzz()
-    finally:
-        counts = collections.Counter(_stats)
-        counts.subtract(before)
-        extra = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "checked" and v)
-        report(f"fuzz-linen: {counts['checked']} examples checked ({extra})")
-    if _failures:
-        kinds = [f"{_failure_counts[kind]} example(s) of: {kind}\n\n{found[0][2]}"
-                 + "".join(f"\n\nanother example:\n{M.format_spec(spec)}" for _, spec, _ in found[1:])
-                 for kind, found in sorted(_failures.items())]
-        pytest.fail(f"{counts['FAILED']} failing examples, {len(_failures)} kinds; the smallest of each:\n\n"
-                    + ("\n\n" + "=" * 100 + "\n\n").join(kinds), pytrace=False)
+    CAMPAIGN.run(report)
 
 
 # --- hand-written specs: one per lifted transform, and the failures the fuzzer found -------
@@ -823,7 +759,8 @@ _HAND = {
     # with the adapter the outer cond's lift created later: VariableCreationError at init.
     "lora_kernel_used_before_the_cond_it_is_handed_to": _spec(
         (M.Sub(M.Node("Stage", "compact", (M.Cond(
-            M.Node("Unit", "compact", (M.Dense(4), M.Cond(M.Node("Core", "setup", (M.Param("w0", 4),)), "neg"))),
+            M.Node("Unit", "compact",
+                   (M.Dense(4), M.Cond(M.Node("Core", "setup", (M.Param("w0", 4),)), "neg"))),
             M.Node("Layer", "compact", (M.Dense(4),)), pre_init=True),))),),
         (3, 3, 3), passes=M.PassUse("lora", (("rank", 1), ("scale", 1.0)), 0)),
 }

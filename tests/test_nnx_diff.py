@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import sys
-import time
 import traceback
 
 import jax
@@ -39,27 +37,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx as flax_nnx
-from hypothesis import HealthCheck, given, reject, settings
-from hypothesis.errors import HypothesisException
+from hypothesis import reject
 
 from varjax import nnx as vj_nnx
 
 sys.path.insert(0, os.path.dirname(__file__))
+from differential import Campaign  # noqa: E402
 from nnx_diff import modules as M  # noqa: E402
 
-_ENV = "VARJAX_NNX_EXAMPLES"
-EXAMPLES = int(os.environ.get(_ENV, "20"))
-# CI (no env var): a fixed example sequence.  An explicit count (`make fuzz-nnx`): fresh randomness.
-DERANDOMIZE = os.environ.get("VARJAX_NNX_DERANDOMIZE", "1" if _ENV not in os.environ else "0") == "1"
-# `make fuzz-nnx`: a failing example is recorded and the run goes on, so that one run lists
-# every kind of failure; otherwise (CI) the first failure fails and hypothesis shrinks it.
-KEEP_GOING = os.environ.get("VARJAX_NNX_KEEP_GOING", "0") == "1"
 RTOL = ATOL = 1e-5
 RTOL64 = ATOL64 = 1e-9
 
-_stats: collections.Counter = collections.Counter()
-_failures: dict[str, list] = {}
-_failure_counts: collections.Counter = collections.Counter()
+_stats: collections.Counter = collections.Counter()    # the campaign's (differential.py)
 
 # flax.nnx warns on Variable access styles it is deprecating; not what is compared here.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -270,70 +259,13 @@ def _wide(a):
 
 # --- the test ------------------------------------------------------------------------------
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=DERANDOMIZE, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.filter_too_much])
-@given(M.specs())
-def _fuzz(spec: M.Spec) -> None:
-    if not KEEP_GOING:
-        check_spec(spec)
-        return
-    try:
-        check_spec(spec)
-    except AssertionError as e:
-        _record(spec, e)
-    except HypothesisException:
-        raise                   # reject(): a spec flax rejects
-    except Exception as e:  # noqa: BLE001 - an error of this harness: recorded, the run goes on
-        _record(spec, AssertionError(f"harness error: {type(e).__name__}: {e}\n{M.format_spec(spec)}\n"
-                                     + "".join(traceback.format_exception(e)[-6:])))
-    done = _stats["checked"] + _stats["FAILED"]
-    if done % 100 == 0:
-        print(f"fuzz-nnx: {done} done at {time.strftime('%H:%M:%S')}: {dict(sorted(_stats.items()))}",
-              flush=True)
-
-
-def _kind(e: AssertionError) -> str:
-    """A failure's kind: its first two lines with numbers and names taken out (for a layout
-    difference, the last names of the paths that differ), so one bug in different models
-    is one kind."""
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    if "layout differs" in lines[0]:
-        names = sorted(set(re.findall(r"\['(\w+)'\]\"", " ".join(lines[1:3]))))
-        lines = [lines[0], "paths ending " + "/".join(names)]
-    head = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", " | ".join(lines[:2]))
-    return re.sub(r"'[^']*'|\([^)]*\)", "*", head)[:200]
-
-
-def _record(spec: M.Spec, e: AssertionError) -> None:
-    _stats["FAILED"] += 1
-    _failure_counts[_kind(e)] += 1
-    size = sum(1 for _ in M.walk_ops(spec.root)) + len(spec.transforms)
-    found = _failures.setdefault(_kind(e), [])
-    found.append((size, spec, str(e)))
-    found.sort(key=lambda f: f[0])
-    del found[3:]
+CAMPAIGN = Campaign("nnx", M.specs(), check_spec,
+                    lambda spec: sum(1 for _ in M.walk_ops(spec.root)) + len(spec.transforms),
+                    M.format_spec, _stats)
 
 
 def test_nnx_diff(report):
-    before = collections.Counter(_stats)
-    _failures.clear()
-    _failure_counts.clear()
-    start = time.perf_counter()
-    try:
-        _fuzz()
-    finally:
-        counts = collections.Counter(_stats)
-        counts.subtract(before)
-        extra = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "checked" and v)
-        seconds = time.perf_counter() - start
-        report(f"fuzz-nnx: {counts['checked']} examples checked in {seconds:.0f} s ({extra})")
-    if _failures:
-        kinds = [f"{_failure_counts[kind]} example(s) of: {kind}\n\n{found[0][2]}"
-                 + "".join(f"\n\nanother example:\n{M.format_spec(spec)}" for _, spec, _ in found[1:])
-                 for kind, found in sorted(_failures.items())]
-        pytest.fail(f"{counts['FAILED']} failing examples, {len(_failures)} kinds; the smallest of each:\n\n"
-                    + ("\n\n" + "=" * 100 + "\n\n").join(kinds), pytrace=False)
+    CAMPAIGN.run(report)
 
 
 # --- hand-written specs: one per transform, and the failures the fuzzer found --------------
