@@ -9,7 +9,7 @@ import varjax as vj
 from varjax import errors, nnx
 
 
-class Count(nnx.Variable):
+class Clicks(nnx.Variable):
     pass
 
 
@@ -17,7 +17,7 @@ class Block(nnx.Module):
     def __init__(self, rngs):
         self.linear = nnx.Linear(2, 2, rngs=rngs)
         self.deterministic = False
-        self.calls = Count(jnp.array(0))
+        self.calls = Clicks(jnp.array(0))
 
     def __call__(self, x):
         self.calls[...] += 1
@@ -56,7 +56,7 @@ def test_variable_types_are_collections_named_as_flax_nnx_names_them():
                          (nnx.Perturbation, flax_nnx.Perturbation)):
         assert nnx.variable_name_from_type(ours) == flax_nnx.variable_name_from_type(theirs)
         assert ours(jnp.zeros(())).collection == nnx.variable_name_from_type(ours)
-    assert nnx.variable_name_from_type(Count) == "Count"
+    assert nnx.variable_name_from_type(Clicks) == "Clicks"
     assert nnx.variable_type_from_name("params") is nnx.Param
     with pytest.raises(errors.InvalidVariablesError):
         nnx.variable_type_from_name("no_such_collection")
@@ -119,7 +119,7 @@ def test_object_mode_transforms_take_an_nnx_module_and_write_its_variables_back(
     assert out.shape == (1, 2) and int(model.blocks[0].calls[...]) == 1
     grads = vj.grad(lambda m, x: jnp.sum(m(x)))(model, X)
     assert type(grads) is Model and int(model.blocks[1].calls[...]) == 2
-    assert {"Count", "params"} <= set(vj.state(model))
+    assert {"Clicks", "params"} <= set(vj.state(model))
     # the same computation by hand on the values
     k = [b.linear.kernel[...] for b in model.blocks]
     b = [b.linear.bias[...] for b in model.blocks]
