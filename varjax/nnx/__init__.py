@@ -44,6 +44,7 @@ from varjax.nnx import filterlib, graph, metrics, optimizer, rnglib, statelib, t
 from varjax.nnx import unbuilt as _unbuilt
 from varjax.nnx.batching import vmap
 from varjax.nnx.control import cond, eval_shape, fori_loop, switch, while_loop
+from varjax.nnx.config import set_graph_mode, set_graph_updates
 from varjax.nnx.convolution import Conv
 from varjax.nnx.differentiation import custom_vjp, jvp, vjp
 from varjax.nnx.embedding import Embed
@@ -101,6 +102,7 @@ from varjax.nnx.variables import (
 from varjax.trace.rngs import Rngs, RngStream
 
 __all__ = [
+    "set_graph_mode", "set_graph_updates",
     "rnglib", "split_rngs", "fork_rngs", "restore_rngs", "reseed",
     "pop", "to_flat_state", "from_flat_state", "merge_state", "map_state", "split_state",
     "filter_state", "iter_graph", "find_duplicates", "map", "restore_int_paths", "FlatState",

@@ -17,8 +17,7 @@ _PARTS = {
     "an nnx transform (issue 35, part 4); until then vj.jit, vj.grad, vj.vmap and the other "
     "object-mode transforms take NNX modules": (
         "jit_partial", "cached_partial", "pmap", "shard_map", "make_jaxpr", "capture",
-        "transform_metadata", "prefix", "StateAxes", "StateSharding", "set_graph_mode",
-        "set_graph_updates", "compat", "checkify", "call", "use_eager_sharding",
+        "transform_metadata", "prefix", "StateAxes", "StateSharding", "compat", "checkify", "call", "use_eager_sharding",
         "using_eager_sharding", "proxy_caller"),
     "graph and state (issue 35, part 3); until then vj.split, vj.merge, vj.state and "
     "vj.update take NNX modules": (
