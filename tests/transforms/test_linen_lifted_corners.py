@@ -252,3 +252,29 @@ def test_while_loop_draws_with_a_deny_list_are_linens_bit_for_bit():
     noise = {"noise": jax.random.key(2)}
     np.testing.assert_array_equal(model.apply(ref_vars, X, rngs=noise),
                                   ref_model.apply(ref_vars, X, rngs=noise))
+
+
+@pytest.mark.parametrize("form", ["class", "decorator"])
+@pytest.mark.parametrize("static", [(2,), ()])
+def test_remat_traces_python_numbers_unless_static_argnums_marks_them(form, static):
+    """Linen's ``remat`` hands a body Python numbers as tracers (positional and keyword);
+    ``static_argnums`` is how a body gets a Python ``bool``."""
+    def seen_under(nn):
+        seen = []
+
+        class Foo(nn.Module):
+            @nn.compact
+            def __call__(self, x, train, scale=1.0):
+                seen.append((isinstance(train, bool), isinstance(scale, float)))
+                return nn.Dense(2)(x)
+        lifted = (nn.remat(Foo, static_argnums=static) if form == "class" else
+                  type("Foo", (Foo,), {"__call__": functools.partial(
+                      nn.remat, static_argnums=static)(Foo.__call__)}))
+
+        class Top(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                return lifted()(x, True, scale=2.0)
+        Top().init(jax.random.key(0), X)
+        return seen
+    assert seen_under(vj_nn) == seen_under(flax_nn) == [(static == (2,), False)]

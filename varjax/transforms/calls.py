@@ -65,11 +65,22 @@ def _unwrapping(fn: Callable) -> Callable:
     return body
 
 
+def _traced(value: Any) -> Any:
+    """A Python number as the array JAX would trace it as (weakly typed), so the body sees
+    a tracer, as Linen's ``remat`` gives it; anything else as it is."""
+    if isinstance(value, (bool, int, float, complex)):
+        return jax.numpy.asarray(value)
+    return value
+
+
 def _with_static(transform: str, make: Callable[[int, Callable], Callable], fn: Callable,
-                 static_argnums: Any, static_argnames: Any) -> Callable:
+                 static_argnums: Any, static_argnames: Any, trace_numbers: bool = False
+                 ) -> Callable:
     """``make(shift, body)``'s lift, called with the static arguments made constants.
     ``shift`` is 1 when the call has a module first (Linen's argument positions count
-    it), else 0; there is one lift per case."""
+    it), else 0; there is one lift per case.  ``trace_numbers``: Python numbers not marked
+    static are traced (``remat``: in Linen they reach the body as tracers, and
+    ``static_argnums`` is how a body gets a Python ``bool``)."""
     names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     body = _unwrapping(fn)
     lifts: dict[int, Callable] = {}
@@ -77,7 +88,11 @@ def _with_static(transform: str, make: Callable[[int, Callable], Callable], fn: 
     def call(*args: Any, **kwargs: Any) -> Any:
         shift = int(bool(args) and is_module(args[0]))
         head, args = args[:shift], list(args[shift:])
-        for i in _positions(tuple(args), static_argnums, shift):
+        static = _positions(tuple(args), static_argnums, shift)
+        if trace_numbers:
+            args = [a if i in static else _traced(a) for i, a in enumerate(args)]
+            kwargs = {k: v if k in names else _traced(v) for k, v in kwargs.items()}
+        for i in static:
             args[i] = _static(transform, args[i], f"argument {i + shift}")
         kwargs = {k: _static(transform, v, f"argument '{k}'") if k in names else v
                   for k, v in kwargs.items()}
@@ -124,8 +139,9 @@ def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: b
                prevent_cse: bool = True, static_argnums: Any = (), policy: Any = None,
                methods: Any = None, passes: Any = ()) -> Any:
     """Lifted ``jax.checkpoint``: the body's activations are recomputed on the backward
-    pass.  Non-array arguments are static; ``static_argnums`` may mark more (NumPy
-    values).  Argument positions count the module first, as in Linen.  ``passes``: passes
+    pass.  As in Linen, Python numbers (positional or keyword) are traced unless ``static_argnums``
+    marks them (then the body gets the Python value); other non-array arguments are
+    static, and ``static_argnums`` may mark NumPy values too.  Argument positions count the module first, as in Linen.  ``passes``: passes
     run on the body's IR, after those of the enclosing program (``vj.lift``)."""
     reject(concrete, "remat", "concrete=True is deprecated in JAX and not supported.",
            "mark the argument static with static_argnums")
@@ -141,7 +157,8 @@ def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: b
 
     return apply_to(target, "checkpoint", lambda fn: _with_static(
         "remat", lambda shift, body: lift(transform, body, variables=(variables,), rngs=(rngs,),
-                                          name="remat", passes=passes), fn, static_argnums, ()),
+                                          name="remat", passes=passes), fn, static_argnums, (),
+        trace_numbers=True),
         methods,
         object_options("remat", lambda fn: objects.remat(
             fn, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy),
