@@ -139,10 +139,11 @@ def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: b
                prevent_cse: bool = True, static_argnums: Any = (), policy: Any = None,
                methods: Any = None, passes: Any = ()) -> Any:
     """Lifted ``jax.checkpoint``: the body's activations are recomputed on the backward
-    pass.  As in Linen, Python numbers (positional or keyword) are traced unless ``static_argnums``
-    marks them (then the body gets the Python value); other non-array arguments are
-    static, and ``static_argnums`` may mark NumPy values too.  Argument positions count the module first, as in Linen.  ``passes``: passes
-    run on the body's IR, after those of the enclosing program (``vj.lift``)."""
+    pass.  As in Linen, Python numbers (positional or keyword) are traced unless
+    ``static_argnums`` marks them (then the body gets the Python value); other non-array
+    arguments are static, and ``static_argnums`` may mark NumPy values too.  Argument
+    positions count the module first, as in Linen.  ``passes``: passes run on the body's
+    IR, after those of the enclosing program (``vj.lift``)."""
     reject(concrete, "remat", "concrete=True is deprecated in JAX and not supported.",
            "mark the argument static with static_argnums")
 
