@@ -10,14 +10,109 @@ trace, as ``vj.Variable``'s are: the same class, not a second mechanism.
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import dataclasses
+import functools
+from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 from varjax.ir import errors
 from varjax.trace import variable as core
+from varjax.trace.unprovided import not_provided
 
 __all__ = ["Variable", "Param", "BatchStat", "Cache", "Intermediate", "Perturbation", "OptState",
            "LoRAParam", "RngState", "RngKey", "RngCount", "variable_name_from_type",
-           "variable_type_from_name"]
+           "variable_type_from_name", "register_variable_name", "VariableMetadata",
+           "with_metadata", "var_defaults", "VarDefaults", "A"]
+
+A = TypeVar("A")
+F = TypeVar("F", bound=Callable[..., Any])
+_MISSING: Any = object()
+_HOOKS = ("on_set_value", "on_get_value", "on_create_value", "on_add_axis", "on_remove_axis")
+
+
+@dataclasses.dataclass
+class VariableMetadata(Generic[A]):
+    """What an initializer wrapped by ``with_metadata`` returns: the value and the metadata
+    the Variable made from it takes (``nnx.Param(init(key, shape))`` unwraps it), so a
+    layer that passes its initializer's result to a Variable carries the metadata without
+    knowing of it.  The hooks are flax.nnx's deprecated Variable hooks; varjax runs none."""
+
+    raw_value: A
+    on_set_value: tuple[Callable[..., Any], ...] = ()
+    on_get_value: tuple[Callable[..., Any], ...] = ()
+    on_create_value: tuple[Callable[..., Any], ...] = ()
+    on_add_axis: tuple[Callable[..., Any], ...] = ()
+    on_remove_axis: tuple[Callable[..., Any], ...] = ()
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _no_hooks(hooks: Mapping[str, Any]) -> None:
+    given = sorted(name for name in _HOOKS if hooks.get(name))
+    if given:
+        not_provided(f"Variable hooks ({', '.join(given)})",
+                     "varjax reads and writes Variables as IR effects and runs no hooks "
+                     "around them (flax.nnx deprecates them too).",
+                     "subclass nnx.Variable and compute in your layer's __call__",
+                     by="varjax.nnx")
+
+
+def with_metadata(initializer: F, on_set_value: Any = (), on_get_value: Any = (),
+                  on_create_value: Any = (), on_add_axis: Any = (), on_remove_axis: Any = (),
+                  **metadata: Any) -> F:
+    """``initializer`` whose result carries ``metadata`` into the Variable made from it
+    (``VariableMetadata``): ``nnx.with_metadata(init, out_sharding=('a', None))``."""
+    _no_hooks(dict(on_set_value=on_set_value, on_get_value=on_get_value,
+                   on_create_value=on_create_value, on_add_axis=on_add_axis,
+                   on_remove_axis=on_remove_axis))
+
+    @functools.wraps(initializer)
+    def wrapper(*args: Any) -> VariableMetadata:
+        return VariableMetadata(initializer(*args), metadata=metadata)
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(frozen=True)
+class VarDefaults(Mapping[str, Any]):
+    """The defaults new Variables take (``var_defaults()``): in varjax a Variable is never
+    a hijax type nor an array ``Ref`` (its reads and writes are effects of the object-mode
+    trace), so both are False."""
+
+    hijax: bool = False
+    ref: bool = False
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("hijax", "ref"))
+
+    def __len__(self) -> int:
+        return 2
+
+
+def _refuse_mode(where: str, hijax: bool | None, ref: bool | None) -> None:
+    asked = [name for name, on in (("hijax", hijax), ("ref", ref)) if on]
+    if asked:
+        not_provided(f"{where}({asked[0]}=True)",
+                     "a varjax Variable is neither a hijax type nor an array Ref: object mode "
+                     "makes its reads and writes effects of the transform's trace, which "
+                     "gives what both modes give (in-place updates under jit, grad, vmap).",
+                     f"leave {asked[0]} out (or False)", by="varjax.nnx")
+
+
+@contextlib.contextmanager
+def _unchanged() -> Iterator[None]:
+    yield
+
+
+def var_defaults(*, hijax: bool | None = None, ref: bool | None = None) -> Any:
+    """With no argument the defaults (``VarDefaults``); with ``hijax=``/``ref=`` a context
+    manager and decorator setting them, as flax.nnx's.  Only False is a mode varjax has,
+    so setting it changes nothing and True raises ``NotProvidedError``."""
+    if hijax is None and ref is None:
+        return VarDefaults()
+    _refuse_mode("nnx.var_defaults", hijax, ref)
+    return _unchanged()
 
 
 class Variable(core.Variable, collection="Variable"):
@@ -27,7 +122,12 @@ class Variable(core.Variable, collection="Variable"):
 
     __slots__ = ()
 
-    def __init__(self, value: Any, **metadata: Any):
+    def __init__(self, value: Any, *, hijax: bool | None = None, ref: bool | None = None,
+                 **metadata: Any):
+        _refuse_mode(f"nnx.{type(self).__name__}", hijax, ref)
+        if isinstance(value, VariableMetadata):
+            _no_hooks(dataclasses.asdict(value))
+            value, metadata = value.raw_value, {**metadata, **value.metadata}
         if "collection" in metadata:
             raise errors.InvalidVariablesError(
                 f"nnx.{type(self).__name__}: an NNX Variable's collection is its type, got "
@@ -45,9 +145,25 @@ class Variable(core.Variable, collection="Variable"):
     def set_value(self, value: Any) -> None:
         self.value = value
 
-    def set_metadata(self, **metadata: Any) -> None:
-        """Adds or replaces metadata entries (NNX's ``Variable.set_metadata``)."""
-        self._metadata.update(metadata)
+    def get_metadata(self, name: str | None = None, default: Any = _MISSING) -> Any:
+        """All metadata (a copy), or entry ``name`` (``default`` when absent, else
+        ``KeyError``), as NNX's ``Variable.get_metadata``."""
+        if name is None:
+            return dict(self._metadata)
+        if default is _MISSING:
+            return self._metadata[name]
+        return self._metadata.get(name, default)
+
+    def set_metadata(self, *args: Any, **metadata: Any) -> None:
+        """NNX's three forms: ``set_metadata(dict)`` replaces all metadata,
+        ``set_metadata(name, value)`` and ``set_metadata(**entries)`` add or replace
+        entries."""
+        if args and metadata or len(args) > 2:
+            raise TypeError("set_metadata takes a dict, a name and a value, or keywords")
+        if len(args) == 1:
+            self._metadata = dict(args[0])
+        else:
+            self._metadata.update([args] if args else metadata)
 
     def has_metadata(self, name: str) -> bool:
         return name in self._metadata
@@ -141,6 +257,17 @@ def variable_name_from_type(typ: type[core.Variable], /, *, allow_register: bool
             f"{typ.__qualname__} is not a registered Variable type.", **errors.where(),
             fix="subclass nnx.Variable")
     return name
+
+
+def register_variable_name(name: str, typ: Any = None, *, overwrite: bool = False) -> Any:
+    """Makes ``name`` the collection of Variable type ``typ`` (NNX's link between a Linen
+    collection and an NNX type); without ``typ``, a class decorator.  In varjax the name
+    is the type's collection in the IR, so register it before making Variables of the
+    type: those made before keep the collection they were made with."""
+    if typ is None:
+        return functools.partial(register_variable_name, name, overwrite=overwrite)
+    core.rename_collection(typ, name, overwrite=overwrite)
+    return typ
 
 
 def variable_type_from_name(name: str, /, *, allow_register: bool = False) -> type[core.Variable]:

@@ -15,9 +15,16 @@ A subclass names its collection once, for all its instances::
 
 The registry maps each subclass to its collection and back (``collection_of``,
 ``variable_type``): a type filter and a collection name then select the same variables,
-as NNX's ``variable_name_from_type`` says.  Two classes may not claim one collection (the
-second definition raises ``InvalidVariablesError``), except a class defined again under
-the same module and name (a re-run notebook cell), which takes the place of the first.
+as NNX's ``variable_name_from_type`` says.  One collection has one class:
+
+* a class that names its collection (``collection="weights"``) claims it, and a second
+  class claiming a taken name raises ``InvalidVariablesError``;
+* a class that names none takes its class name, or, when another class already has that
+  name (two ``class Count(nnx.Variable)`` in two modules, as NNX allows), its name
+  qualified by its module, ``Count@tests.test_b``: two classes are two types, and the
+  first keeps the short name;
+* a class defined again under the same module and name (a re-run notebook cell) takes the
+  place of the first.
 ``Variable`` itself is in no collection of its own: each instance names one
 (``collection=``, ``params`` if not given).
 
@@ -58,16 +65,59 @@ def _check_name(name: Any, owner: str) -> None:
                                   "class Param(vj.Variable, collection='params')")
 
 
-def _register(cls: type["Variable"], name: str) -> None:
+def _same_class(a: type, b: type) -> bool:
+    """Whether ``b`` is ``a`` defined again (a re-run cell): the same module and name."""
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+
+
+def qualified_name(cls: type["Variable"]) -> str:
+    """The collection of a class whose class name another class already has: readable
+    (its name first) and the same in every run (its module, not an id)."""
+    return f"{cls.__qualname__}@{cls.__module__}"
+
+
+def _register(cls: type["Variable"], collection: str | None) -> None:
+    name = cls.__name__ if collection is None else collection
     _check_name(name, f"class {cls.__qualname__}")
     other = _BY_NAME.get(name)
-    if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
+    if other is not None and not _same_class(other, cls):
+        if collection is None:
+            name = qualified_name(cls)
+        else:
+            raise errors.InvalidVariablesError(
+                f"class {cls.__qualname__} claims collection '{name}', which is already the "
+                f"collection of {other.__module__}.{other.__qualname__}; one collection has one "
+                "Variable class.", collection=name, **errors.where(),
+                fix=f"give {cls.__qualname__} another collection (class {cls.__name__}(..., "
+                    "collection='...')), or subclass the class that has it without naming one")
+    _BY_NAME[name], _BY_TYPE[cls] = cls, name
+
+
+def rename_collection(cls: type["Variable"], name: str, *, overwrite: bool = False) -> None:
+    """Makes ``name`` the collection of ``cls`` from now on (NNX's
+    ``register_variable_name``).  The class that had ``name`` keeps its variables under
+    its qualified name (``qualified_name``) when ``overwrite``, else this raises.  A
+    Variable's collection is fixed when it is made: rename a class before making any."""
+    _check_name(name, "register_variable_name")
+    if cls not in _BY_TYPE:
         raise errors.InvalidVariablesError(
-            f"class {cls.__qualname__} claims collection '{name}', which is already the "
-            f"collection of {other.__module__}.{other.__qualname__}; one collection has one "
-            "Variable class.", collection=name, **errors.where(),
-            fix=f"give {cls.__qualname__} another collection (class {cls.__name__}(..., "
-                "collection='...')), or subclass the class that has it without naming one")
+            f"register_variable_name: {getattr(cls, '__qualname__', cls)!r} is not a Variable "
+            "subclass.", collection=name, **errors.where(),
+            fix="register a subclass: class Count(nnx.Variable): ...")
+    other = _BY_NAME.get(name)
+    if other is cls:
+        return
+    if other is not None and not overwrite:
+        raise errors.InvalidVariablesError(
+            f"register_variable_name: collection '{name}' is already the collection of "
+            f"{other.__module__}.{other.__qualname__}.", collection=name, **errors.where(),
+            fix="pass overwrite=True to move the name to this class, or choose another name")
+    old = _BY_TYPE[cls]
+    if _BY_NAME.get(old) is cls:
+        del _BY_NAME[old]
+    if other is not None:
+        _BY_NAME[qualified_name(other)] = other
+        _BY_TYPE[other] = qualified_name(other)
     _BY_NAME[name], _BY_TYPE[cls] = cls, name
 
 
@@ -148,7 +198,7 @@ class Variable:
 
     def __init_subclass__(cls, *, collection: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
-        _register(cls, cls.__name__ if collection is None else collection)
+        _register(cls, collection)
         jax.tree_util.register_pytree_node(cls, _flatten, functools.partial(_unflatten, cls))
 
     def __init__(self, value: Any, *, collection: str | None = None, **metadata: Any):
