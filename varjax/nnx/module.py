@@ -3,18 +3,57 @@
 A module is a ``Pytree`` (``varjax.nnx.pytree``): built eagerly in ``__init__``, its
 Variables and submodules its children.  What this file adds walks that tree: ``train()``
 /``eval()``/``set_attributes`` set attributes of every module under it, ``iter_modules``/
-``iter_children`` list them with their paths, and ``sow`` keeps a value in an
-``Intermediate`` (or other) Variable, as NNX does.
+``iter_children`` list them with their paths, and ``sow``/``perturb`` keep an intermediate
+value (or its perturbation) where ``nnx.capture`` collects it, as NNX does.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+import jax
+import jax.numpy as jnp
+
 from varjax.ir import errors
 from varjax.nnx.pytree import Pytree, _Container
-from varjax.nnx.variables import Variable, variable_type_from_name
+from varjax.nnx.variables import Perturbation, Variable, variable_type_from_name
 
-__all__ = ["Module", "iter_modules", "iter_children"]
+__all__ = ["Module", "iter_modules", "iter_children", "CAPTURES", "Captured"]
+
+# The attribute ``nnx.capture`` gives each module while it runs: a tuple of Variables, one
+# per captured type, each holding a ``Captured`` of what ``sow``/``perturb`` put there.
+CAPTURES = "__captures__"
+
+
+@jax.tree_util.register_pytree_node_class
+class Captured:
+    """The values ``sow``/``perturb`` put in one capture Variable, by name, in order.
+
+    NNX keeps a dict there; the Variable core stores a mapping value as one variable per
+    key (as a variables dict nests), so a dict gaining a key inside a transform would not
+    be the same variable.  This pytree keeps the names static and the values as children:
+    one variable whose structure grows."""
+
+    def __init__(self, items: Any = ()):
+        self._items = tuple(dict(items).items())
+
+    def items(self) -> tuple[tuple[str, Any], ...]:
+        return self._items
+
+    def __contains__(self, name: str) -> bool:
+        return any(k == name for k, _ in self._items)
+
+    def __getitem__(self, name: str) -> Any:
+        return dict(self._items)[name]
+
+    def put(self, name: str, value: Any) -> "Captured":
+        return Captured({**dict(self._items), name: value})
+
+    def tree_flatten(self) -> tuple[tuple, tuple]:
+        return tuple(v for _, v in self._items), tuple(k for k, _ in self._items)
+
+    @classmethod
+    def tree_unflatten(cls, names: tuple, values: tuple) -> "Captured":
+        return cls(zip(names, values))
 
 Path = tuple[Any, ...]
 
@@ -100,19 +139,74 @@ class Module(Pytree):
 
     def sow(self, variable_type: type[Variable] | str, name: str, value: Any,
             reduce_fn: Callable[[Any, Any], Any] = lambda xs, x: (*xs, x),
-            init_fn: Callable[[], Any] = tuple) -> None:
-        """Keeps ``value`` in attribute ``name``, a ``variable_type`` Variable (made on the
-        first ``sow``, from ``init_fn()``), combined by ``reduce_fn``: by default a tuple of
-        every value sown."""
-        typ = variable_type_from_name(variable_type, allow_register=True) \
-            if isinstance(variable_type, str) else variable_type
+            init_fn: Callable[[], Any] = tuple) -> bool:
+        """Keeps ``value`` under ``name``, combined by ``reduce_fn`` with what was sown there
+        before (``init_fn()`` the first time): by default a tuple of every value sown.
+
+        Under ``nnx.capture`` the value goes to the capture's Variable of ``variable_type``
+        (returning False, sowing nothing, when that type is not captured), so the module
+        keeps no trace of it; otherwise it is kept in attribute ``name``, a
+        ``variable_type`` Variable made on the first ``sow``, as NNX's older form does."""
+        typ = _variable_type(variable_type)
+        captures = self.__dict__.get(CAPTURES)
+        if captures is not None:
+            var = _captured(captures, typ)
+            if var is None:
+                return False
+            held = var.value
+            var.value = held.put(name, reduce_fn(held[name] if name in held else init_fn(),
+                                                 value))
+            return True
         existing = self.__dict__.get(name)
         if existing is None:
             setattr(self, name, typ(reduce_fn(init_fn(), value)))
-        elif isinstance(existing, typ):
-            existing.value = reduce_fn(existing.value, value)
         else:
-            raise errors.ModuleError(
-                f"sow: attribute '{name}' of {type(self).__name__} is a "
-                f"{type(existing).__name__}, not a {typ.__name__}.", path=(name,),
-                **errors.where(), fix="sow into another name, or with the attribute's type")
+            _check_attribute(self, "sow", name, existing, typ)
+            existing.value = reduce_fn(existing.value, value)
+        return True
+
+    def perturb(self, name: str, value: Any,
+                variable_type: type[Variable] | str = Perturbation) -> Any:
+        """``value`` plus the perturbation kept under ``name`` (zeros, made on first use):
+        differentiating with respect to the perturbations gives the gradient with respect to
+        the intermediate ``value``.  Under ``nnx.capture`` the perturbation lives in the
+        capture's Variable of ``variable_type`` (``value`` is returned unchanged when that
+        type is not captured); otherwise in attribute ``name``, as NNX's older form does."""
+        typ = _variable_type(variable_type)
+        captures = self.__dict__.get(CAPTURES)
+        if captures is not None:
+            var = _captured(captures, typ)
+            if var is None:
+                return value
+            held = var.value
+            if name not in held:
+                held = held.put(name, jax.tree.map(jnp.zeros_like, value))
+                var.value = held
+            return held[name] + value
+        existing = self.__dict__.get(name)
+        if existing is None:
+            old = jax.tree.map(jnp.zeros_like, value)
+            setattr(self, name, typ(old))
+        else:
+            _check_attribute(self, "perturb", name, existing, typ)
+            old = existing.value
+        return old + value
+
+
+def _variable_type(variable_type: type[Variable] | str) -> type[Variable]:
+    return variable_type_from_name(variable_type, allow_register=True) \
+        if isinstance(variable_type, str) else variable_type
+
+
+def _captured(captures: tuple[Variable, ...], typ: type[Variable]) -> Variable | None:
+    """The capture's Variable of exactly ``typ`` (NNX matches the type, not subclasses)."""
+    return next((var for var in captures if type(var) is typ), None)
+
+
+def _check_attribute(module: Module, what: str, name: str, existing: Any,
+                     typ: type[Variable]) -> None:
+    if not isinstance(existing, typ):
+        raise errors.ModuleError(
+            f"{what}: attribute '{name}' of {type(module).__name__} is a "
+            f"{type(existing).__name__}, not a {typ.__name__}.", path=(name,),
+            **errors.where(), fix=f"{what} into another name, or with the attribute's type")

@@ -1,0 +1,166 @@
+"""NNX's compile-side transforms: ``jit_partial``, ``cached_partial``, ``make_jaxpr``,
+``checkify``, on varjax's object-mode transforms.
+
+A train step is called again and again on the same model and optimizer.  flax.nnx makes
+that cheap by flattening the fixed objects once (``jit_partial``, tree mode) or by caching
+their graph traversal (``cached_partial``, graph mode).  varjax's object-mode ``jit``
+already keeps the argument graph of its last calls on the same objects
+(``varjax.objects.graph.ArgumentGraphs``) and calls a ``jax.jit`` of their pytree
+children, so both are a binding of the objects in front of ``nnx.jit``: what they add is
+flax.nnx's contract (which modes each accepts; objects only among the bound arguments).
+
+``make_jaxpr`` and ``checkify`` run the function as one functionalized trace (its Variable
+reads and writes are ``var_get``/``var_set``, discharged by the pass pipeline) inside
+``jax.make_jaxpr``/``checkify.checkify``.  ``make_jaxpr`` returns the pure jaxpr from the
+Variables' values and the arguments to the outputs, as flax.nnx's does, and
+``vj.pretty`` prints it; ``checkify`` writes the updates back and returns ``(error, out)``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.experimental import checkify as checkify_lib
+
+from varjax.ir import errors
+from varjax.nnx.config import resolve
+from varjax.nnx.transform_checks import (
+    as_decorator,
+    checked,
+    no_argument_returned,
+    objects_in,
+    refuse_bound_method,
+    refuse_options,
+)
+from varjax.objects import object_transforms as objects
+from varjax.objects.run import arg_names
+
+__all__ = ["jit_partial", "cached_partial", "make_jaxpr", "checkify"]
+
+
+def _no_objects_after(bound: int, what: str) -> Callable[[str, Callable, tuple, Any], None]:
+    """A check (``transform_checks.checked``'s) refusing an NNX object or Variable among
+    the arguments after the first ``bound``: ``jit_partial`` keeps Variables only in the
+    arguments bound to it, as flax.nnx does.  Runs while tracing, so a call costs nothing."""
+    def check(_: str, fn: Callable, args: tuple, out: Any) -> None:
+        for i, arg in enumerate(args[bound:], start=bound):
+            found = objects_in(arg)
+            if found:
+                raise errors.ConfigError(
+                    f"nnx.{what}: argument {i} of {getattr(fn, '__name__', 'the function')} "
+                    f"holds a {type(found[0]).__name__}; only the arguments bound to {what} "
+                    "may hold NNX objects or Variables.", **errors.where(),
+                    fix=f"bind it: nnx.{what}(f, *objects), and pass arrays at the call")
+        no_argument_returned(what, fn, args, out)
+    return check
+
+
+def jit_partial(fun: Callable, *partial_args: Any, in_shardings: Any = None,
+                out_shardings: Any = None, static_argnums: int | Sequence[int] | None = None,
+                static_argnames: Any = None, donate_argnums: int | Sequence[int] | None = None,
+                donate_argnames: Any = None, keep_unused: bool = False, device: Any = None,
+                backend: Any = None, inline: bool = False, graph: bool | None = None,
+                graph_updates: bool | None = None) -> Callable:
+    """``nnx.jit(fun)`` with ``partial_args`` bound in front: ``jit_partial(step, model,
+    optimizer)(x, y)``.  Updates to the bound objects' Variables come back to them.
+
+    As in flax.nnx, graph updates are refused (pass ``graph_updates=False`` or
+    ``graph=False``), the call's own arguments may not hold NNX objects, and
+    ``static_argnums`` counts the bound arguments as one, at position 0 (so ``1`` is the
+    call's first argument)."""
+    refuse_options("jit_partial", in_shardings=(in_shardings, None),
+                   out_shardings=(out_shardings, None), static_argnames=(static_argnames, None),
+                   donate_argnums=(donate_argnums, None), donate_argnames=(donate_argnames, None),
+                   keep_unused=(keep_unused, False), device=(device, None),
+                   backend=(backend, None), inline=(inline, False))
+    if resolve(graph, graph_updates)[1]:
+        raise errors.ConfigError(
+            "nnx.jit_partial does not carry graph updates (structural changes inside the "
+            "function); it needs graph_updates=False, or tree mode (graph=False).",
+            **errors.where(), fix="pass graph_updates=False (as flax.nnx asks)")
+    refuse_bound_method(fun, "jit_partial")
+    bound = len(partial_args)
+    statics = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums or ())
+    if 0 in statics:
+        raise errors.ConfigError(
+            "nnx.jit_partial: static_argnums 0 names the bound arguments, which are traced.",
+            **errors.where(), fix="give the positions of the call's own arguments, from 1")
+    jitted = objects.jit(checked(fun, "jit_partial", _no_objects_after(bound, "jit_partial")),
+                         static_argnums=tuple(bound + i - 1 for i in statics))
+
+    @functools.wraps(fun)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return jitted(*partial_args, *args, **kwargs)
+    return call
+
+
+def cached_partial(f: Callable, *cached_args: Any, graph: bool | None = None,
+                   graph_updates: bool | None = None) -> Callable:
+    """``f`` (an ``nnx`` transform of a function) with ``cached_args`` bound in front.
+
+    flax.nnx caches the traversal of the bound objects' graph here; varjax's object-mode
+    transforms keep the graph of the objects of their last calls themselves
+    (``ArgumentGraphs``), so a repeated call on the bound objects already skips the walk.
+    As in flax.nnx, this is graph mode with graph updates only."""
+    if resolve(graph, graph_updates) != (True, True):
+        raise errors.ConfigError(
+            "nnx.cached_partial is graph mode with graph updates only.", **errors.where(),
+            fix="call it with graph=True and graph_updates=True (the defaults), or use "
+                "nnx.jit_partial in tree mode")
+
+    @functools.wraps(f)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return f(*cached_args, *args, **kwargs)
+    return call
+
+
+def _pure_call(fn: Callable, args: tuple, kwargs: dict, pure: Any,
+               make: Callable[[Callable], Callable]) -> tuple[Any, Any]:
+    """``make(pure)`` of ``fn``'s functionalized trace for this call's objects, called:
+    ``(its output, the graph to write the updates back into)``."""
+    graph = pure.originals(args, kwargs)
+    return pure.get(graph, make)(*args, **kwargs), graph
+
+
+def make_jaxpr(f: Callable | None = None, *, graph: bool | None = None,
+               graph_updates: bool | None = None,
+               static_argnums: int | Sequence[int] = ()) -> Any:
+    """``jax.make_jaxpr`` over NNX objects: the pure jaxpr of ``f``'s call, from its
+    arguments' leaves (Variable values in flax.nnx's order) to its outputs; Variable updates
+    are not kept, as in flax.nnx.  Only without graph updates, as in flax.nnx."""
+    if resolve(graph, graph_updates)[1]:
+        raise errors.ConfigError(
+            "nnx.make_jaxpr does not carry graph updates; it needs graph_updates=False.",
+            **errors.where(), fix="pass graph_updates=False (as flax.nnx asks)")
+
+    def build(fn: Callable) -> Callable:
+        refuse_bound_method(fn, "make_jaxpr")
+        pure = objects._Pure(checked(fn, "make_jaxpr", no_argument_returned), arg_names(fn))
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            def outputs(p: Callable) -> Callable:
+                return jax.make_jaxpr(lambda *a, **k: p(*a, **k)[0],
+                                      static_argnums=static_argnums)
+            jaxpr, _ = _pure_call(fn, args, kwargs, pure, outputs)
+            return jaxpr
+        return objects.wrapper(fn, call)
+    return as_decorator(f, build)
+
+
+def checkify(f: Callable, errors: Any = checkify_lib.user_checks, graph: bool | None = None,
+             graph_updates: bool | None = None) -> Callable:
+    """``checkify.checkify`` over NNX objects: ``(error, out)``, Variable updates written
+    back to the caller's objects (in graph and tree mode alike: object mode writes values,
+    and a structural change inside is refused by ``checked``)."""
+    refuse_bound_method(f, "checkify")
+    pure = objects._Pure(checked(f, "checkify", no_argument_returned), arg_names(f))
+    checks = errors
+
+    def call(*args: Any) -> Any:
+        (error, (out, result)), graph_ = _pure_call(
+            f, args, {}, pure, lambda p: checkify_lib.checkify(p, errors=checks))
+        graph_.write_back(result.updates, result.created)
+        return error, out
+    return objects.wrapper(f, call)
