@@ -1,103 +1,151 @@
 """NNX's graph and state functions over NNX objects: ``state``, ``split``, ``merge``,
 ``update``, ``graphdef``, ``clone``, ``to_pure_dict``/``replace_by_pure_dict``.
 
-An NNX object is a pytree (``varjax.nnx.pytree``), so its structure is a JAX treedef with
-its Variables as leaves, and its state is what sits at those leaves: the Variables
-themselves (the same objects, as NNX's ``state`` returns them), raw array attributes, and
-the key and count of each ``Rngs`` stream.  Each leaf is named by its path in the object,
-as flax.nnx names it (attribute names, list indices, ``rngs/<stream>/key``), so the
-``to_pure_dict`` of a varjax model's state and of the same flax.nnx model's hold the same
-paths, and checkpoints interchange.  ``merge`` is ``treedef.unflatten`` of the leaves a
-state gives.
+An NNX object's state is its leaves, found by the one walk of its children
+(``varjax.nnx.pytree.children``, flax.nnx's order): the Variables themselves (the same
+objects, as NNX's ``state`` returns them), raw array attributes, and the key and count of
+each ``Rngs`` stream.  Each leaf is named by its path in the object, as flax.nnx names it
+(attribute names, list indices, ``rngs/<stream>/count``), so the ``to_pure_dict`` of a
+varjax model's state and of the same flax.nnx model's hold the same paths, and checkpoints
+interchange.  The ``GraphDef`` records the walk: each object's one-level treedef (which
+rebuilds it) and, in graph mode, a reference where an object is met again, so ``merge``
+rebuilds shared objects shared.  ``graph=False`` (tree mode) refuses shared Variables.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
-
-import jax
+from typing import Any, Callable
 
 from varjax.ir import errors
+from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
-from varjax.nnx.pytree import Pytree, _Container
+from varjax.nnx.pytree import Pytree, _Container, flatten_node, in_order, is_node
 from varjax.nnx.statelib import State
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable, held
 
-__all__ = ["GraphDef", "graphdef", "state", "split", "merge", "update", "clone",
-           "to_pure_dict", "replace_by_pure_dict"]
+__all__ = ["GraphDef", "NodeDef", "NodeRef", "LeafDef", "graphdef", "state", "split", "merge",
+           "update", "clone", "to_pure_dict", "replace_by_pure_dict"]
+
+Path = tuple
 
 
-def _is_leaf(x: Any) -> bool:
-    return isinstance(x, Variable)
+@dataclasses.dataclass(frozen=True)
+class LeafDef:
+    """A state leaf: the Variable or array the state holds at ``path`` (a Variable reached
+    again is named by its first path, so both places get the one object)."""
+
+    path: Path
 
 
-def _entries(node: Any, path: tuple = (), seen: dict | None = None
-             ) -> Iterator[tuple[tuple, Any]]:
-    """``(path, leaf)`` for every leaf of ``node``, in JAX's flatten order (Variables as
-    leaves), named as flax.nnx names them.  An object reached again (a submodule held at
-    two attributes) is named by its first path, as NNX lists a shared object once: its
-    leaves come again, with the paths they have there."""
-    seen = {} if seen is None else seen
-    if isinstance(node, (Variable, Pytree, Rngs, RngStream)):
-        path = seen.setdefault(id(node), path)
-    if isinstance(node, Variable):
-        yield path, node
-    elif isinstance(node, _Container):
-        for key, value in node._items():
-            if isinstance(value, (Variable, Pytree, Rngs, RngStream)) or _is_array(value):
-                yield from _entries(value, (*path, key), seen)
-    elif isinstance(node, Pytree):
-        for name in sorted(node.__dict__.get("_nnx_data", ())):
-            yield from _entries(node.__dict__[name], (*path, name), seen)
-    elif isinstance(node, Rngs):
-        for name, stream in node._streams.items():
-            yield from _entries(stream, (*path, name), seen)
-    elif isinstance(node, RngStream):
-        yield (*path, "key"), node.key
-        yield (*path, "count"), node.count
-    elif node is not None:
-        for key, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_leaf)[0]:
-            yield (*path, *(_key_name(k) for k in key)), leaf
+@dataclasses.dataclass(frozen=True)
+class NodeRef:
+    """An object met before in the walk (graph mode): the one built there."""
+
+    index: int
 
 
-def _is_array(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
+@dataclasses.dataclass(frozen=True)
+class NodeDef:
+    """An object or container: its children's definitions in flax.nnx's order, and what
+    rebuilds it from them (its one-level treedef, taking the children in JAX's order).
+    ``index`` numbers NNX objects in walk order, for ``NodeRef``; plain containers have
+    none, as they are never shared."""
 
-
-def _key_name(k: Any) -> Any:
-    for attr in ("key", "idx", "name"):
-        if hasattr(k, attr):
-            return getattr(k, attr)
-    return k
+    type: type
+    index: int | None
+    treedef: Any
+    keys: tuple
+    children: tuple[tuple[Any, Any], ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class GraphDef:
-    """The static part of an object: its treedef with Variables as leaves, and each leaf's
-    path.  Hashable, so it can be a static argument."""
+    """The static part of an object: how to rebuild it from a state's leaves, and the
+    leaves' paths (walk order).  Hashable, so it can be a static argument."""
 
-    treedef: Any
-    paths: tuple[tuple, ...]
+    root: Any
+    paths: tuple[Path, ...]
 
     def merge(self, *states: Any) -> Any:
         return merge(self, *states)
 
 
-def _flat(node: Any) -> tuple[GraphDef, list[tuple[tuple, Any]]]:
-    leaves, treedef = jax.tree.flatten(node, is_leaf=_is_leaf)
-    entries = list(_entries(node))
-    if len(entries) != len(leaves) or any(e is not leaf for (_, e), leaf in zip(entries, leaves)
-                                          if isinstance(leaf, Variable)):
-        raise errors.InvalidVariablesError(
-            f"the leaves of {type(node).__name__} could not be named by path (a data "
-            "attribute holds a pytree nnx does not know).", **errors.where(),
-            fix="hold Variables, NNX objects, Rngs and arrays in data attributes")
-    return GraphDef(treedef, tuple(p for p, _ in entries)), entries
+def _show(path: Path) -> str:
+    return "/".join(map(str, path)) or "(the node itself)"
 
 
-def graphdef(node: Any) -> GraphDef:
-    return _flat(node)[0]
+def _flat(node: Any, graph: bool | None = None) -> tuple[GraphDef, list[tuple[Path, Any]]]:
+    """``node``'s ``GraphDef`` and its ``(path, leaf)`` pairs in flax.nnx's walk order.
+    Graph mode names an object or Variable reached again by its first path (NNX lists a
+    shared object once); tree mode (``graph=False``) refuses a Variable or stream reached
+    twice, as flax.nnx does, and walks a repeated object again."""
+    graph = resolve(graph)[0]
+    first: dict[int, Path] = {}
+    index: dict[int, int] = {}
+    open_: dict[int, Path] = {}
+    entries: list[tuple[Path, Any]] = []
+
+    def walk(x: Any, path: Path) -> Any:
+        shareable = isinstance(x, (Variable, Pytree, Rngs, RngStream))
+        if shareable and id(x) in first:
+            if not graph and isinstance(x, (Variable, RngStream)):
+                _duplicate(x, first[id(x)], path)
+            if graph:
+                return LeafDef(first[id(x)]) if isinstance(x, Variable) else NodeRef(index[id(x)])
+            if id(x) in open_:
+                raise errors.InconsistentAliasError(
+                    f"{type(x).__name__} at {_show(path)} contains itself (at "
+                    f"{_show(open_[id(x)])}): tree mode (graph=False) does not take cycles.",
+                    path=tuple(map(str, path)), **errors.where(), fix="pass graph=True")
+        if shareable:
+            first.setdefault(id(x), path)
+        if not is_node(x):
+            entries.append((path, x))
+            return LeafDef(path)
+        if isinstance(x, (Pytree, Rngs, RngStream)):
+            index.setdefault(id(x), len(index))
+        open_[id(x)] = path
+        pairs, treedef = flatten_node(x)
+        kids = tuple((k, walk(child, (*path, k))) for k, child in in_order(pairs))
+        del open_[id(x)]
+        return NodeDef(type(x), index.get(id(x)) if graph else None, treedef,
+                       tuple(k for k, _ in pairs), kids)
+
+    root = walk(node, ())
+    return GraphDef(root, tuple(p for p, _ in entries)), entries
+
+
+def _duplicate(x: Any, before: Path, path: Path) -> None:
+    raise errors.InconsistentAliasError(
+        f"{type(x).__name__} found at two paths, {_show(before)} and {_show(path)}: tree "
+        "mode (graph=False) does not take shared references.",
+        path=tuple(map(str, path)), **errors.where(),
+        fix="pass graph=True (or nnx.set_graph_mode(True)), or give each place its own object")
+
+
+def _build(g: GraphDef, leaf: Callable[[Path], Any]) -> Any:
+    """The object ``g`` describes, ``leaf(path)`` at each leaf; an object met again (a
+    ``NodeRef``) is the one built at its first place."""
+    built: dict[int, Any] = {}
+
+    def build(d: Any) -> Any:
+        if isinstance(d, LeafDef):
+            return leaf(d.path)
+        if isinstance(d, NodeRef):
+            return built[d.index]
+        kids = {k: build(c) for k, c in d.children}
+        obj = d.treedef.unflatten([kids[k] for k in d.keys])
+        if d.index is not None:
+            built[d.index] = obj
+        return obj
+
+    return build(g.root)
+
+
+def graphdef(node: Any, /, *, graph: bool | None = None) -> GraphDef:
+    """``node``'s structure (``split``'s first result)."""
+    return _flat(node, graph)[0]
 
 
 def _partition(entries: list, filters: tuple) -> list[State]:
@@ -111,21 +159,21 @@ def _partition(entries: list, filters: tuple) -> list[State]:
     return [State.from_flat(part) for part in parts]
 
 
-def state(node: Any, *filters: Any) -> Any:
+def state(node: Any, *filters: Any, graph: bool | None = None) -> Any:
     """The leaves of ``node`` as a ``State`` (several filters: one ``State`` each, a leaf
     in the first whose filter matches)."""
-    _, entries = _flat(node)
+    _, entries = _flat(node, graph)
     parts = _partition(entries, filters or (...,))
     return parts[0] if len(parts) == 1 else tuple(parts)
 
 
-def split(node: Any, *filters: Any) -> tuple:
+def split(node: Any, *filters: Any, graph: bool | None = None) -> tuple:
     """``(graphdef, state, ...)``: the object's structure and its leaves, one ``State`` per
     filter (no filter: one with everything); a leaf no filter matches is an error."""
-    g, entries = _flat(node)
+    g, entries = _flat(node, graph)
     parts = _partition(entries, filters or (...,))
     placed = sum(len(p.flat()) for p in parts)
-    if placed != len(dict(entries)):
+    if placed != len(entries):
         left = next(p for p, _ in entries if not any(p in s.flat() for s in parts))
         raise errors.InvalidVariablesError(
             f"split: the leaf at {'/'.join(map(str, left))} matches none of the filters.",
@@ -146,7 +194,7 @@ def merge(g: GraphDef, *states: Any) -> Any:
             f"merge: no state gives the leaf at {'/'.join(map(str, missing[0]))}.",
             path=tuple(map(str, missing[0])), **errors.where(),
             fix="pass every state split returned")
-    return g.treedef.unflatten([flat[p] for p in g.paths])
+    return _build(g, flat.__getitem__)
 
 
 def _set(node: Any, path: tuple, value: Any) -> None:
@@ -186,12 +234,13 @@ def update(node: Any, *states: Any) -> None:
             _set(node, path, value)
 
 
-def clone(node: Any) -> Any:
-    """A copy of ``node`` with new Variables holding the same values."""
-    g, entries = _flat(node)
+def clone(node: Any, /, *, graph: bool | None = None) -> Any:
+    """A copy of ``node`` with new Variables holding the same values (graph mode: what is
+    shared in ``node`` is shared in the copy)."""
+    g, entries = _flat(node, graph)
     copies = {path: held(type(leaf), leaf.collection, leaf.value, leaf.get_metadata())
               if isinstance(leaf, Variable) else leaf for path, leaf in entries}
-    return g.treedef.unflatten([copies[path] for path in g.paths])     # shared stay shared
+    return _build(g, copies.__getitem__)
 
 
 def to_pure_dict(s: Any) -> dict:

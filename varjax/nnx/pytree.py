@@ -23,7 +23,8 @@ from varjax.ir import errors
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 
-__all__ = ["Pytree", "Object", "data", "static", "is_data", "List", "Dict"]
+__all__ = ["Pytree", "Object", "data", "static", "is_data", "List", "Dict", "is_node",
+           "flatten_node", "children", "in_order"]
 
 _DATA_NAMES = "_nnx_data"    # the instance's set of data attribute names
 
@@ -227,3 +228,75 @@ class Dict(_Container, MutableMapping):
 
     def __repr__(self) -> str:
         return f"Dict({self._dict!r})"
+
+
+# -- the one walk of an object's children -------------------------------------------------
+
+Key = Any    # an attribute name, a list index, a dict key, a stream name
+
+
+def is_node(x: Any) -> bool:
+    """Whether ``x`` has children in NNX's walk: an NNX object, ``Rngs``, an ``RngStream``,
+    or a JAX container (dict, list, tuple...).  Variables and arrays are leaves."""
+    if isinstance(x, (Pytree, Rngs, RngStream)):
+        return True
+    if isinstance(x, (Variable, jax.Array, np.ndarray)):
+        return False
+    level = jax.tree.structure(x, is_leaf=lambda y: y is not x)
+    return level.num_nodes > 1 or level.num_leaves == 0    # an empty container is a node too
+
+
+def flatten_node(node: Any) -> tuple[list[tuple[Key, Any]], Any]:
+    """``node``'s data children in JAX's flatten order, each named as flax.nnx names it (a
+    stream by its name, a stream's fields ``key``/``count``), and the one-level treedef that
+    rebuilds ``node`` from them.  The walks name children with it and rebuild with it."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda y: y is not node)
+    if isinstance(node, Rngs):
+        keys: list = list(node)
+    elif isinstance(node, RngStream):
+        keys = ["key", "count"]
+    else:
+        keys = [_key_name(p[0]) for p, _ in flat]
+    return list(zip(keys, (child for _, child in flat))), treedef
+
+
+def children(node: Any, *, static: bool = False) -> list[tuple[Key, Any]]:
+    """``node``'s ``(key, child)`` pairs in flax.nnx's order (keys sorted, indices before
+    names); none for a leaf.  Data children only, unless ``static``: then its static
+    attributes too (a stream's ``tag``, a ``List``'s plain elements), as ``iter_graph``
+    lists them.  Every walk of an NNX object goes through here, so each visits children
+    by the same rules and in the same order."""
+    if not is_node(node):
+        return []
+    pairs = flatten_node(node)[0]
+    return in_order(pairs + _statics(node) if static else pairs)
+
+
+def in_order(pairs: list[tuple[Key, Any]]) -> list[tuple[Key, Any]]:
+    """``(key, child)`` pairs in flax.nnx's order: indices, then names, each sorted."""
+    return sorted(pairs, key=_sort_key)
+
+
+def _statics(node: Any) -> list[tuple[Key, Any]]:
+    if isinstance(node, _Container):
+        return [(k, v) for k, v in node._items() if not is_data(v)]
+    if isinstance(node, Pytree):
+        names = node.__dict__.get(_DATA_NAMES, ())
+        return [(k, v) for k, v in node.__dict__.items() if k != _DATA_NAMES and k not in names]
+    if isinstance(node, RngStream):
+        return [("tag", node.tag)]
+    return []
+
+
+def _key_name(k: Any) -> Key:
+    for attr in ("name", "key", "idx"):   # GetAttrKey, DictKey/FlattenedIndexKey, SequenceKey
+        if hasattr(k, attr):
+            return getattr(k, attr)
+    return k
+
+
+def _sort_key(pair: tuple[Key, Any]) -> tuple[int, Any]:
+    key = pair[0]
+    if isinstance(key, int):
+        return (0, key, "")
+    return (1, 0, key) if isinstance(key, str) else (2, 0, repr(key))

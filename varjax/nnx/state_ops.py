@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Mapping
 
 from varjax.ir import errors
+from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
-from varjax.nnx.graph import _flat
-from varjax.nnx.pytree import Dict, List, Pytree, _Container
+from varjax.nnx.graph import _build, _duplicate, _flat
+from varjax.nnx.pytree import Dict, List, Pytree, children, is_node
 from varjax.nnx.statelib import FlatState, State
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable, held
@@ -62,15 +63,14 @@ def map(f: Callable[[tuple, Any], Any], node: Any, /, *, graph: bool | None = No
     ``f`` maps a Variable to a plain value, the new object holds a Variable of the same type
     and metadata around it (with ``recreate_variables=False``, the value itself); a
     Variable ``f`` returns is used as it is."""
-    _refuse_tree_mode("map", graph)
-    g, entries = _flat(node)
+    g, entries = _flat(node, graph)
     made: dict = {}
-    for path, leaf in dict(entries).items():    # a shared leaf once, so it stays shared
+    for path, leaf in entries:    # a shared leaf once, so it stays shared
         new = f(path, leaf)
         if recreate_variables and isinstance(leaf, Variable) and not isinstance(new, Variable):
             new = held(type(leaf), leaf.collection, new, leaf.get_metadata())
         made[path] = new
-    return g.treedef.unflatten([made[path] for path in g.paths])
+    return _build(g, made.__getitem__)
 
 
 def restore_int_paths(pure_dict: Mapping) -> dict:
@@ -101,13 +101,6 @@ def _int_or_key(k: Any) -> Any:
         return k
 
 
-def _refuse_tree_mode(name: str, graph: bool | None) -> None:
-    if graph is False:
-        raise errors.NotProvidedError(
-            f"{name}(graph=False): NNX's tree mode is not built in varjax.nnx.",
-            **errors.where(), fix="leave graph at its default (graph mode)")
-
-
 def _as_state(state: Any) -> State:
     return state if isinstance(state, State) else State(state)
 
@@ -116,38 +109,20 @@ def _is_graph_node(x: Any) -> bool:
     return isinstance(x, (Pytree, Rngs, RngStream))
 
 
-def _children(node: Any) -> list[tuple[Any, Any]]:
-    """A node's ``(key, child)`` pairs, data and static, in flax.nnx's graph order; an
-    empty list for a leaf."""
-    if isinstance(node, _Container):
-        return node._items()
-    if isinstance(node, Pytree):
-        return sorted((k, v) for k, v in node.__dict__.items() if k != "_nnx_data")
-    if isinstance(node, Rngs):
-        return sorted(node._streams.items())
-    if isinstance(node, RngStream):
-        return [("count", node.count), ("key", node.key), ("tag", node.tag)]
-    if isinstance(node, dict):
-        return sorted(node.items())
-    if isinstance(node, (list, tuple)):
-        return list(enumerate(node))
-    return []
-
-
-def _is_node(x: Any) -> bool:
-    return _is_graph_node(x) or isinstance(x, (dict, list, tuple))
-
-
 def iter_graph(node: Any, /, *, graph: bool | None = None) -> Iterator[tuple[tuple, Any]]:
     """Every node and leaf under ``node`` with its path, children before their parent and
-    ``node`` last; each object and Variable once (its first path).  Leaves include the
-    static attributes."""
-    _refuse_tree_mode("iter_graph", graph)
+    ``node`` last.  Graph mode: each object and Variable once (its first path), and the
+    leaves include the static attributes.  Tree mode (``graph=False``): data only, a
+    repeated object walked again, a Variable or stream met twice refused, as in flax.nnx."""
+    return _iter_graph(node) if resolve(graph)[0] else _iter_tree(node)
+
+
+def _iter_graph(node: Any) -> Iterator[tuple[tuple, Any]]:
     seen: set[int] = set()
     stack: list[tuple[tuple, Any, bool]] = [((), node, False)]
     while stack:
         path, current, walked = stack.pop()
-        if walked or not (_is_node(current) or isinstance(current, Variable)):
+        if walked or not (is_node(current) or isinstance(current, Variable)):
             yield path, current
             continue
         if id(current) in seen:
@@ -157,7 +132,34 @@ def iter_graph(node: Any, /, *, graph: bool | None = None) -> Iterator[tuple[tup
             yield path, current
             continue
         stack.append((path, current, True))
-        stack.extend(((*path, k), child, False) for k, child in reversed(_children(current)))
+        stack.extend(((*path, k), c, False) for k, c in reversed(children(current, static=True)))
+
+
+def _iter_tree(node: Any) -> Iterator[tuple[tuple, Any]]:
+    first: dict[int, tuple] = {}
+    open_: set[int] = set()
+    stack: list[tuple[tuple, Any, bool]] = [((), node, False)]
+    while stack:
+        path, current, walked = stack.pop()
+        if walked:
+            open_.discard(id(current))
+            yield path, current
+            continue
+        if isinstance(current, (Variable, RngStream)):
+            if id(current) in first:
+                _duplicate(current, first[id(current)], path)
+            first[id(current)] = path
+        if not is_node(current):
+            yield path, current
+            continue
+        if id(current) in open_:
+            raise errors.InconsistentAliasError(
+                f"{type(current).__name__} at {'/'.join(map(str, path))} contains itself: "
+                "tree mode (graph=False) does not take cycles.", path=tuple(map(str, path)),
+                **errors.where(), fix="pass graph=True")
+        open_.add(id(current))
+        stack.append((path, current, True))
+        stack.extend(((*path, k), c, False) for k, c in reversed(children(current)))
 
 
 def find_duplicates(node: Any, /, *, only: Any = ...) -> list[list[tuple]]:
@@ -174,7 +176,7 @@ def find_duplicates(node: Any, /, *, only: Any = ...) -> list[list[tuple]]:
             return
         if shared:
             paths[id(obj)] = [path]
-        for k, child in _children(obj) if _is_node(obj) else ():
+        for k, child in children(obj):
             walk(child, (*path, k))
 
     walk(node, ())
@@ -194,8 +196,8 @@ def pop(node: Any, *filters: Any) -> Any:
 
     def walk(obj: Any, path: tuple) -> None:
         seen.add(id(obj))
-        for key, value in _children(obj):
-            if _is_node(value):
+        for key, value in children(obj):
+            if is_node(value):
                 if id(value) not in seen:
                     walk(value, (*path, key))
                 continue
