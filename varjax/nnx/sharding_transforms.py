@@ -1,0 +1,145 @@
+"""NNX's device transforms, ``shard_map`` and ``pmap``, and ``transform_metadata``, on
+varjax's object mode.
+
+``shard_map``/``pmap`` are ``jax.shard_map``/``jax.pmap`` of the function's functionalized
+trace, as ``nnx.vmap`` is ``jax.vmap`` of it: a module argument's Variables are split
+along its ``in_specs`` (``in_axes``) entry, each shard's reads and writes are
+``var_get``/``var_set`` of the one trace, and a Variable's update comes back with its
+module's spec (axis), so a module replicated with ``P()`` must be written the same on
+every shard (``check_vma`` says so), one sharded along ``'data'`` comes back sharded.
+A Variable made inside comes back with its module's spec; one the function returns, with
+``out_specs``.
+
+``transform_metadata`` is ``vj.transform_metadata`` (``varjax/objects/metadata.py``) with
+NNX's signature: placed inside ``nnx.vmap``/``nnx.scan``, it adds the partition name to
+the ``out_sharding`` of the Variables crossing it, at their axis.
+
+As in the other ``varjax.nnx`` transforms, a structural change inside, or returning an
+argument's object, is refused with ``NotProvidedError`` (``transform_checks``); options not
+built (``StateSharding``/``StateAxes`` prefixes, donation, static arguments of ``pmap``)
+raise it by name.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+from jax.sharding import PartitionSpec
+
+from varjax.nnx.transform_checks import (
+    as_decorator,
+    checked,
+    no_argument_returned,
+    positional,
+    refuse_bound_method,
+    refuse_options,
+)
+from varjax.objects import metadata
+from varjax.objects import object_transforms as objects
+from varjax.objects.run import Result, arg_names
+from varjax.trace.unprovided import not_provided
+
+__all__ = ["shard_map", "pmap", "transform_metadata"]
+
+
+def _plain_prefix(what: str, name: str, prefix: Any, leaf: type, label: str) -> None:
+    """``NotProvidedError`` for a prefix entry other than a ``leaf`` or None: flax.nnx
+    takes a ``StateSharding``/``StateAxes`` there (an entry per filter of a module's
+    state), which is not built."""
+    for entry in jax.tree.leaves(prefix, is_leaf=lambda x: isinstance(x, leaf)):
+        if not isinstance(entry, leaf) or isinstance(entry, bool):
+            not_provided(f"nnx.{what}({name}=... {type(entry).__name__} ...)",
+                         f"an {name} entry other than a {label} or None (a "
+                         "StateSharding/StateAxes: an entry per filter of a module's state) is "
+                         "not built yet.",
+                         f"give a {label} or None per argument in {name}; to treat "
+                         "part of a module's state apart, split it (nnx.split) and pass the "
+                         "states with their own entries", by="varjax.nnx")
+
+
+def _mapped(fn: Callable, what: str, prefix: Any, unmapped: Any,
+            make: Callable[[Callable, Result], Callable]) -> Callable:
+    """``fn`` under a mapping JAX transform (``make(pure, result_prefix)``): each Variable's
+    update, and each Variable made under a module, comes back along its module's entry of
+    ``prefix``; what a ``capture`` collected, along ``unmapped``."""
+    refuse_bound_method(fn, what)
+    pure = objects._Pure(checked(fn, what, no_argument_returned), arg_names(fn))
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        graph = pure.originals(args, kwargs)
+        nodes = objects._node_axes(prefix, args, kwargs, graph, f"nnx.{what}")
+        cells = objects._cell_axes(graph, nodes, f"nnx.{what}")
+        result = Result(cells, nodes, unmapped)
+        out, result = pure.get(graph, lambda p: make(p, result), (tuple(cells),))(*args, **kwargs)
+        graph.write_back(result.updates, result.created)
+        return out
+    return objects.wrapper(fn, call)
+
+
+def shard_map(f: Callable | None = None, *, mesh: Any, in_specs: Any, out_specs: Any,
+              axis_names: Any = frozenset(), check_vma: bool = True,
+              graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+    """``jax.shard_map`` over NNX objects: a module argument's Variables are split by its
+    ``in_specs`` entry (``P()``: replicated) and their updates come back with it."""
+    _plain_prefix("shard_map", "in_specs", in_specs, PartitionSpec, "PartitionSpec")
+    _plain_prefix("shard_map", "out_specs", out_specs, PartitionSpec, "PartitionSpec")
+    specs = tuple(in_specs) if isinstance(in_specs, list) else in_specs
+
+    def build(fn: Callable) -> Callable:
+        def make(p: Callable, result: Result) -> Callable:
+            return jax.shard_map(p, mesh=mesh, in_specs=specs, out_specs=(out_specs, result),
+                                 axis_names=axis_names, check_vma=check_vma)
+
+        def positional_only(*args: Any) -> Any:
+            return mapped(*args)
+        mapped = _mapped(fn, "shard_map", specs, PartitionSpec(), make)
+        return functools.wraps(fn)(positional_only)
+    return as_decorator(f, build)
+
+
+def pmap(f: Callable | None = None, *, axis_name: Any = None, in_axes: Any = 0,
+         out_axes: Any = 0, static_broadcasted_argnums: Any = (), devices: Any = None,
+         backend: str | None = None, axis_size: int | None = None, donate_argnums: Any = (),
+         transform_metadata: Any = None, graph: bool | None = None,
+         graph_updates: bool | None = None) -> Any:
+    """``jax.pmap`` over NNX objects: a module argument's Variables are mapped over devices
+    along its ``in_axes`` entry (``None``: broadcast) and their updates come back stacked
+    along it; keyword arguments are bound to their positions first, as flax.nnx does."""
+    refuse_options("pmap", static_broadcasted_argnums=(static_broadcasted_argnums, ()),
+                   backend=(backend, None), donate_argnums=(donate_argnums, ()))
+    if transform_metadata:
+        not_provided("nnx.pmap(transform_metadata=...)", "this option is not built yet.",
+                     "place nnx.transform_metadata(...) inside nnx.pmap instead",
+                     by="varjax.nnx")
+    _plain_prefix("pmap", "in_axes", in_axes, int, "int")
+    _plain_prefix("pmap", "out_axes", out_axes, int, "int")
+    axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+
+    def build(fn: Callable) -> Callable:
+        def make(p: Callable, result: Result) -> Callable:
+            return jax.pmap(p, axis_name=axis_name, in_axes=axes, out_axes=(out_axes, result),
+                            devices=devices, axis_size=axis_size)
+        mapped = _mapped(fn, "pmap", axes, 0, make)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return mapped(*positional(fn, args, kwargs))
+        return call
+    return as_decorator(f, build)
+
+
+def transform_metadata(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
+                       partition: str | None, graph: bool | None = None) -> Any:
+    """Inside ``nnx.vmap``/``nnx.scan`` (with the same axes): ``partition`` is removed from
+    the ``out_sharding`` of the arguments' Variables at their axis while ``f`` runs, put
+    back after, and added to the returned Variables' at ``out_axes``."""
+    def build(fn: Callable) -> Callable:
+        adjusted = metadata.transform_metadata(fn, in_axes=in_axes, out_axes=out_axes,
+                                               partition=partition)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return adjusted(*positional(fn, args, kwargs))
+        return call
+    return as_decorator(f, build)
