@@ -21,7 +21,6 @@ import functools
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 
 from varjax.ir import errors
 from varjax.objects.graph import ArgumentGraphs, Graph, Layout
@@ -304,78 +303,3 @@ def grad(fn: Callable, *, argnums: int | Sequence[int] = 0, has_aux: bool = Fals
         out, grads = both(*args, **kwargs)
         return (grads, out[1]) if has_aux else grads
     return wrapper(fn, call)
-
-
-# --- custom_vjp ---------------------------------------------------------------------------
-
-class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
-    """``jax.custom_vjp`` over objects: ``bwd(res, g)`` gets the output cotangent only and
-    returns one cotangent per positional argument, shaped like it (a bound module of
-    cotangents for a bound module).  A float variable may not be updated inside ``fn``
-    (its update would have no derivative rule); integer ones may."""
-
-    def __init__(self, fn: Callable, *, nondiff_argnums: Sequence[int] = ()):
-        functools.update_wrapper(self, fn)
-        self.fn, self.nondiff_argnums = fn, tuple(nondiff_argnums)
-        self.names = arg_names(fn)
-        self.fwd: Callable | None = None
-        self.bwd: Callable | None = None
-        self._graphs = ArgumentGraphs()
-
-    def defvjp(self, fwd: Callable, bwd: Callable) -> None:
-        self.fwd, self.bwd = fwd, bwd
-
-    def _checked(self, graph: Graph, result: Result) -> Result:
-        for (node, cell), value in zip(graph.cells, result.updates):
-            if value is not None and any(jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-                                         for x in jax.tree.leaves(value)):
-                raise errors.TransformError(
-                    f"vj.custom_vjp: float variable {errors.format_path(node.prefix + cell.path)} of "
-                    f"collection '{cell.collection}' is updated inside "
-                    f"{getattr(self.fn, '__name__', 'the function')}; its update would have "
-                    "no derivative rule.", collection=cell.collection,
-                    path=node.prefix + cell.path, **errors.where(),
-                    fix="update it outside the custom_vjp function, or keep it an integer")
-        return result
-
-    @errors.api_boundary
-    def __call__(self, *args: Any) -> Any:
-        if self.fwd is None or self.bwd is None:
-            raise errors.TransformError(
-                f"vj.custom_vjp: {getattr(self.fn, '__name__', 'the function')} was called "
-                "before defvjp(fwd, bwd).", **errors.where(), fix="call f.defvjp(fwd, bwd) first")
-        graph = self._graphs.of(args, {}, lambda: _originals(args, {}, self.names))
-        layout, shared = graph.layout(), graph.shared()
-
-        def primal(*a: Any) -> tuple[Any, Result]:
-            a, _ = dealias(a, {}, layout.places)
-            inside = _copies(layout, a, {})
-            out, result = run(self.fn, a, {}, graph=inside, shared=shared)
-            return out, self._checked(inside, result)
-
-        def forward(*a: Any) -> tuple[tuple[Any, Result], Any]:
-            a, _ = dealias(a, {}, layout.places)
-            inside = _copies(layout, a, {})
-            (out, residuals), result = run(self.fwd, a, {}, graph=inside, shared=shared)
-            return (out, self._checked(inside, result)), residuals
-
-        def backward(*rest: Any) -> tuple:
-            residuals, (g, _) = rest[-2], rest[-1]
-            cotangents = tuple(self.bwd(residuals, g))
-            return tuple(jax.tree.map(_cotangent, ct, x, is_leaf=lambda c: c is None)
-                         for ct, x in zip(cotangents, primal_avals))
-        primal_avals = [jax.tree.map(jax.typeof, a) for i, a in enumerate(args)
-                        if i not in self.nondiff_argnums]
-        f = jax.custom_vjp(primal, nondiff_argnums=self.nondiff_argnums)
-        f.defvjp(forward, backward)
-        out, result = f(*args)
-        graph.write_back(result.updates, result.created)
-        return out
-
-
-def _cotangent(ct: Any, aval: Any) -> Any:
-    """A cotangent JAX accepts for a primal of type ``aval``: ``float0`` for integers, and
-    None (JAX's zero, for a whole subtree) as it is."""
-    if ct is None or jnp.issubdtype(aval.dtype, jnp.inexact):
-        return ct
-    return jnp.zeros(aval.shape, jax.dtypes.float0)

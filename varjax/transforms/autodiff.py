@@ -21,6 +21,7 @@ from jax.custom_derivatives import SymbolicZero
 from varjax.lifting.groups import group_to_variables, is_array, partition, variables_to_group
 from varjax.lifting.region import lift
 from varjax.objects import object_transforms as objects
+from varjax.objects.custom_vjp import custom_vjp as object_custom_vjp
 from varjax.transforms.common import NO_INIT, call_direct, object_options, reject
 
 
@@ -185,10 +186,10 @@ def custom_vjp(fn: Callable, forward_fn: Callable | None = None,
     ``nondiff_argnums`` count ``fn``'s parameters, ``mdl`` being 0 (as in Linen).
 
     ``f = vj.custom_vjp(fn, nondiff_argnums=...); f.defvjp(fwd, bwd)`` (no rules given):
-    the object-mode form, as ``jax.custom_vjp`` (``varjax.objects.object_transforms.custom_vjp``)."""
+    the object-mode form, as ``jax.custom_vjp`` (``varjax.objects.custom_vjp``)."""
     if forward_fn is None and backward_fn is None:
         object_options("custom_vjp", lambda f: f, grad_vars=(grad_vars, "params"))(fn)
-        return objects.custom_vjp(fn, nondiff_argnums=nondiff_argnums)
+        return object_custom_vjp(fn, nondiff_argnums=nondiff_argnums)
 
     def make(nondiff: set[int]) -> Callable:
         def transform(r_fn: Callable, r_fwd: Callable, groups: tuple, rngs_: tuple,
