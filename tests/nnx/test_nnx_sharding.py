@@ -1,6 +1,7 @@
 """``nnx.shard_map``, ``nnx.pmap`` and ``nnx.transform_metadata`` over NNX objects, against
 flax.nnx, on the CPU's one device (a one-device ``Mesh``): the same outputs, Variable
-updates written back to the caller's module, the note's ``transform_metadata`` example."""
+updates written back to the caller's module, the note's ``transform_metadata`` example;
+``use_eager_sharding``'s one position, off."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +10,7 @@ from flax import nnx as flax_nnx
 from jax.sharding import PartitionSpec as P
 
 from varjax import errors, nnx
+from varjax.nnx.eager_sharding import use_eager_sharding, using_eager_sharding
 from varjax.nnx.sharding_transforms import pmap, shard_map, transform_metadata
 
 X = jnp.arange(8.0).reshape(4, 2) / 7
@@ -115,3 +117,20 @@ def test_transform_metadata_takes_keyword_arguments_at_their_positions():
     v = nnx.Variable(jnp.ones((2, 3)), out_sharding=("layers", "embed"))
     out = scale(v, factor=2.0)
     assert out.out_sharding == ("layers", "embed") and v.out_sharding == ("layers", "embed")
+
+
+def test_use_eager_sharding_false_as_a_with_block_and_a_decorator_as_flax():
+    with use_eager_sharding(False), flax_nnx.use_eager_sharding(False):
+        assert using_eager_sharding() is flax_nnx.using_eager_sharding() is False
+        v = nnx.Variable(jnp.ones(2), out_sharding=("data",))
+    assert v.out_sharding == ("data",) and using_eager_sharding() is False
+
+    @use_eager_sharding(False)
+    def make():
+        return nnx.Param(jnp.ones(2), out_sharding=("data",))
+    assert make().out_sharding == ("data",)
+
+
+def test_use_eager_sharding_true_is_not_provided():
+    with pytest.raises(errors.NotProvidedError, match="shard-variables"):
+        use_eager_sharding(True)
