@@ -278,3 +278,32 @@ def test_remat_traces_python_numbers_unless_static_argnums_marks_them(form, stat
         Top().init(jax.random.key(0), X)
         return seen
     assert seen_under(vj_nn) == seen_under(flax_nn) == [(static == (2,), False)]
+
+
+def test_while_loop_over_a_bound_module_outside_apply_with_a_denylist_in_split_rngs():
+    """Linen's direct-form ``while_loop`` given a ``bind`` module outside ``init``/``apply``
+    runs in the module's bound scope; ``split_rngs`` takes a ``DenyList`` filter."""
+    def run(nn):
+        class Foo(nn.Module):
+            def setup(self):
+                pass
+
+        def body(module, carry):
+            return carry + jax.random.uniform(module.make_rng("random"))
+        bound = Foo().bind({}, rngs={"random": jax.random.key(0)})
+        return nn.while_loop(lambda m, c: c < 3, body, bound, jnp.zeros(()),
+                             split_rngs={"params": False, nn.DenyList(("params",)): True})
+    got, expected = run(vj_nn), run(flax_nn)
+    assert float(expected) >= 3.0
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_direct_form_transform_given_an_unbound_module_outside_apply_names_it():
+    from varjax import errors
+
+    class Foo(vj_nn.Module):
+        def setup(self):
+            pass
+    with pytest.raises(errors.UnboundModuleError, match="Foo.*not bound") as info:
+        vj_nn.while_loop(lambda m, c: c < 3, lambda m, c: c + 1, Foo(), jnp.zeros(()))
+    assert __file__ in info.value.source

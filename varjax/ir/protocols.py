@@ -63,6 +63,13 @@ class LiftableModule(Labelled, Protocol):
         setup inside the region and restoring the module's state when it ends."""
         ...
 
+    def _varjax_run_eager(self, fn: Callable[..., Any], args: tuple) -> Any:
+        """``fn(self, *args)`` for a module made by ``bind``, called from outside any trace
+        (a Linen direct-form transform given the bound module): run in the module's bound
+        scope, as its own methods are, its updates kept; ``UnboundModuleError`` when it is
+        not bound."""
+        ...
+
 
 @runtime_checkable
 class LiftableModuleClass(Protocol):

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from varjax.ir import axis_metadata, errors
-from varjax.ir.protocols import LiftableModuleClass
+from varjax.ir.protocols import LiftableModule, LiftableModuleClass
 from varjax.lifting.groups import is_array
 from varjax.lifting.region import is_module
 from varjax.objects.nodes import is_node
@@ -125,8 +125,16 @@ def marked_lifted(fn: Callable, target: Callable) -> Callable:
 
 
 def call_direct(lift: Callable, mdl: Any, *args: Any) -> Any:
-    """Linen's direct form ``transform(fn, mdl, *args)``; ``mdl=None`` for a plain function."""
-    return lift(*args) if mdl is None else lift(mdl, *args)
+    """Linen's direct form ``transform(fn, mdl, *args)``; ``mdl=None`` for a plain function.
+    A ``bind`` module given outside ``init``/``apply`` has no trace to lift in: the call
+    runs in the module's bound scope (``LiftableModule._varjax_run_eager``), as Linen's
+    runs in its scope."""
+    if mdl is None:
+        return lift(*args)
+    if active() is None and is_module(mdl):
+        module: LiftableModule = mdl
+        return module._varjax_run_eager(lift, args)
+    return lift(mdl, *args)
 
 
 def filter_items(mapping: Mapping[Any, Any] | None, what: str) -> list[tuple[Any, Any]]:

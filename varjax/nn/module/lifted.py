@@ -13,10 +13,22 @@ from typing import Any, Callable, Iterable
 
 from varjax.ir import errors
 from varjax.nn.module.lifecycle import Lifecycle
+from varjax.trace.context import site
 
 
 class LiftHooks(Lifecycle):
     """A module's side of ``vj.lift``: its bodies re-run setup, its class can be lifted."""
+
+    def _varjax_run_eager(self, fn: Callable[..., Any], args: tuple) -> Any:
+        """A lifted transform's direct form given this ``bind`` module outside any trace:
+        the call runs in the bound scope (``_run_bound``), as Linen's does in the module's
+        scope, so its RNG draws and variable updates are those of the bound module."""
+        if self.scope is None or not self.scope.eager():
+            raise errors.UnboundModuleError(
+                f"a lifted transform was given {self._label()} outside init/apply, and it "
+                "is not bound.", **site(about=self),
+                fix="call it inside init/apply, or bind the module first")
+        return self._run_bound(fn, args, {}, method=False)
 
     def _varjax_bodies(self, bodies: tuple[Callable[..., Any], ...]) -> tuple[Callable[..., Any], ...]:
         """``body(self, ...)`` for each body of one lifted call.
