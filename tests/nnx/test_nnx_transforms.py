@@ -81,17 +81,6 @@ def test_jit_decorator_with_options_and_a_train_step_on_grads():
     _same(nnx.state(ours), flax_nnx.state(theirs))
 
 
-def test_jit_refuses_a_structural_change_it_could_not_write_back():
-    model = _model(nnx)
-
-    def grow(m, x):
-        m.extra = nnx.Param(jnp.ones(1))
-        return m(x)
-    with pytest.raises(errors.NotProvidedError, match="structural change"):
-        nnx.jit(grow)(model, X)
-    assert not hasattr(model, "extra") and float(model.calls[...]) == 0.0
-
-
 def test_unbuilt_options_are_refused_by_name():
     with pytest.raises(errors.NotProvidedError, match="in_shardings"):
         nnx.jit(lambda m: m, in_shardings=1)

@@ -8,9 +8,13 @@ Variables made inside come back stacked along ``out_axes``, so
 Keyword arguments are bound to their positions first, as flax.nnx binds them, so
 ``in_axes`` applies to them too.
 
+With graph updates (the default) a structural change to an argument's module inside
+reaches the caller's module, its new arrays and Variables stacked along axis 0, and an
+argument's object the function returns is the caller's own (``graph_updates``); without
+them only Variable values come back.
+
 Not built, refused with ``NotProvidedError`` by name: ``StateAxes`` prefixes (an axis per
-filter of a module's state), ``transform_metadata``, ``spmd_axis_name``; a structural
-change inside; returning an argument's object (flax.nnx returns the caller's object).
+filter of a module's state), ``transform_metadata``, ``spmd_axis_name``.
 """
 from __future__ import annotations
 
@@ -19,10 +23,10 @@ from typing import Any, Callable, Mapping
 
 import jax
 
+from varjax.nnx.config import resolve
+from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.transform_checks import (
     as_decorator,
-    checked,
-    no_argument_returned,
     positional,
     refuse_bound_method,
     refuse_options,
@@ -52,8 +56,8 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
          graph_updates: bool | None = None) -> Any:
     """``jax.vmap`` over NNX objects: a module argument's Variables are mapped along its
     ``in_axes`` entry (``None``: broadcast), and their updates come back to it."""
-    refuse_options("vmap", spmd_axis_name=(spmd_axis_name, None), graph=(graph, None),
-            graph_updates=(graph_updates, None))
+    refuse_options("vmap", spmd_axis_name=(spmd_axis_name, None))
+    modes = resolve(graph, graph_updates)
     if transform_metadata:
         not_provided("nnx.vmap(transform_metadata=...)", "this option is not built yet.",
                      "call nnx.vmap without transform_metadata", by="varjax.nnx")
@@ -62,11 +66,12 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "vmap")
-        mapped = objects.vmap(checked(fn, "vmap", no_argument_returned), in_axes=in_axes,
-                              out_axes=out_axes, axis_size=axis_size, axis_name=axis_name)
+        mapped = objects.vmap(carrying(fn, "vmap", *modes), in_axes=in_axes,
+                              out_axes=(out_axes, 0), axis_size=axis_size, axis_name=axis_name)
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return mapped(*positional(fn, args, kwargs))
+            args = positional(fn, args, kwargs)
+            return finish(args, {}, *mapped(*args))
         return call
     return as_decorator(f, build)

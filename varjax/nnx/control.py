@@ -3,14 +3,18 @@ on varjax's object-mode control flow (``varjax.objects.control_flow``).
 
 Inside a branch or a loop body every Variable access is a ``var_get``/``var_set`` of one
 functionalized trace, and the updates reach the caller's Variables (a BatchNorm's
-statistics, a counter), as flax.nnx writes them.  Where flax.nnx keeps object identity and
-object mode would not, ``transform_checks`` restores it or refuses the case:
+statistics, a counter), as flax.nnx writes them.  With graph updates (the default):
 
+* a branch's structural change to an operand's module (a ``sow``) reaches the caller's
+  module, and an operand's object a branch returns is the caller's own (``graph_updates``);
 * a loop returns its carry with the caller's objects in it (flax.nnx does), when the body
   returns each carry object in the place it came in; a body that moves them is refused
   (``while_loop``: flax.nnx refuses it too; ``fori_loop``: flax.nnx follows them, not built);
-* a branch returning an operand's object, and a structural change inside, are refused with
-  ``NotProvidedError``.
+  a structural change in a loop body is a ``TransformError``, as flax.nnx refuses it too.
+
+With ``graph_updates=False`` (or ``graph=False``) a branch carries Variable values only
+(``graph_updates``), and a loop returns new objects holding the caller's Variables, as
+flax.nnx does.
 """
 from __future__ import annotations
 
@@ -19,10 +23,11 @@ from typing import Any, Callable, Sequence
 import jax
 
 from varjax.ir import errors
+from varjax.nnx.config import resolve
+from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.transform_checks import (
     as_given,
     checked,
-    no_argument_returned,
     refuse_bound_method,
     refuse_options,
     same_carry_objects,
@@ -33,23 +38,22 @@ from varjax.trace.unprovided import not_provided
 __all__ = ["cond", "switch", "while_loop", "fori_loop", "eval_shape"]
 
 
-def _branch(fn: Callable, what: str) -> Callable:
-    return checked(fn, what, no_argument_returned)
-
-
 def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any,
          graph: bool | None = None, graph_updates: bool | None = None) -> Any:
     """``jax.lax.cond`` over NNX objects: a Variable either branch writes is updated."""
-    refuse_options("cond", graph=(graph, None), graph_updates=(graph_updates, None))
-    return control_flow.cond(pred, _branch(true_fun, "cond"), _branch(false_fun, "cond"),
-                             *operands)
+    modes = resolve(graph, graph_updates)
+    out, changes = control_flow.cond(pred, carrying(true_fun, "cond", *modes),
+                                     carrying(false_fun, "cond", *modes), *operands)
+    return finish(operands, {}, out, changes)
 
 
 def switch(index: Any, branches: Sequence[Callable], *operands: Any,
            graph: bool | None = None, graph_updates: bool | None = None) -> Any:
     """``jax.lax.switch`` over NNX objects: a Variable any branch writes is updated."""
-    refuse_options("switch", graph=(graph, None), graph_updates=(graph_updates, None))
-    return control_flow.switch(index, [_branch(f, "switch") for f in branches], *operands)
+    modes = resolve(graph, graph_updates)
+    out, changes = control_flow.switch(
+        index, [carrying(f, "switch", *modes) for f in branches], *operands)
+    return finish(operands, {}, out, changes)
 
 
 def _moved_while() -> None:
@@ -79,22 +83,21 @@ def _fori_carry(what: str, body: Callable, args: tuple, out: Any) -> None:
 def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *,
                graph: bool | None = None, graph_updates: bool | None = None) -> Any:
     """``jax.lax.while_loop`` over NNX objects in the carry: the body's Variable updates are
-    carried and written back, and the carry returned holds the caller's objects."""
-    refuse_options("while_loop", graph=(graph, None), graph_updates=(graph_updates, None))
+    carried and written back, and the carry returned holds the caller's objects (without
+    graph updates: new objects holding the caller's Variables)."""
     final = control_flow.while_loop(
-        cond_fun, checked(body_fun, "while_loop", _while_carry), init_val)
-    return as_given(init_val, final)
+        cond_fun, checked(body_fun, "while_loop", _while_carry, loop=True), init_val)
+    return as_given(init_val, final, resolve(graph, graph_updates)[1])
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any, *,
               unroll: int | bool | None = None, graph: bool | None = None,
               graph_updates: bool | None = None) -> Any:
     """``jax.lax.fori_loop`` over NNX objects in the carry (see ``while_loop``)."""
-    refuse_options("fori_loop", unroll=(unroll, None), graph=(graph, None),
-            graph_updates=(graph_updates, None))
+    refuse_options("fori_loop", unroll=(unroll, None))
     final = control_flow.fori_loop(
-        lower, upper, checked(body_fun, "fori_loop", _fori_carry), init_val)
-    return as_given(init_val, final)
+        lower, upper, checked(body_fun, "fori_loop", _fori_carry, loop=True), init_val)
+    return as_given(init_val, final, resolve(graph, graph_updates)[1])
 
 
 def eval_shape(f: Callable, *args: Any, graph: bool | None = None,
@@ -102,8 +105,7 @@ def eval_shape(f: Callable, *args: Any, graph: bool | None = None,
     """``jax.eval_shape`` over NNX objects: the output's modules hold Variables of
     ``jax.ShapeDtypeStruct``s (an abstract model: ``eval_shape(lambda: Model(rngs))``).
     The function runs on copies of the arguments, so, as in flax.nnx, nothing is written
-    back to them."""
-    refuse_options("eval_shape", graph=(graph, None), graph_updates=(graph_updates, None))
+    back to them (in every mode: ``graph``/``graph_updates`` change nothing here)."""
     refuse_bound_method(f, "eval_shape")
     return jax.eval_shape(object_transforms.jit(f), *args, **kwargs)
 

@@ -158,7 +158,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
                     return (out, c[1]), None
                 return (out[out_carry], c[1]), out[:out_carry] + out[out_carry + 1:]
             step.__name__ = getattr(fn, "__name__", "the function")
-            return checked(step, "scan", _carry_kept)
+            return checked(step, "scan", _carry_kept, loop=True)
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -1,12 +1,12 @@
-"""What NNX's graph-mode transforms promise about objects, checked where object mode differs.
+"""What NNX's loops promise about objects, checked where object mode differs, and the
+helpers the transforms share.
 
-flax.nnx's graph mode keeps object identity through a transform: a module a function
-returns unchanged is the caller's module, a loop's carry holds the caller's objects after
-the loop, and a structural change inside reaches the caller.  Object mode writes Variable
-*values* back and returns new objects.  Where that would be a visible difference, the
-``varjax.nnx`` transforms either restore the caller's objects (``as_given``: a loop carry
-whose objects stay in their places) or refuse the case by name, while tracing; a trace that
-raised is not cached, so a refusal holds on every call.
+flax.nnx keeps object identity through a loop: its carry holds the caller's objects after
+the loop.  Object mode writes Variable *values* back and returns new objects.  Where that
+would be a visible difference, the ``varjax.nnx`` loops either restore the caller's objects
+(``as_given``: a loop carry whose objects stay in their places) or refuse the case by name,
+while tracing; a trace that raised is not cached, so a refusal holds on every call.  (The
+other transforms carry structure and identity with NNX's graph updates, ``graph_updates``.)
 """
 from __future__ import annotations
 
@@ -52,14 +52,24 @@ def _structures(tree: Any) -> list[Any]:
     return [graphdef(x) for x in _top_objects(tree) if isinstance(x, Pytree)]
 
 
-def _structure_unchanged(what: str, before: list[Any], tree: Any) -> None:
-    """``NotProvidedError`` when a module of ``tree`` gained, lost or changed an attribute
-    since ``before`` (``_structures``): the change would not reach the caller's object."""
-    if before != _structures(tree):
-        not_provided(f"a structural change inside nnx.{what}",
-                     "a module gained, lost or changed an attribute inside the function; that "
-                     "change would not reach the caller's object (NNX's graph updates are not "
-                     "built yet).", f"make the change outside nnx.{what}", by="varjax.nnx")
+def _structure_unchanged(what: str, before: list[Any], tree: Any, loop: bool) -> None:
+    """An error when a module of ``tree`` gained, lost or changed an attribute since
+    ``before`` (``_structures``): in a loop a ``TransformError`` (the carry keeps its
+    structure from step to step; flax.nnx refuses the change too), elsewhere
+    ``NotProvidedError`` (a transform without graph updates would not carry it)."""
+    if before == _structures(tree):
+        return
+    if loop:
+        raise errors.TransformError(
+            f"nnx.{what}: a module gained, lost or changed an attribute inside the function "
+            "(a sow, a new or removed attribute); a loop carries the same structure from "
+            "step to step, so the change cannot come out of it (flax.nnx refuses it too).",
+            **errors.where(), fix=f"make the change outside nnx.{what}, or return the value "
+                                  "as an output")
+    not_provided(f"a structural change inside nnx.{what}",
+                 "a module gained, lost or changed an attribute inside the function; that "
+                 f"change would not reach the caller's object (nnx.{what} does not carry graph "
+                 "updates).", f"make the change outside nnx.{what}", by="varjax.nnx")
 
 
 def no_argument_returned(what: str, fn: Callable, args: tuple, out: Any) -> None:
@@ -100,22 +110,24 @@ def refuse_bound_method(f: Callable, what: str) -> None:
                          "with the unbound method.")
 
 
-_CHECKED = LRU()    # (fn, what, check_out) -> fn checked
+_CHECKED = LRU()    # (fn, what, check_out, loop) -> fn checked
 
 
 def checked(fn: Callable, what: str,
-            check_out: Callable[[str, Callable, tuple, Any], None]) -> Callable:
-    """``fn`` refusing a structural change to its arguments' modules, and calling
-    ``check_out(what, fn, args, out)`` on what it returns (both while tracing); one per
-    ``(fn, what, check_out)``, so the traces of ``fn`` are cached across calls."""
-    key = (fn, what, check_out)
+            check_out: Callable[[str, Callable, tuple, Any], None], loop: bool = False
+            ) -> Callable:
+    """``fn`` refusing a structural change to its arguments' modules (``loop``: as a loop
+    body, ``_structure_unchanged``), and calling ``check_out(what, fn, args, out)`` on what
+    it returns (both while tracing); one per ``(fn, what, check_out, loop)``, so the traces
+    of ``fn`` are cached across calls."""
+    key = (fn, what, check_out, loop)
     found = _CHECKED.get(key)
     if found is None:
         @functools.wraps(fn)
         def found(*args: Any, **kwargs: Any) -> Any:
             before = _structures((args, kwargs))
             out = fn(*args, **kwargs)
-            _structure_unchanged(what, before, (args, kwargs))
+            _structure_unchanged(what, before, (args, kwargs), loop)
             check_out(what, fn, args, out)
             return out
         _CHECKED[key] = found
@@ -140,10 +152,14 @@ def same_carry_objects(what: str, fn: Callable, carry: Any, new_carry: Any,
             "change them")
 
 
-def as_given(init: Any, final: Any) -> Any:
+def as_given(init: Any, final: Any, same: bool = True) -> Any:
     """``final`` with the caller's objects of ``init`` in their places (their Variables
-    already hold the final values), as flax.nnx returns a loop's carry."""
-    objects = iter(_top_objects(init))
+    already hold the final values), as flax.nnx returns a loop's carry with graph updates;
+    with ``same=False`` (without them) new objects holding the caller's Variables there, as
+    flax.nnx returns it then."""
+    objects = iter(_top_objects(init) if same else
+                   [x if is_node(x) else jax.tree.map(lambda v: v, x, is_leaf=is_node)
+                    for x in _top_objects(init)])
     leaves, tree = jax.tree.flatten(final, is_leaf=_is_object)
     return jax.tree.unflatten(tree, [next(objects) if _is_object(x) else x for x in leaves])
 

@@ -9,10 +9,14 @@ Variables through the discharge signature.  What NNX adds is desugared:
   what a ``DiffState`` filter selects): the module is ``split`` into that state and the
   rest, ``vj.value_and_grad`` differentiates the first and writes updates of the rest back
   (a BatchNorm's statistics), and the gradient is a ``State``, as NNX returns it;
-* ``jit`` refuses, with ``NotProvidedError``, a function that changes a module's structure
-  (adds or removes an attribute, changes a static one), or returns an argument's module:
-  the change would not reach the caller's object, and the module returned would be a new
-  one (NNX's graph updates, which carry both, are not built yet; ``transform_checks``).
+* NNX's graph updates (``graph=True, graph_updates=True``, the default): a structural change
+  to an argument's module inside (a ``sow``, a new or removed attribute) reaches the
+  caller's module, and an argument's object the function returns is the caller's own
+  (``graph_updates.carrying`` inside the object-mode transform, ``finish`` outside);
+* ``graph_updates=False`` carries Variable values only, and tree mode (``graph=False``)
+  also refuses shared Variables; there ``grad`` differentiates the whole argument (every
+  Variable) and returns a gradient of the argument's type, as flax.nnx does, and a
+  ``DiffState`` is refused with flax.nnx's ``ValueError``.
 
 Options of flax.nnx's signatures that are not built raise ``NotProvidedError`` when given.
 """
@@ -23,9 +27,11 @@ import functools
 from typing import Any, Callable, Sequence
 
 from varjax.ir import errors
+from varjax.nnx.config import resolve
 from varjax.nnx.graph import merge, split
+from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.pytree import Pytree
-from varjax.nnx.transform_checks import as_decorator, checked, no_argument_returned, refuse_options
+from varjax.nnx.transform_checks import as_decorator, refuse_options
 from varjax.nnx.variables import Param
 from varjax.objects import object_transforms as objects
 
@@ -42,13 +48,18 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings:
     refuse_options("jit", in_shardings=(in_shardings, None),
                    out_shardings=(out_shardings, None), static_argnames=(static_argnames, None),
                    donate_argnames=(donate_argnames, None), keep_unused=(keep_unused, False),
-                   device=(device, None), backend=(backend, None), inline=(inline, False),
-                   graph=(graph, None), graph_updates=(graph_updates, None))
+                   device=(device, None), backend=(backend, None), inline=(inline, False))
+    modes = resolve(graph, graph_updates)
 
     def build(f: Callable) -> Callable:
-        return objects.jit(checked(f, "jit", no_argument_returned),
-                           static_argnums=() if static_argnums is None else static_argnums,
-                           donate_argnums=() if donate_argnums is None else donate_argnums)
+        jitted = objects.jit(carrying(f, "jit", *modes),
+                             static_argnums=() if static_argnums is None else static_argnums,
+                             donate_argnums=() if donate_argnums is None else donate_argnums)
+
+        @functools.wraps(f)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return finish(args, kwargs, *jitted(*args, **kwargs))
+        return call
     return as_decorator(fun, build)
 
 
@@ -60,10 +71,22 @@ class DiffState:
     filter: Any
 
 
-def _diff_states(argnums: Any) -> tuple[tuple[DiffState, ...], bool]:
+def _diff_states(argnums: Any, updates: bool) -> tuple[tuple[DiffState, ...], bool]:
+    """``argnums`` as ``DiffState``s (an int: the argument's ``Param``s, with graph updates;
+    every Variable, without), and whether it was a sequence.  Without graph updates a
+    ``DiffState`` is refused with flax.nnx's ``ValueError``."""
     many = not isinstance(argnums, (int, DiffState))
     items = argnums if many else (argnums,)
-    return tuple(a if isinstance(a, DiffState) else DiffState(a, Param) for a in items), many
+    for a in items:
+        if isinstance(a, DiffState) and not updates:
+            raise ValueError(
+                "`argnums` cannot contain `DiffState` objects when `graph=False` or "
+                "`graph_updates=False`: there nnx.grad differentiates whole arguments, as "
+                "jax.grad does. Split the module (nnx.split(model, nnx.Param, ...)) and pass "
+                "the states as arguments, or pass graph=True and graph_updates=True.")
+    everything = Param if updates else ...
+    return tuple(a if isinstance(a, DiffState) else DiffState(a, everything)
+                 for a in items), many
 
 
 def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
@@ -73,34 +96,47 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
     of its ``nnx.Param``s (or of a ``DiffState``'s filter); the rest of its Variables keep
     the updates the function made."""
     refuse_options("value_and_grad", holomorphic=(holomorphic, False),
-                   allow_int=(allow_int, False), reduce_axes=(reduce_axes, ()),
-                   graph=(graph, None), graph_updates=(graph_updates, None))
-    diffs, many = _diff_states(argnums)
+                   allow_int=(allow_int, False), reduce_axes=(reduce_axes, ()))
+    graph, updates = resolve(graph, graph_updates)
+    diffs, many = _diff_states(argnums, updates)
+    jax_argnums = tuple(d.argnum for d in diffs) if many else diffs[0].argnum
 
     def build(fn: Callable) -> Callable:
+        carried = carrying(fn, "grad", graph, updates)
+
+        def loss(*a: Any) -> Any:
+            """``fn`` through ``carried``: its aux and the changes come out as the aux."""
+            out, changes = carried(*a)
+            return (out[0], (out[1], changes)) if has_aux else (out, (None, changes))
+        whole = objects.value_and_grad(loss, argnums=jax_argnums, has_aux=True)
+
         @functools.wraps(fn)
         def call(*args: Any) -> Any:
-            args = list(args)
-            defs, rests = {}, {}
             for d in diffs:
                 if d.argnum >= len(args):
                     raise errors.TransformError(
                         f"nnx.grad: argnums names argument {d.argnum}, and the function was "
                         f"given {len(args)}.", **errors.where(), fix="pass that argument")
-                if isinstance(args[d.argnum], Pytree):
-                    defs[d.argnum], args[d.argnum], rests[d.argnum] = split(
-                        args[d.argnum], d.filter, ...)
+            if not updates:     # the whole arguments, as jax.grad (the Tree Mode note)
+                (value, (aux, _)), grads = whole(*args)
+                return ((value, aux) if has_aux else value), grads
+            given = list(args)
+            defs, rests = {}, {}
+            for d in diffs:
+                if isinstance(given[d.argnum], Pytree):
+                    defs[d.argnum], given[d.argnum], rests[d.argnum] = split(
+                        given[d.argnum], d.filter, ...)
             order = sorted(rests)
 
             def inner(*a: Any) -> Any:
                 a = list(a)
                 rest = dict(zip(order, a[len(args):]))
-                full = [merge(defs[i], a[i], rest[i]) if i in defs else a[i]
-                        for i in range(len(args))]
-                return fn(*full)
-            vg = objects.value_and_grad(inner, argnums=tuple(d.argnum for d in diffs)
-                                        if many else diffs[0].argnum, has_aux=has_aux)
-            return vg(*args, *(rests[i] for i in order))
+                return loss(*(merge(defs[i], a[i], rest[i]) if i in defs else a[i]
+                              for i in range(len(args))))
+            vg = objects.value_and_grad(inner, argnums=jax_argnums, has_aux=True)
+            (value, (aux, changes)), grads = vg(*given, *(rests[i] for i in order))
+            aux = finish(args, {}, aux, changes)
+            return ((value, aux) if has_aux else value), grads
         return call
     return as_decorator(f, build)
 
@@ -125,7 +161,15 @@ def grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
 def remat(f: Callable | None = None, *, prevent_cse: bool = True,
           static_argnums: int | Sequence[int] = (), policy: Callable | None = None,
           graph: bool | None = None, graph_updates: bool | None = None) -> Any:
-    """``jax.checkpoint`` over NNX objects."""
-    refuse_options("remat", graph=(graph, None), graph_updates=(graph_updates, None))
-    return as_decorator(f, lambda fn: objects.remat(fn, prevent_cse=prevent_cse,
-                                                  static_argnums=static_argnums, policy=policy))
+    """``jax.checkpoint`` over NNX objects (graph updates as ``jit``)."""
+    modes = resolve(graph, graph_updates)
+
+    def build(fn: Callable) -> Callable:
+        checkpointed = objects.remat(carrying(fn, "remat", *modes), prevent_cse=prevent_cse,
+                                     static_argnums=static_argnums, policy=policy)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return finish(args, kwargs, *checkpointed(*args, **kwargs))
+        return call
+    return as_decorator(f, build)
