@@ -307,3 +307,37 @@ def test_a_direct_form_transform_given_an_unbound_module_outside_apply_names_it(
     with pytest.raises(errors.UnboundModuleError, match="Foo.*not bound") as info:
         vj_nn.while_loop(lambda m, c: c < 3, lambda m, c: c + 1, Foo(), jnp.zeros(()))
     assert __file__ in info.value.source
+
+
+def _bound_branches(nn):
+    class CondModel(nn.Module):
+        def setup(self):
+            self.dense = nn.Dense(3)
+
+        def double(self, x):
+            return self.dense(x) * 2
+
+        def keep(self, x):
+            self.dense(x)
+            return x
+
+        def __call__(self, x):
+            y = nn.cond(x.sum() > 0, self.double, self.keep, self, x)
+            return nn.while_loop(lambda m, c: c[0] < 2, self.step, self, (0, y))[1]
+
+        def step(self, c):
+            return c[0] + 1, self.dense(c[1])
+    return CondModel()
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_direct_transforms_take_bound_setup_methods_as_functions_under_jitted_init(sign):
+    """``nn.cond(p, self.f1, self.f2, self, x)``: a bound method is called with the module
+    first, as Linen unwraps it; under ``jax.jit(init_with_output)`` too."""
+    x = sign * jnp.ones(3)
+    ref_out, ref_vars = jax.jit(_bound_branches(flax_nn).init_with_output)(jax.random.key(0), x)
+    out, variables = jax.jit(_bound_branches(vj_nn).init_with_output)(jax.random.key(0), x)
+    jax.tree.map(np.testing.assert_array_equal, dict(variables), dict(ref_vars))
+    np.testing.assert_allclose(out, ref_out, rtol=1e-6)
+    np.testing.assert_allclose(_bound_branches(vj_nn).apply(ref_vars, x),
+                               _bound_branches(flax_nn).apply(ref_vars, x), rtol=1e-6)

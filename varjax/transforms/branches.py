@@ -23,7 +23,7 @@ from varjax.lifting.region import lift
 from varjax.objects import control_flow as objects
 from varjax.trace.context import site
 from varjax.trace.type_checks import branch_types_error
-from varjax.transforms.common import call_direct, object_call, object_options
+from varjax.transforms.common import call_direct, object_call, object_options, unbound
 
 
 @errors.api_boundary
@@ -110,6 +110,6 @@ def _branches(name: str, index: Any, fns: list[Callable], labels: list[str], mdl
         return jax.lax.switch(index, [branch(i) for i in range(len(regions))], groups,
                               rng_groups, *leaves)
 
-    lifted = lift(transform, *fns, variables=(variables,), rngs=(rngs,), name=name, passes=passes,
-                  create_outside=True)
+    lifted = lift(transform, *map(unbound, fns), variables=(variables,), rngs=(rngs,), name=name,
+                  passes=passes, create_outside=True)
     return call_direct(lifted, mdl, index, *operands)

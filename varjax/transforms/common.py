@@ -10,6 +10,7 @@ glue that is the same for all of them.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -121,6 +122,15 @@ def marked_lifted(fn: Callable, target: Callable) -> Callable:
     body, not before it."""
     functools.update_wrapper(fn, target)
     fn.varjax_lifted = True
+    return fn
+
+
+def unbound(fn: Callable) -> Callable:
+    """A module's bound method as its function: Linen's direct forms (``cond``,
+    ``while_loop``, ...) call each function with the module first, so
+    ``nn.cond(p, self.f1, self.f2, self, x)`` runs ``f1(self, x)``, as in Linen."""
+    if inspect.ismethod(fn) and is_module(fn.__self__):
+        return fn.__func__
     return fn
 
 

@@ -36,6 +36,7 @@ from varjax.transforms.common import (
     object_options,
     reject,
     rng_groups,
+    unbound,
 )
 
 
@@ -281,8 +282,8 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any = NO_IN
         _, out, carried = jax.lax.while_loop(cond, body, (zero, init, carried))
         return out, (carried, bcast)
 
-    lifted = lift(transform, cond_fn, body_fn, variables=var_filters, rngs=rng_filters,
-                  name="while_loop", passes=passes,
+    lifted = lift(transform, unbound(cond_fn), unbound(body_fn), variables=var_filters,
+                  rngs=rng_filters, name="while_loop", passes=passes,
                   fix="add '{collection}' to carry_variables (mutable) or broadcast_variables")
     return call_direct(lifted, mdl, init)
 
