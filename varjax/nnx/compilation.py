@@ -34,6 +34,7 @@ from varjax.nnx.transform_checks import (
     refuse_options,
 )
 from varjax.objects import object_transforms as objects
+from varjax.objects.nodes import is_node
 from varjax.objects.run import arg_names
 
 __all__ = ["jit_partial", "cached_partial", "make_jaxpr", "checkify"]
@@ -65,6 +66,11 @@ def jit_partial(fun: Callable, *partial_args: Any, in_shardings: Any = None,
     """``nnx.jit(fun)`` with ``partial_args`` bound in front: ``jit_partial(step, model,
     optimizer)(x, y)``.  Updates to the bound objects' Variables come back to them.
 
+    The bound objects are flattened once, here, to their Variables (and ``Rngs``), which
+    are passed to the object-mode ``jit`` one by one: a call of nodes and arrays is the
+    one whose graph that ``jit`` keeps, so each call skips walking the objects.  Their
+    structure is fixed here, as in flax.nnx.
+
     As in flax.nnx, graph updates are refused (pass ``graph_updates=False`` or
     ``graph=False``), the call's own arguments may not hold NNX objects, and
     ``static_argnums`` counts the bound arguments as one, at position 0 (so ``1`` is the
@@ -86,12 +92,18 @@ def jit_partial(fun: Callable, *partial_args: Any, in_shardings: Any = None,
         raise errors.ConfigError(
             "nnx.jit_partial: static_argnums 0 names the bound arguments, which are traced.",
             **errors.where(), fix="give the positions of the call's own arguments, from 1")
-    jitted = objects.jit(checked(fun, "jit_partial", _no_objects_after(bound, "jit_partial")),
-                         static_argnums=tuple(bound + i - 1 for i in statics))
+    leaves, treedef = jax.tree.flatten(partial_args, is_leaf=is_node)
+    n = len(leaves)
+    checked_fun = checked(fun, "jit_partial", _no_objects_after(bound, "jit_partial"))
+
+    def flat(*args: Any, **kwargs: Any) -> Any:
+        return checked_fun(*jax.tree.unflatten(treedef, args[:n]), *args[n:], **kwargs)
+    flat.__name__ = getattr(fun, "__name__", "fn")   # not its signature: JAX reads that
+    jitted = objects.jit(flat, static_argnums=tuple(n + i - 1 for i in statics))
 
     @functools.wraps(fun)
     def call(*args: Any, **kwargs: Any) -> Any:
-        return jitted(*partial_args, *args, **kwargs)
+        return jitted(*leaves, *args, **kwargs)
     return call
 
 
