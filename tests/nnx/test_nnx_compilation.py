@@ -186,3 +186,16 @@ def test_call_reaches_a_method_by_key_and_attribute():
     _, (graphdef, state) = call(nnx.split(nodes))["b"].increment()
     merged = nnx.merge(graphdef, state)
     assert int(merged["a"].count[...]) == 0 and int(merged["b"].count[...]) == 1
+
+
+def test_an_nnx_jit_steps_effectful_ir_is_dumped_with_its_variable_reads_and_writes(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("VARJAX_DUMP_DIR", str(tmp_path))
+
+    def counted_step(m):
+        return m()
+    nnx.jit(counted_step)(_counted(nnx))
+    (effectful,) = tmp_path.glob("*counted_step*/00-effectful.txt")
+    text = effectful.read_text()
+    assert "var_get[batch_stats:m/calls]" in text and "var_set[batch_stats:m/calls]" in text
+    assert "var_get[params:m/a]" in text and "sin" in text
