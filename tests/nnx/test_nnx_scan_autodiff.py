@@ -9,7 +9,6 @@ from flax import nnx as flax_nnx
 
 from varjax import errors, nnx
 from varjax.nnx.batching import vmap
-from varjax.nnx.differentiation import custom_vjp, jvp, vjp
 from varjax.nnx.iteration import Carry, scan
 
 X = jnp.arange(12.0).reshape(3, 2, 2) / 7     # 3 steps of a (2, 2) batch
@@ -48,6 +47,31 @@ def test_scan_module_carried_updates_written_back_and_carry_is_the_callers_modul
     np.testing.assert_array_equal(ys, fys)
     _same_state(ours, theirs)
     assert int(ours.count[...]) == 3
+
+
+def test_scan_without_graph_updates_returns_new_objects_holding_the_callers_variables():
+    ours, theirs = _model(nnx), _model(flax_nnx)
+
+    def step(m, x):
+        return m, m(x)
+    m, ys = scan(step, graph_updates=False)(ours, X)
+    fm, fys = flax_nnx.scan(step, graph_updates=False)(theirs, X)
+    assert (m is ours) == (fm is theirs) == False      # noqa: E712
+    assert m.count is ours.count and fm.count is theirs.count
+    np.testing.assert_array_equal(ys, fys)
+    _same_state(ours, theirs)
+
+
+def test_scan_structural_change_in_the_step_is_refused_as_flax_refuses_it():
+    def step(m, x):
+        m.seen = x
+        return m, x
+    with pytest.raises(TypeError, match="carry"):
+        flax_nnx.scan(step)(_model(flax_nnx), X)
+    ours = _model(nnx)
+    with pytest.raises(errors.TransformError, match="same structure from step to step"):
+        scan(step)(ours, X)
+    assert not hasattr(ours, "seen")
 
 
 def _block(lib):
@@ -153,157 +177,6 @@ def test_scan_returning_an_argument_module_as_output_is_not_provided():
 def test_scan_of_a_bound_method_is_refused_as_flax_refuses_it():
     with pytest.raises(ValueError, match="does not support bound methods"):
         scan(_model(nnx).__call__)
-
-
-# --- jvp / vjp -----------------------------------------------------------------------------
-
-def _counted(lib):
-    class Counted(lib.Module):
-        def __init__(self, rngs):
-            self.lin = lib.Linear(2, 3, rngs=rngs)
-            self.count = lib.BatchStat(jnp.array(0))
-
-        def __call__(self, x):
-            self.count[...] += 1
-            return self.lin(x)
-    return Counted(lib.Rngs(0))
-
-
-def _loss(m, x):
-    y = m(x)
-    return jnp.sum(y ** 2), y.mean()
-
-
-def _assert_same_tree(a, b):
-    assert type(a).__name__ == type(b).__name__
-    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        assert u.dtype == v.dtype
-        if u.dtype != jax.dtypes.float0:
-            np.testing.assert_array_equal(u, v)
-
-
-def test_vjp_cotangent_of_a_module_is_a_module_and_updates_are_written_back():
-    ours, theirs = _counted(nnx), _counted(flax_nnx)
-    x = X[0]
-    out, fn, aux = vjp(_loss, ours, x, has_aux=True, graph_updates=False)
-    fout, ffn, faux = flax_nnx.vjp(_loss, theirs, x, has_aux=True, graph_updates=False)
-    np.testing.assert_array_equal(out, fout)
-    np.testing.assert_array_equal(aux, faux)
-    _assert_same_tree(fn(jnp.ones(())), ffn(jnp.ones(())))
-    _same_state(ours, theirs)
-    assert int(ours.count[...]) == 1
-    out2, fn2 = vjp(graph_updates=False)(lambda m, x: _loss(m, x)[0])(ours, x)
-    np.testing.assert_array_equal(out2, out)
-    assert int(ours.count[...]) == 2
-
-
-def test_jvp_tangent_of_a_module_is_a_module_and_updates_are_written_back():
-    ours, theirs = _counted(nnx), _counted(flax_nnx)
-    x = X[0]
-
-    def tangent(m):
-        return jax.tree.map(lambda a: jnp.ones_like(a) if a.dtype.kind == "f"
-                            else np.zeros(a.shape, jax.dtypes.float0), m)
-    out = jvp(_loss, (ours, x), (tangent(ours), x), has_aux=True, graph_updates=False)
-    fout = flax_nnx.jvp(_loss, (theirs, x), (tangent(theirs), x), has_aux=True,
-                        graph_updates=False)
-    for u, v in zip(out, fout, strict=True):
-        np.testing.assert_array_equal(u, v)
-    _same_state(ours, theirs)
-    assert int(ours.count[...]) == 1
-
-
-def test_vjp_and_jvp_with_graph_updates_raise_as_flax_raises():
-    m, x = _counted(nnx), X[0]
-    with pytest.raises(NotImplementedError, match="graph_updates is not supported for nnx.vjp"):
-        flax_nnx.vjp(_loss, _counted(flax_nnx), x)
-    with pytest.raises(NotImplementedError, match="graph_updates is not supported for nnx.vjp"):
-        vjp(_loss, m, x)
-    with pytest.raises(NotImplementedError, match="graph_updates is not supported for nnx.jvp"):
-        jvp(_loss, (m, x), (m, x))
-    assert int(m.count[...]) == 0
-
-
-def test_vjp_and_jvp_tree_mode_reduce_axes_and_returning_a_module_are_not_provided():
-    m, x = _counted(nnx), X[0]
-    with pytest.raises(errors.NotProvidedError, match="graph=False"):
-        vjp(_loss, m, x, graph=False)
-    with pytest.raises(errors.NotProvidedError, match="graph=False"):
-        jvp(_loss, (m, x), (m, x), graph=False)
-    with pytest.raises(errors.NotProvidedError, match="reduce_axes"):
-        vjp(_loss, m, x, reduce_axes=("i",), graph_updates=False)
-    with pytest.raises(errors.NotProvidedError, match="returning an object from nnx.vjp"):
-        vjp(lambda m, x: m, m, x, graph_updates=False)
-
-
-def test_vjp_inside_nnx_jit_matches_flax_and_writes_updates_back():
-    from varjax.nnx.transforms import jit
-
-    def run(lib, jit_, vjp_):
-        m = _counted(lib)
-
-        @jit_
-        def g(m, x):
-            _, fn = vjp_(lambda m, x: _loss(m, x)[0], m, x, graph_updates=False)
-            return fn(jnp.ones(()))[1]
-        return g(m, X[0]), m
-    (gx, ours), (fgx, theirs) = run(nnx, jit, vjp), run(flax_nnx, flax_nnx.jit, flax_nnx.vjp)
-    np.testing.assert_array_equal(gx, fgx)
-    _same_state(ours, theirs)
-    assert int(ours.count[...]) == 1
-
-
-# --- custom_vjp ----------------------------------------------------------------------------
-
-def _custom(lib, custom_vjp_):
-    class Foo(lib.Module):
-        def __init__(self):
-            self.x, self.y = lib.Param(jnp.array(1.0)), lib.Param(jnp.array(2.0))
-            self.n = lib.BatchStat(jnp.array(0))
-
-    @custom_vjp_(graph_updates=False, nondiff_argnums=(1,))
-    def f(m, k):
-        m.n[...] += 1
-        return jnp.sin(m.x[...]) * m.y[...] * k
-
-    def f_fwd(m, k):
-        return f(m, k), (jnp.cos(m.x[...]), jnp.sin(m.x[...]), m)
-
-    def f_bwd(k, res, g):
-        cos_x, sin_x, m = res
-        m_g = jax.tree.map(lambda a: a, m)
-        m_g.x[...] = cos_x * g * m.y[...] * k * 10     # not the true derivative: bwd's own
-        m_g.y[...] = sin_x * g * k
-        return (m_g,)
-    f.defvjp(f_fwd, f_bwd)
-    return f, Foo()
-
-
-def test_custom_vjp_bwd_gives_a_module_cotangent_with_nondiff_args_and_updates_kept():
-    from varjax.nnx.transforms import grad
-    f, ours = _custom(nnx, custom_vjp)
-    ff, theirs = _custom(flax_nnx, flax_nnx.custom_vjp)
-    g = grad(lambda m: f(m, 3.0))(ours)
-    fg = flax_nnx.grad(lambda m: ff(m, 3.0))(theirs)
-    _assert_same_tree(nnx.to_pure_dict(g), flax_nnx.to_pure_dict(fg))
-    np.testing.assert_array_equal(f(ours, 3.0), ff(theirs, 3.0))
-    _same_state(ours, theirs)
-    assert int(ours.n[...]) == 2
-
-
-def test_custom_vjp_forms_not_built_are_not_provided():
-    with pytest.raises(errors.NotProvidedError, match="graph updates"):
-        custom_vjp(lambda m: m)
-    with pytest.raises(errors.NotProvidedError, match="graph=False"):
-        custom_vjp(lambda m: m, graph=False)
-    with pytest.raises(errors.NotProvidedError, match="DiffState"):
-        custom_vjp(lambda m: m, graph_updates=False,
-                   nondiff_argnums=(flax_nnx.DiffState(0, ...),))
-    f = custom_vjp(lambda m: m, graph_updates=False)
-    with pytest.raises(errors.NotProvidedError, match="updates_g"):
-        f.defvjp(lambda m: (m, None), lambda res, g, *, updates_g: (g,))
-    with pytest.raises(errors.NotProvidedError, match="symbolic_zeros"):
-        f.defvjp(lambda m: (m, None), lambda res, g: (g,), symbolic_zeros=True)
 
 
 def test_scan_over_a_layer_stack_inside_nnx_jit_matches_flax():

@@ -1,29 +1,42 @@
-"""NNX's ``jvp``, ``vjp`` and ``custom_vjp`` in graph mode without graph updates, on JAX's.
+"""NNX's ``jvp``, ``vjp`` and ``custom_vjp``.
 
-An NNX module is a pytree of Variables, so JAX differentiates it as it is: ``f`` runs on a
-copy of the primals rebuilt around JAX's tracers (new objects, so no tracer reaches the
-caller's Variables), a module argument's tangent or cotangent is a module of the same
-structure holding them, as flax.nnx returns it, and the Variable values the copy ends with
-are handed out of the trace and written to the caller's Variables afterwards (a counter, a
-BatchNorm's statistics), as flax.nnx writes them.
+``custom_vjp`` is object mode's (``varjax/objects/custom_vjp.py``): ``fun`` and ``fwd`` run
+as one functionalized trace each, their Variable reads and writes IR effects, and updates
+come back to the caller's objects.  flax.nnx 0.12.8 has two forms, both built:
 
-flax.nnx 0.12.8 runs ``jvp``/``vjp`` only with ``graph_updates=False`` (its default, graph
-mode with graph updates, raises ``NotImplementedError``); so does ``varjax.nnx``, with the
-same error.  ``custom_vjp(graph_updates=False)`` is flax.nnx's form closest to JAX's:
-``bwd(*nondiff, res, g)`` gets the output's cotangent and returns one cotangent per
-differentiated argument, a module's a module of cotangents.  Its default form (``bwd``
-getting the inputs' update cotangents as ``State``s), ``updates_g``, ``DiffState`` in
-``nondiff_argnums``, ``symbolic_zeros``, tree mode (``graph=False``) and ``reduce_axes`` are
-refused by name.
+* with graph updates (the default; ``_StateCotangents``): ``bwd(*nondiff, res,
+  (input_updates_g, out_g))`` gets, per differentiated module argument, the ``State`` of
+  the cotangents of its Variables after the call (what later uses of them send back), and
+  returns a ``State`` per module;
+* ``graph_updates=False`` or ``graph=False`` (``_SameTypeCotangents``): ``jax.custom_vjp``'s
+  form, ``bwd(*nondiff, res, g)`` returning a module of cotangents for a module, and
+  ``updates_g=`` (the updated Variables' cotangents) when ``bwd`` declares it.
+
+In both a Variable may be updated inside (a BatchNorm's statistics under ``grad``), as in
+flax.nnx 0.12.8 (which does not enforce the Tree Mode note's "differentiable Variables may
+not be updated"): its update is written back, and its cotangent is ``bwd``'s to use.
+
+``jvp``/``vjp`` run ``jax.jvp``/``jax.vjp`` on copies of the primals rebuilt around JAX's
+tracers (new objects, so no tracer reaches the caller's Variables); a module argument's
+tangent or cotangent is a module of the same structure, as flax.nnx returns it, and the
+Variable values the copies end with are written to the caller's Variables afterwards.
+Unlike the other transforms these accesses are not IR effects of one trace (object mode
+has no ``jvp``/``vjp`` yet).  flax.nnx 0.12.8 runs them only without graph updates (its
+default raises ``NotImplementedError``); so does varjax.nnx, with the same error.
+``DiffState`` in ``custom_vjp``'s ``nondiff_argnums``, ``symbolic_zeros``, tree-mode
+``jvp``/``vjp`` and ``reduce_axes`` are refused by name.
 """
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any, Callable, Sequence
 
 import jax
 
+from varjax.ir import errors
+from varjax.nnx.config import resolve
+from varjax.nnx.pytree import Pytree
+from varjax.nnx.statelib import State
 from varjax.nnx.transform_checks import (
     as_decorator,
     objects_in,
@@ -31,20 +44,25 @@ from varjax.nnx.transform_checks import (
     refuse_bound_method,
     refuse_options,
 )
+from varjax.nnx.transforms import DiffState
 from varjax.objects import split_merge
+from varjax.objects.custom_vjp import custom_vjp as object_custom_vjp
 from varjax.trace.unprovided import not_provided
+from varjax.trace.variable import Variable
 
 __all__ = ["jvp", "vjp", "custom_vjp"]
 
 
 def _modes(what: str, graph: bool | None, graph_updates: bool | None) -> None:
-    """Our refusal of tree mode, and flax.nnx's of graph updates."""
-    if graph is False:
+    """Our refusal of tree mode, and flax.nnx's of graph updates (the settings of
+    ``nnx.set_graph_mode``/``set_graph_updates`` where the arguments are None)."""
+    graph, updates = resolve(graph, graph_updates)
+    if not graph:
         not_provided(f"nnx.{what}(graph=False)", "tree mode is not built yet.",
                      f"call nnx.{what} with graph_updates=False", by="varjax.nnx")
-    if graph_updates is None or graph_updates:
+    if updates:
         raise NotImplementedError(f"graph-mode with graph_updates is not supported for "
-                                  f"nnx.{what}. Set graph_updates=False.")
+                                  f"nnx.{what}. Set graph=False or graph_updates=False.")
 
 
 def _states(args: tuple) -> list[Any]:
@@ -56,12 +74,6 @@ def _write_back(args: tuple, states: list[Any]) -> None:
     for a, s in zip(args, states):
         if s is not None:
             split_merge.update(a, s)
-
-
-def _copy(args: tuple) -> tuple:
-    """New objects holding the same values: what ``f`` runs on inside a JAX transform, so no
-    tracer is left in the caller's Variables."""
-    return jax.tree.map(lambda x: x, args)
 
 
 def _pure(what: str, f: Callable, has_aux: bool) -> Callable:
@@ -114,63 +126,131 @@ def jvp(f: Callable | None = None, primals: tuple | None = None,
     return (out, tangent, aux) if has_aux else (out, tangent)
 
 
-class CustomVjp:
-    """``jax.custom_vjp`` over NNX objects (flax.nnx's ``graph_updates=False`` form): the
-    Variable updates ``fun`` (or ``fwd``) makes are written back to the caller's objects,
-    and ``fwd``'s residuals may hold its (copied) modules."""
+def _key_name(k: Any) -> Any:
+    for attr in ("name", "key", "idx"):
+        if hasattr(k, attr):
+            return getattr(k, attr)
+    return k
+
+
+def _variables(module: Any) -> list[tuple[tuple, Variable]]:
+    """``(path, Variable)`` for each Variable of ``module``, named as ``nnx.state`` names
+    it (attribute names, element indices)."""
+    found = jax.tree_util.tree_flatten_with_path(module, is_leaf=lambda x: isinstance(x, Variable))
+    return [(tuple(_key_name(k) for k in path), v) for path, v in found[0]
+            if isinstance(v, Variable)]
+
+
+def _touching(f: Callable, modules: Callable[[tuple], list[int]]) -> Callable:
+    """``f`` writing every Variable of the differentiated module arguments first: so each is
+    an output of the call (its value unchanged unless ``f`` changes it), and what later uses
+    send back to it reaches ``bwd`` as ``input_updates_g``, as flax.nnx's graph-updates form
+    hands out the cotangent of each module's whole state."""
+    @functools.wraps(f)
+    def touched(*args: Any) -> Any:
+        for i in modules(args):
+            for _, v in _variables(args[i]):
+                v.value = v.value
+        return f(*args)
+    return touched
+
+
+class _StateCotangents:
+    """flax.nnx's default ``custom_vjp`` (graph updates): ``bwd(*nondiff, res, (input_updates_g,
+    out_g))``, ``input_updates_g`` holding per differentiated argument the ``State`` of a
+    module's update cotangents (None for another argument), and ``bwd`` returning a
+    ``State`` for a module (its Variables missing from it get zero).  Built on object mode's
+    ``custom_vjp`` with ``updates_g``: the module's Variables are all written (``_touching``),
+    and ``State``s are read from and made into modules of cotangents by path."""
 
     def __init__(self, fun: Callable, nondiff_argnums: tuple[int, ...]):
         functools.update_wrapper(self, fun)
-        self.fun, self.nondiff_argnums = fun, nondiff_argnums
-        self.custom = jax.custom_vjp(self._primal, nondiff_argnums=nondiff_argnums)
+        self.fun, self.nums = fun, nondiff_argnums
+        self.custom = object_custom_vjp(_touching(fun, self._modules), nondiff_argnums=nondiff_argnums)
 
-    def _primal(self, *args: Any) -> Any:
-        return _pure("custom_vjp", self.fun, False)(*_copy(args))
+    def _modules(self, args: tuple) -> list[int]:
+        return [i for i, a in enumerate(args) if i not in self.nums and isinstance(a, Pytree)]
 
     def defvjp(self, fwd: Callable, bwd: Callable, symbolic_zeros: bool = False) -> None:
         refuse_options("custom_vjp.defvjp", symbolic_zeros=(symbolic_zeros, False))
-        if "updates_g" in inspect.signature(bwd).parameters:
-            not_provided("a nnx.custom_vjp bwd taking updates_g",
-                         "the cotangents of the Variable updates are not handed to bwd yet.",
-                         "leave updates_g out of bwd's signature", by="varjax.nnx")
-        n = len(self.nondiff_argnums)
 
-        def forward(*args: Any) -> Any:
-            residual = []
-
-            def fwd_out(*a: Any) -> Any:
-                out, res = fwd(*a)
-                residual.append(res)
-                return out
-            return _pure("custom_vjp", fwd_out, False)(*_copy(args)), residual[0]
-
-        def backward(*args: Any) -> Any:
-            nondiff, residual, (g, _) = args[:n], args[n], args[n + 1]
-            return tuple(bwd(*_copy(nondiff), residual, g))
-        self.custom.defvjp(forward, backward)
+        def backward(*rest: Any, updates_g: tuple) -> tuple:
+            *nondiff, residual, g = rest
+            diff = [i for i in range(len(updates_g)) if i not in self.nums]
+            modules = [isinstance(updates_g[i], Pytree) for i in diff]
+            given = tuple(State.from_flat(dict(_variables(updates_g[i]))) if m else None
+                          for i, m in zip(diff, modules))
+            tangents = bwd(*nondiff, residual, (given, g))
+            return tuple(_module_of(updates_g[i], t) if m else t
+                         for i, m, t in zip(diff, modules, tangents))
+        self.custom.defvjp(_touching(fwd, self._modules), backward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = positional(self.fun, args, kwargs)
-        out, (states, _) = self.custom(*args)
-        _write_back(args, states)
-        return out
+        for i in self.nums:
+            if i < len(args) and objects_in(args[i]):
+                raise TypeError("Passing integers to nondiff_argnums for graph nodes arguments "
+                                f"in custom_vjp is not supported. Got False at path [{i}] for "
+                                f"value {type(args[i]).__name__}.")
+        return self.custom(*args)
+
+
+def _module_of(template: Any, given: Any) -> Any:
+    """The module of cotangents ``bwd`` means by the ``State`` ``given``: ``template`` (the
+    module's update cotangents) with each Variable replaced by ``given``'s at its path, or
+    by None (a zero) where ``given`` has none."""
+    if not isinstance(given, State):
+        raise errors.TransformError(
+            f"nnx.custom_vjp: bwd returned {type(given).__name__} for a module argument; with "
+            "graph updates its cotangent is a State.", **errors.where(),
+            fix="return a State (e.g. nnx.clone of the input_updates_g entry, its leaves set)")
+    flat = given.flat()
+    leaves, tree = jax.tree.flatten(template, is_leaf=lambda x: isinstance(x, Variable))
+    by_path = dict(_variables(template))
+    out = []
+    for path, v in zip(by_path, leaves):
+        leaf = flat.get(path)
+        if leaf is not None and not isinstance(leaf, Variable):
+            leaf = jax.tree.unflatten(jax.tree.structure(v), [leaf])
+        out.append(leaf)
+    return jax.tree.unflatten(tree, out)
+
+
+class _SameTypeCotangents:
+    """flax.nnx's ``custom_vjp(graph_updates=False)`` (and tree mode): object mode's
+    ``custom_vjp`` itself, ``bwd(*nondiff, res, g[, updates_g=...])`` returning a module of
+    cotangents for a module, as ``jax.custom_vjp`` over pytrees."""
+
+    def __init__(self, fun: Callable, nondiff_argnums: tuple[int, ...]):
+        functools.update_wrapper(self, fun)
+        self.fun = fun
+        self.custom = object_custom_vjp(fun, nondiff_argnums=nondiff_argnums)
+
+    def defvjp(self, fwd: Callable, bwd: Callable, symbolic_zeros: bool = False) -> None:
+        refuse_options("custom_vjp.defvjp", symbolic_zeros=(symbolic_zeros, False))
+        self.custom.defvjp(fwd, bwd)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.custom(*positional(self.fun, args, kwargs))
 
 
 def custom_vjp(fun: Callable | None = None, *, nondiff_argnums: tuple[Any, ...] = (),
-                graph: bool | None = None, graph_updates: bool | None = None) -> Any:
-    """flax.nnx's ``custom_vjp`` (see ``CustomVjp``); a decorator with options too."""
-    if graph is False:
-        not_provided("nnx.custom_vjp(graph=False)", "tree mode is not built yet.",
-                     "call nnx.custom_vjp with graph_updates=False", by="varjax.nnx")
-    if graph_updates is None or graph_updates:
-        not_provided("nnx.custom_vjp with graph updates (its default)",
-                     "a bwd receiving (input_updates_g, out_g), with State cotangents for "
-                     "module arguments, is not built yet.",
-                     "pass graph_updates=False: bwd(res, g) gets the output's cotangent and "
-                     "returns a module of cotangents for a module", by="varjax.nnx")
+               graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+    """flax.nnx's ``custom_vjp``: with graph updates (the default) ``_StateCotangents``,
+    without ``_SameTypeCotangents``; a decorator with options too."""
+    graph, updates = resolve(graph, graph_updates)
     for a in nondiff_argnums:
+        if isinstance(a, DiffState) and not updates:
+            raise ValueError("`nondiff_argnums` cannot contain `DiffState` objects when "
+                             "`graph=False` or `graph_updates=False`: pass graph=True and "
+                             "graph_updates=True, or remove the DiffState.")
         if not isinstance(a, int):
             not_provided(f"nnx.custom_vjp(nondiff_argnums=({type(a).__name__}(...),))",
-                         "only argument numbers are built (flax.nnx takes no DiffState there "
-                         "with graph_updates=False either).", "give ints", by="varjax.nnx")
-    return as_decorator(fun, lambda f: CustomVjp(f, tuple(nondiff_argnums)))
+                         "a DiffState there (a module's differentiable substate) is not built "
+                         "yet.", "give argument numbers", by="varjax.nnx")
+
+    def build(f: Callable) -> Any:
+        refuse_bound_method(f, "custom_vjp")
+        form = _StateCotangents if updates else _SameTypeCotangents
+        return form(f, tuple(nondiff_argnums))
+    return as_decorator(fun, build)
