@@ -13,9 +13,11 @@ step); ``out_axes`` says the same of what the function returns.  That desugars o
 * the outputs at int axes are the ``ys``, stacked along that axis.
 
 The carry returned holds the caller's objects (their Variables hold the final values), as in
-flax.nnx, when the function returns each carry object in the place it came in; elsewhere
+flax.nnx, when the function returns each carry object in the place it came in (without graph
+updates, new objects holding the caller's Variables, as flax.nnx returns them then); a
+structural change inside is a ``TransformError``, as flax.nnx refuses it too; elsewhere
 ``transform_checks`` refuses what object mode cannot keep (an argument's object returned
-as an output, a structural change inside).  ``StateAxes`` prefixes, a module scanned along
+as an output).  ``StateAxes`` prefixes, a module scanned along
 an axis other than 0, ``transform_metadata`` and ``_split_transpose`` are refused by name.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from varjax.nnx.config import resolve
 from varjax.nnx.transform_checks import (
     as_decorator,
     as_given,
@@ -128,8 +131,8 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
          graph: bool | None = None, graph_updates: bool | None = None) -> Any:
     """``jax.lax.scan`` over NNX objects: the ``Carry`` argument and the broadcast ones are
     carried (their Variable updates written back), the others scanned along their axis."""
-    refuse_options("scan", _split_transpose=(_split_transpose, False), graph=(graph, None),
-                   graph_updates=(graph_updates, None))
+    refuse_options("scan", _split_transpose=(_split_transpose, False))
+    updates = resolve(graph, graph_updates)[1]
     if transform_metadata:
         not_provided("nnx.scan(transform_metadata=...)", "this option is not built yet.",
                      "call nnx.scan without transform_metadata", by="varjax.nnx")
@@ -180,7 +183,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
             (carry, _), ys = run(init, xs)
             for a, before in kept:      # flax.nnx keeps none of their updates
                 split_merge.update(a, before)
-            carry = as_given(init[0], carry)
+            carry = as_given(init[0], carry, updates)
             if out_carry is Carry:
                 return carry
             ys = _move(ys, out_axes if out_carry is None else
