@@ -118,3 +118,91 @@ def test_split_merge_round_trip_under_jax_jit_keeps_the_shared_submodule():
         return m.first is m.second, nnx.state(m, nnx.Param)
     same, new = step(params, rest)
     assert same and new.flat().keys() == params.flat().keys()
+
+
+def _stateful(lib):
+    class Model(lib.Module):
+        def __init__(self, rngs):
+            self.lin = lib.Linear(2, 3, rngs=rngs)
+            self.bn = lib.BatchNorm(3, rngs=rngs)
+            self.calls = 0
+
+        def __call__(self, x):
+            self.calls += 1
+            return self.bn(self.lin(x))
+    return Model(lib.Rngs(0))
+
+
+def _pure(state):
+    return jax.tree.map(np.asarray, nnx.to_pure_dict(state) if isinstance(state, nnx.State)
+                        else flax_nnx.to_pure_dict(state))
+
+
+def _same(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    assert jax.tree.all(jax.tree.map(np.array_equal, a, b))
+
+
+def test_unpack_carries_the_graphdef_and_merge_takes_graph_states_alone_as_flax_nnx():
+    from varjax.nnx.graph import GraphState, merge, unpack
+    for lib, unpack_, merge_, graph_state in ((nnx, unpack, merge, GraphState),
+                                              (flax_nnx, flax_nnx.unpack, flax_nnx.merge,
+                                               flax_nnx.GraphState)):
+        model = _stateful(lib)
+        params, rest = unpack_(model, lib.Param, ...)
+        assert isinstance(params, graph_state) and sorted(params) == ["bn", "lin"]
+        assert sorted(rest) == ["bn"] and params["lin"]["kernel"] is model.lin.kernel
+        again = merge_(params, rest)
+        assert type(again) is type(model) and again.bn.mean is model.bn.mean
+        mapped = jax.tree.map(lambda v: v + 1, params)
+        assert isinstance(mapped, graph_state) and len(jax.tree.leaves(mapped)) == 4
+        assert isinstance(unpack_(model), graph_state)
+    with pytest.raises(errors.InvalidVariablesError, match="GraphState"):
+        merge(unpack(_stateful(nnx)), nnx.state(_stateful(nnx)))
+
+
+def test_flatten_and_unflatten_round_trip_paths_and_plain_values_as_flax_nnx():
+    from varjax.nnx.graph import flatten, unflatten
+    ours, theirs = _stateful(nnx), _stateful(flax_nnx)
+    g, flat = flatten(ours)
+    tg, tflat = flax_nnx.graph.flatten(theirs)
+    assert list(flat.paths) == [p for p, _ in tflat]
+    g, values = flatten(ours, with_paths=False)
+    _, tvalues = flax_nnx.graph.flatten(theirs, with_paths=False)
+    assert all(isinstance(v, jax.Array) for v in values)
+    _same([np.asarray(v) for v in values], [np.asarray(v) for v in tvalues])
+    back = unflatten(g, values)
+    assert type(back.lin.kernel) is nnx.Param and back.lin.kernel is not ours.lin.kernel
+    assert back.bn.mean.collection == "batch_stats"
+    assert unflatten(g, flat).lin.kernel is ours.lin.kernel
+    assert unflatten(g, flat, copy_variables=True).lin.kernel is not ours.lin.kernel
+    with pytest.raises(errors.VariableStructureError, match="6 leaves, the list 5"):
+        unflatten(g, values[:5])
+
+
+def test_graphdef_apply_calls_the_merged_object_and_returns_its_new_state_as_flax_nnx():
+    x = jnp.ones((1, 2))
+    results = []
+    for lib in (nnx, flax_nnx):
+        model = _stateful(lib)
+        g, s = lib.split(model)
+        y, (g2, s2) = g.apply(s)(x)
+        z, _ = g.apply(s).lin(x)
+        assert lib.merge(g2, s2).calls == 1 and model.calls == 0 and z.shape == (1, 3)
+        results.append((np.asarray(y), _pure(s2)))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    _same(results[0][1], results[1][1])
+
+
+def test_merge_copy_makes_new_variables_and_a_plain_state_becomes_variables_again():
+    model = _stateful(nnx)
+    g, s = nnx.split(model)
+    copy = nnx.merge(g, s, copy=True)
+    assert copy.lin.kernel is not model.lin.kernel and type(copy.lin.kernel) is nnx.Param
+    pure = nnx.State(nnx.to_pure_dict(s))
+    made = nnx.merge(g, pure)
+    bare = nnx.merge(g, pure, recreate_variables=False)
+    assert type(made.bn.mean) is nnx.BatchStat and isinstance(bare.bn.mean, jax.Array)
+    tg, ts = flax_nnx.split(_stateful(flax_nnx))
+    theirs = flax_nnx.merge(tg, flax_nnx.State(flax_nnx.to_pure_dict(ts)))
+    assert type(theirs.bn.mean) is flax_nnx.BatchStat

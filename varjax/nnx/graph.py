@@ -14,18 +14,21 @@ rebuilds shared objects shared.  ``graph=False`` (tree mode) refuses shared Vari
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, MutableMapping
+
+import jax
 
 from varjax.ir import errors
 from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.pytree import Pytree, _Container, flatten_node, in_order, is_node
-from varjax.nnx.statelib import State
+from varjax.nnx.statelib import FlatState, State
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable, held
 
-__all__ = ["GraphDef", "NodeDef", "NodeRef", "LeafDef", "graphdef", "state", "split", "merge",
-           "update", "clone", "to_pure_dict", "replace_by_pure_dict"]
+__all__ = ["GraphDef", "NodeDef", "NodeRef", "LeafDef", "ApplyCaller", "GraphState", "PureState",
+           "graphdef", "state", "split", "merge", "unpack", "flatten", "unflatten", "update",
+           "clone", "to_pure_dict", "replace_by_pure_dict"]
 
 Path = tuple
 
@@ -33,9 +36,18 @@ Path = tuple
 @dataclasses.dataclass(frozen=True)
 class LeafDef:
     """A state leaf: the Variable or array the state holds at ``path`` (a Variable reached
-    again is named by its first path, so both places get the one object)."""
+    again is named by its first path, so both places get the one object).  ``variable``,
+    a Variable's type, collection and metadata, makes a Variable again of a plain value
+    (``unflatten`` of ``flatten(..., with_paths=False)``'s values, ``merge`` of one)."""
 
     path: Path
+    variable: tuple | None = None
+
+
+def _variable_def(x: Any) -> tuple | None:
+    if not isinstance(x, Variable):
+        return None
+    return type(x), x.collection, tuple(sorted(x.get_metadata().items()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +82,77 @@ class GraphDef:
     def merge(self, *states: Any) -> Any:
         return merge(self, *states)
 
+    def apply(self, state: Any, *states: Any, graph: bool | None = None) -> "ApplyCaller":
+        """A caller of the object merged from the states: ``g.apply(s)(x)`` calls it,
+        ``g.apply(s).method(x)`` a method, and each returns ``(out, (graphdef, state))``
+        with the object's structure and state after the call: a pure function of state."""
+        return ApplyCaller(self, (state, *states), graph, ())
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyCaller:
+    """What ``GraphDef.apply`` returns: an attribute path to call on the merged object."""
+
+    graphdef: GraphDef
+    states: tuple
+    graph: bool | None
+    names: tuple[str, ...]
+
+    def __getattr__(self, name: str) -> "ApplyCaller":
+        return dataclasses.replace(self, names=(*self.names, name))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, tuple[GraphDef, State]]:
+        fn = obj = merge(self.graphdef, *self.states)
+        for name in self.names:
+            fn = getattr(fn, name)
+        out = fn(*args, **kwargs)
+        g, entries = _flat(obj, self.graph)
+        return out, (g, State.from_flat(dict(entries)))
+
+
+class GraphState(MutableMapping):
+    """A ``State`` that carries its object's ``GraphDef`` (``unpack``'s result), so
+    ``merge(graph_state)`` needs nothing else.  Reads and writes go to the state; a pytree
+    of the state's leaves, the ``GraphDef`` static."""
+
+    def __init__(self, graphdef: GraphDef, state: State, /):
+        if not isinstance(state, State):
+            raise errors.InvalidVariablesError(
+                f"GraphState takes a State, got {type(state).__name__}.", **errors.where(),
+                fix="pass a State (nnx.state(node))")
+        self.__dict__.update(graphdef=graphdef, state=state)
+
+    def __getitem__(self, k: Any) -> Any:
+        return self.state[k]
+
+    def __setitem__(self, k: Any, v: Any) -> None:
+        self.state[k] = v
+
+    def __delitem__(self, k: Any) -> None:
+        del self.state[k]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.state)
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def __getattr__(self, k: str) -> Any:
+        return getattr(self.__dict__["state"], k)
+
+    def __repr__(self) -> str:
+        return f"GraphState({self.state!r})"
+
+
+jax.tree_util.register_pytree_with_keys(
+    GraphState,
+    lambda g: (jax.tree_util.tree_flatten_with_path(g.state)[0], (g.graphdef, jax.tree.structure(g.state))),
+    lambda aux, leaves: GraphState(aux[0], aux[1].unflatten(leaves)),
+    lambda g: (jax.tree.leaves(g.state), (g.graphdef, jax.tree.structure(g.state))))
+
+PureState = tuple[GraphDef, State]
+"""A ``(graphdef, state)`` pair, as flax.nnx names it."""
+
 
 def _show(path: Path) -> str:
     return "/".join(map(str, path)) or "(the node itself)"
@@ -92,7 +175,8 @@ def _flat(node: Any, graph: bool | None = None) -> tuple[GraphDef, list[tuple[Pa
             if not graph and isinstance(x, (Variable, RngStream)):
                 _duplicate(x, first[id(x)], path)
             if graph:
-                return LeafDef(first[id(x)]) if isinstance(x, Variable) else NodeRef(index[id(x)])
+                return (LeafDef(first[id(x)], _variable_def(x)) if isinstance(x, Variable)
+                        else NodeRef(index[id(x)]))
             if id(x) in open_:
                 raise errors.InconsistentAliasError(
                     f"{type(x).__name__} at {_show(path)} contains itself (at "
@@ -102,7 +186,7 @@ def _flat(node: Any, graph: bool | None = None) -> tuple[GraphDef, list[tuple[Pa
             first.setdefault(id(x), path)
         if not is_node(x):
             entries.append((path, x))
-            return LeafDef(path)
+            return LeafDef(path, _variable_def(x))
         if isinstance(x, (Pytree, Rngs, RngStream)):
             index.setdefault(id(x), len(index))
         open_[id(x)] = path
@@ -124,14 +208,28 @@ def _duplicate(x: Any, before: Path, path: Path) -> None:
         fix="pass graph=True (or nnx.set_graph_mode(True)), or give each place its own object")
 
 
-def _build(g: GraphDef, leaf: Callable[[Path], Any]) -> Any:
-    """The object ``g`` describes, ``leaf(path)`` at each leaf; an object met again (a
-    ``NodeRef``) is the one built at its first place."""
+def _build(g: GraphDef, value_at: Callable[[Path], Any], *, copy: bool = False,
+           recreate: bool = True) -> Any:
+    """The object ``g`` describes, ``value_at(path)`` at each leaf (a copy of a Variable
+    with ``copy``; a plain value where a Variable was made one again with ``recreate``);
+    an object met again (a ``NodeRef``) is the one built at its first place."""
     built: dict[int, Any] = {}
+    made: dict[Path, Any] = {}
+
+    def leaf(d: LeafDef) -> Any:
+        if d.path not in made:
+            value = value_at(d.path)
+            if isinstance(value, Variable) and copy:
+                value = held(type(value), value.collection, value.value, value.get_metadata())
+            elif d.variable is not None and not isinstance(value, Variable) and recreate:
+                typ, collection, metadata = d.variable
+                value = held(typ, collection, value, dict(metadata))
+            made[d.path] = value
+        return made[d.path]
 
     def build(d: Any) -> Any:
         if isinstance(d, LeafDef):
-            return leaf(d.path)
+            return leaf(d)
         if isinstance(d, NodeRef):
             return built[d.index]
         kids = {k: build(c) for k, c in d.children}
@@ -182,19 +280,47 @@ def split(node: Any, *filters: Any, graph: bool | None = None) -> tuple:
     return (g, *parts)
 
 
-def merge(g: GraphDef, *states: Any) -> Any:
-    """The object ``g`` describes, its leaves from ``states`` (the Variables themselves,
-    as NNX's ``merge`` uses them)."""
+def merge(graphdef_or_graphstate: Any, /, *states: Any, copy: bool = False,
+          recreate_variables: bool = True) -> Any:
+    """The object a ``GraphDef`` describes, its leaves from ``states`` (the Variables
+    themselves, as NNX's ``merge`` uses them; copies with ``copy``; a plain value made a
+    Variable of the split one's type again unless ``recreate_variables=False``).  Or the
+    object of ``GraphState``s (``unpack``'s), which carry their ``GraphDef``."""
+    g, states = _graphdef_and_states("merge", graphdef_or_graphstate, states)
     flat: dict[tuple, Any] = {}
     for s in states:
-        flat.update(s.flat() if isinstance(s, State) else State(s).flat())
+        flat.update(_as_state(s).flat())
     missing = [p for p in g.paths if p not in flat]
     if missing:
         raise errors.MissingVariableError(
             f"merge: no state gives the leaf at {'/'.join(map(str, missing[0]))}.",
             path=tuple(map(str, missing[0])), **errors.where(),
             fix="pass every state split returned")
-    return _build(g, flat.__getitem__)
+    return _build(g, flat.__getitem__, copy=copy, recreate=recreate_variables)
+
+
+def _graphdef_and_states(what: str, first: Any, states: tuple) -> tuple[GraphDef, tuple]:
+    if isinstance(first, GraphState):
+        if any(not isinstance(s, GraphState) or s.graphdef != first.graphdef for s in states):
+            raise errors.InvalidVariablesError(
+                f"{what}: after a GraphState, every state must be a GraphState of the same "
+                "GraphDef.", **errors.where(), fix="pass the GraphStates one unpack returned")
+        return first.graphdef, (first.state, *(s.state for s in states))
+    if not isinstance(first, GraphDef):
+        raise errors.InvalidVariablesError(
+            f"{what} takes a GraphDef or a GraphState first, got {type(first).__name__}.",
+            **errors.where(), fix="pass what split (a GraphDef) or unpack returned")
+    if not states:
+        raise errors.MissingVariableError(
+            f"{what}: no state was given for the GraphDef.", **errors.where(),
+            fix="pass the states split returned")
+    return first, states
+
+
+def _as_state(s: Any) -> State:
+    if isinstance(s, GraphState):
+        return s.state
+    return s if isinstance(s, State) else State(s)
 
 
 def _set(node: Any, path: tuple, value: Any) -> None:
@@ -225,7 +351,7 @@ def update(node: Any, *states: Any) -> None:
     """Writes the leaves of ``states`` into ``node``, in place."""
     known = set(graphdef(node).paths)
     for s in states:
-        for path, value in (s.flat() if isinstance(s, State) else State(s).flat()).items():
+        for path, value in _as_state(s).flat().items():
             if path not in known:
                 raise errors.MissingVariableError(
                     f"update: {type(node).__name__} has no leaf at {'/'.join(map(str, path))}.",
@@ -238,9 +364,44 @@ def clone(node: Any, /, *, graph: bool | None = None) -> Any:
     """A copy of ``node`` with new Variables holding the same values (graph mode: what is
     shared in ``node`` is shared in the copy)."""
     g, entries = _flat(node, graph)
-    copies = {path: held(type(leaf), leaf.collection, leaf.value, leaf.get_metadata())
-              if isinstance(leaf, Variable) else leaf for path, leaf in entries}
-    return _build(g, copies.__getitem__)
+    return _build(g, dict(entries).__getitem__, copy=True)
+
+
+def unpack(node: Any, *filters: Any, graph: bool | None = None) -> Any:
+    """``split`` with the ``GraphDef`` carried by each state: one ``GraphState`` per filter
+    (none or one filter: one ``GraphState``), which ``merge`` takes alone."""
+    g, *states = split(node, *filters, graph=graph)
+    out = tuple(GraphState(g, s) for s in states)
+    return out[0] if len(out) == 1 else out
+
+
+def flatten(node: Any, /, *, with_paths: bool = True, graph: bool | None = None
+            ) -> tuple[GraphDef, Any]:
+    """``(graphdef, leaves)``: a ``FlatState`` of ``(path, leaf)`` in path order, or with
+    ``with_paths=False`` the list of plain values (each Variable's value), which
+    ``unflatten`` makes Variables of again."""
+    g, entries = _flat(node, graph)
+    if with_paths:
+        return g, FlatState(entries, sort=False)
+    return g, [leaf.value if isinstance(leaf, Variable) else leaf for _, leaf in entries]
+
+
+def unflatten(graphdef: GraphDef, state: Any, /, *, copy_variables: bool = False,
+              recreate_variables: bool = True) -> Any:
+    """The object of ``graphdef`` with the leaves of ``state``: a ``State``, a mapping, a
+    ``FlatState``, or a list in ``flatten``'s order (plain values become Variables of the
+    flattened ones' types)."""
+    if isinstance(state, list):
+        if len(state) != len(graphdef.paths):
+            raise errors.VariableStructureError(
+                f"unflatten: the GraphDef has {len(graphdef.paths)} leaves, the list "
+                f"{len(state)}.", **errors.where(),
+                fix="pass the leaves flatten(..., with_paths=False) returned")
+        flat = dict(zip(graphdef.paths, state))
+    else:
+        flat = dict(state) if isinstance(state, FlatState) else _as_state(state).flat()
+    return merge(graphdef, State.from_flat(flat), copy=copy_variables,
+                 recreate_variables=recreate_variables)
 
 
 def to_pure_dict(s: Any) -> dict:

@@ -14,7 +14,9 @@ use ``nnx.List``/``nnx.Dict`` or ``nnx.data``.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, MutableMapping, MutableSequence
+import dataclasses
+import typing
+from typing import Annotated, Any, Iterator, MutableMapping, MutableSequence, TypeVar
 
 import jax
 import numpy as np
@@ -23,10 +25,22 @@ from varjax.ir import errors
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 
-__all__ = ["Pytree", "Object", "data", "static", "is_data", "List", "Dict", "is_node",
+__all__ = ["Pytree", "Object", "data", "static", "is_data", "has_data", "register_data_type",
+           "check_pytree", "Data", "Static", "dataclass", "List", "Dict", "is_node",
            "flatten_node", "children", "in_order"]
 
 _DATA_NAMES = "_nnx_data"    # the instance's set of data attribute names
+_CLASS_STATUS = "_nnx_class_status"    # a class's {attribute: is data} from its annotations
+_MISSING: Any = dataclasses.MISSING
+A = TypeVar("A")
+T = TypeVar("T", bound=type)
+
+Data = Annotated[A, "__data__"]
+"""``x: nnx.Data[T]`` in a class body: attribute ``x`` of every instance is data."""
+Static = Annotated[A, "__static__"]
+"""``x: nnx.Static[T]`` in a class body: attribute ``x`` of every instance is static."""
+
+_DATA_TYPES: set[type] = set()
 
 
 class _Marked:
@@ -39,19 +53,100 @@ class _Marked:
         self.value, self.data = value, data
 
 
-def data(value: Any, /) -> Any:
-    """Marks ``value`` as data for the attribute it is assigned to (a pytree child)."""
-    return _Marked(value, True)
+def data(value: Any = _MISSING, /, **field: Any) -> Any:
+    """Marks ``value`` as data for the attribute it is assigned to (a pytree child).
+    Without a value, a ``dataclasses.field(**field)`` marking a class attribute (in an
+    ``nnx.dataclass``) data for every instance, as in flax.nnx."""
+    return _mark(value, True, field)
 
 
-def static(value: Any, /) -> Any:
-    """Marks ``value`` as static for the attribute it is assigned to (part of the treedef)."""
-    return _Marked(value, False)
+def static(value: Any = _MISSING, /, **field: Any) -> Any:
+    """Marks ``value`` as static for the attribute it is assigned to (part of the treedef);
+    without a value, a dataclass field marking the class attribute static."""
+    return _mark(value, False, field)
 
 
-def is_data(x: Any) -> bool:
-    """Whether ``x`` is data by its type: a Variable, an NNX object, RNG state, an array."""
-    return isinstance(x, (Variable, Pytree, Rngs, RngStream, jax.Array, np.ndarray))
+def _mark(value: Any, is_data_: bool, field: dict) -> Any:
+    name = "data" if is_data_ else "static"
+    if value is not _MISSING and field:
+        raise errors.ConfigError(
+            f"nnx.{name}() takes a value or dataclass field arguments, not both.",
+            **errors.where(), fix=f"nnx.{name}(value), or field: T = nnx.{name}(default=...)")
+    if value is not _MISSING:
+        return _Marked(value, is_data_)
+    metadata = dict(field.pop("metadata", None) or {})
+    if "static" in metadata:
+        raise errors.ConfigError(f"nnx.{name}(): 'static' is its own metadata key.",
+                                 **errors.where(), fix="use another key")
+    return dataclasses.field(**field, metadata={**metadata, "static": not is_data_})
+
+
+def register_data_type(type_: T, /) -> T:
+    """Makes values of ``type_`` data when assigned to an NNX object's attribute (a pytree
+    child without ``nnx.data``).  Usable as a class decorator."""
+    _DATA_TYPES.add(type_)
+    return type_
+
+
+def is_data(x: Any, /) -> bool:
+    """Whether ``x`` is data by its type: a Variable, an NNX object, RNG state, an array,
+    or a registered data type."""
+    return (isinstance(x, (Variable, Pytree, Rngs, RngStream, jax.Array, np.ndarray))
+            or type(x) in _DATA_TYPES)
+
+
+def has_data(value: Any, /) -> list[Any]:
+    """The data values inside ``value`` (a pytree), each once: what makes it data."""
+    seen: set[int] = set()
+
+    def stop(x: Any) -> bool:
+        again = id(x) in seen
+        seen.add(id(x))
+        return again or is_data(x)
+    return [leaf for leaf in jax.tree.leaves(value, is_leaf=stop) if is_data(leaf)]
+
+
+def check_pytree(pytree: Any) -> None:
+    """Checks every attribute of ``pytree`` as assignment does: a static attribute holding
+    data (put there bypassing ``__setattr__``) is a ``StaticDataError``."""
+    if not isinstance(pytree, Pytree):
+        raise errors.InvalidVariablesError(
+            f"check_pytree takes an NNX object, got {type(pytree).__name__}.",
+            **errors.where(), fix="pass an nnx.Pytree or nnx.Module")
+    for name, value in _statics(pytree):
+        _check_static(pytree, name, value)
+
+
+def dataclass(cls: type | None = None, /, **options: Any) -> Any:
+    """``dataclasses.dataclass`` for an NNX object (its repr left to the object), whose
+    fields take ``nnx.data()``/``nnx.static()``; a field's value is classified on
+    assignment in the generated ``__init__``, as any attribute is."""
+    options["repr"] = False
+    return dataclasses.dataclass(**options) if cls is None else dataclasses.dataclass(cls, **options)
+
+
+def _class_status(cls: type) -> dict[str, bool]:
+    """``{attribute: is data}`` that ``cls``'s annotations (``nnx.Data``/``nnx.Static``) and
+    dataclass fields (``nnx.data()``/``nnx.static()``) fix for every instance, its bases'
+    first."""
+    status: dict[str, bool] = {}
+    for base in reversed(cls.__mro__[1:]):
+        status.update(base.__dict__.get(_CLASS_STATUS, {}))
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except (NameError, TypeError):
+        hints = dict(cls.__dict__.get("__annotations__", {}))
+    for name, hint in hints.items():
+        marks = getattr(hint, "__metadata__", ())
+        text = hint if isinstance(hint, str) else ""
+        if "__data__" in marks or text.startswith("nnx.Data"):
+            status[name] = True
+        elif "__static__" in marks or text.startswith("nnx.Static"):
+            status[name] = False
+    for name, value in vars(cls).items():
+        if isinstance(value, dataclasses.Field) and "static" in value.metadata:
+            status[name] = not value.metadata["static"]
+    return status
 
 
 def _check_static(owner: Any, name: str, value: Any) -> None:
@@ -67,8 +162,15 @@ def _check_static(owner: Any, name: str, value: Any) -> None:
 
 def _assign(obj: Any, name: str, value: Any) -> None:
     names = obj.__dict__.setdefault(_DATA_NAMES, set())
+    fixed = type(obj).__dict__.get(_CLASS_STATUS, {})
     if isinstance(value, _Marked):
         is_data_, value = value.data, value.value
+        if not is_data_:
+            _check_static(obj, name, value)
+    elif name in fixed:
+        is_data_ = fixed[name]
+        if not is_data_:
+            _check_static(obj, name, value)
     else:
         is_data_ = is_data(value) or name in names
         if not is_data_:
@@ -102,6 +204,7 @@ class Pytree:
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
+        setattr(cls, _CLASS_STATUS, _class_status(cls))
         cls._register()
 
     @classmethod

@@ -20,7 +20,7 @@ from varjax.nnx.graph import _build, _duplicate, _flat
 from varjax.nnx.pytree import Dict, List, Pytree, children, is_node
 from varjax.nnx.statelib import FlatState, State
 from varjax.trace.rngs import Rngs, RngStream
-from varjax.trace.variable import Variable, held
+from varjax.trace.variable import Variable
 
 __all__ = ["to_flat_state", "from_flat_state", "merge_state", "map_state", "split_state",
            "filter_state", "pop", "iter_graph", "find_duplicates", "map", "restore_int_paths"]
@@ -64,13 +64,8 @@ def map(f: Callable[[tuple, Any], Any], node: Any, /, *, graph: bool | None = No
     and metadata around it (with ``recreate_variables=False``, the value itself); a
     Variable ``f`` returns is used as it is."""
     g, entries = _flat(node, graph)
-    made: dict = {}
-    for path, leaf in entries:    # a shared leaf once, so it stays shared
-        new = f(path, leaf)
-        if recreate_variables and isinstance(leaf, Variable) and not isinstance(new, Variable):
-            new = held(type(leaf), leaf.collection, new, leaf.get_metadata())
-        made[path] = new
-    return _build(g, made.__getitem__)
+    made = {path: f(path, leaf) for path, leaf in entries}    # a shared leaf once: it stays shared
+    return _build(g, made.__getitem__, recreate=recreate_variables)
 
 
 def restore_int_paths(pure_dict: Mapping) -> dict:
