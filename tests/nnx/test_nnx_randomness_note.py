@@ -26,15 +26,6 @@ def _pure(nnx: Any, node: Any) -> dict:
     return nnx.to_pure_dict(nnx.state(node))
 
 
-def _flax_paths(state: dict) -> dict:
-    """A varjax.nnx model's pure state with flax.nnx's paths: varjax's ``Dropout`` keeps its
-    stream one level deeper, in a one-stream ``Rngs`` (notes/nnx.md, "Layers and
-    randomness"), so ``drop/rngs/dropout/key`` is flax's ``drop/rngs/key``."""
-    drop = state["drop"]["rngs"]
-    (stream,) = drop.values()
-    return {**state, "drop": {**state["drop"], "rngs": stream}}
-
-
 def _plain(x: Any) -> np.ndarray:
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = random.key_data(x)
@@ -166,8 +157,7 @@ def _implicit_model(nnx: Any) -> type:
 
 
 def _model_state(nnx: Any, model: Any) -> dict:
-    state = _pure(nnx, model)
-    return _flax_paths(state) if nnx is varjax_nnx else state
+    return _pure(nnx, model)
 
 
 def test_note_implicit_random_state_in_the_module_matches_flax():
