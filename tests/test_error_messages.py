@@ -799,7 +799,8 @@ def decode_two_tokens():
 
 
 MODULES = {
-    "unknown method name": Case(unknown_method_name, errors.ModuleError, module="Dense (unbound)"),
+    "unknown method name": Case(unknown_method_name, errors.UnknownMethodError,
+                                module="Dense (unbound)"),
     "method not callable": Case(method_not_callable, errors.ModuleError, module="Dense (unbound)"),
     "two submodules, one name": Case(two_submodules_with_one_name, errors.NameInUseError,
                                      path=("inner", "a"), module="Net/inner (Lambda)"),

@@ -468,7 +468,7 @@ def test_calling_a_compact_method_on_an_unbound_module_raises():
 
 
 def test_unknown_method_name_raises():
-    with pytest.raises(errors.ModuleError, match="no method 'nope'"):
+    with pytest.raises(errors.ModuleError, match="no method or submodule field 'nope'"):
         Dense(3).apply({}, X, method="nope")
 
 

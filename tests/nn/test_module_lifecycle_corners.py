@@ -241,7 +241,7 @@ def test_apply_method_that_cannot_take_the_module_raises():
     variables = model.init(KEY, X)
     with pytest.raises(errors.ModuleError, match="taking the module first"):
         model.apply(variables, method=lambda: 0)
-    with pytest.raises(errors.ModuleError, match="no method 'decode'"):
+    with pytest.raises(errors.ModuleError, match="no method or submodule field 'decode'"):
         model.apply(variables, X, method="decode")
 
 

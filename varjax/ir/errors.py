@@ -72,7 +72,8 @@ __all__ = [
     "MissingRngError", "UnknownStreamError", "InvalidVariablesError", "VariableShapeError",
     "VariableCreationError",
     "VariableStructureError", "TransformError", "UnsupportedPrimitiveError",
-    "PipelineError", "PassError", "VerificationError", "ModuleError", "NameInUseError",
+    "PipelineError", "PassError", "VerificationError", "ModuleError", "UnknownMethodError",
+    "NameInUseError",
     "AssignSubModuleError", "UnboundModuleError", "InvalidScopeError", "FrozenModuleError",
     "ConfigError", "StaticDataError", "InconsistentAliasError", "NotProvidedError",
     "TRACEBACK_FILTERING_ENV", "api_boundary",
@@ -358,6 +359,11 @@ class VerificationError(VarjaxError):
 
 class ModuleError(VarjaxError):
     """A Module was used against its lifecycle (see ``notes/modules.md``)."""
+
+
+class UnknownMethodError(ModuleError, AttributeError):
+    """``apply``/``init`` was given ``method=`` a name that is neither a method nor a
+    submodule field of the module.  Also an ``AttributeError``, as Linen raises there."""
 
 
 class NameInUseError(ModuleError):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Hashable
 
 import jax
 
+from varjax.functionalization.outputs import Static
 from varjax.ir import filters, streams
 from varjax.ir.primitives import Key, Path, handing
 from varjax.ir.statics import typed
@@ -368,6 +369,10 @@ def flatten_module(module: Any) -> tuple[tuple, Any]:
 def unflatten_module(aux: Any, children: tuple) -> Any:
     if aux is None:
         leaf = children[0]
+        if isinstance(leaf, Static) and isinstance(leaf.value, _Opaque):
+            # a module a traced method returns, hidden as a static output
+            # (``outputs.hide``): it comes back as the module (``outputs.reveal``)
+            return Static(leaf.value.module)
         return leaf.module if isinstance(leaf, _Opaque) else leaf
     values, rng_part = children
     variables: dict[str, Any] = {}

@@ -8,6 +8,8 @@ modules while one is alive (see ``_SHARED``), and goes with the last of them.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import weakref
 from typing import Any, Callable, Mapping, Self, Sequence, Union
@@ -186,11 +188,15 @@ def resolve_method(module: EntryPoints, method: Any) -> Callable:
         method = "__call__"
     if isinstance(method, str):
         fn = getattr(type(module), method, None)
-        if fn is None or not callable(fn):
-            raise errors.ModuleError(
-                f"{type(module).__name__} has no method '{method}'.", **site(about=module),
-                fix="pass method= the name of a method of the module")
-        return fn
+        if fn is not None and callable(fn):
+            return fn
+        if method in {f.name for f in dataclasses.fields(module)} \
+                and callable(getattr(module, method)):
+            return _field_call(method)                           # a submodule field
+        raise errors.UnknownMethodError(
+            f"{type(module).__name__} has no method or submodule field '{method}'.",
+            **site(about=module),
+            fix="pass method= the name of a method or a submodule field of the module")
     if inspect.ismethod(method) and isinstance(method.__self__, EntryPoints):
         method = method.__func__           # a method of some instance: call it on the clone
     if not callable(method) or not _takes_module(method):
@@ -199,6 +205,17 @@ def resolve_method(module: EntryPoints, method: Any) -> Callable:
             f"{method!r}.", **site(about=module),
             fix="pass e.g. method=Model.encode or method='encode'")
     return method
+
+
+@functools.cache
+def _field_call(name: str) -> Callable:
+    """``apply(method='bar')`` for a submodule field ``bar``: call the bound clone's
+    ``bar``, as Linen does; one function per name, so the traces are cached per name."""
+    def call(module: Any, *args: Any, **kwargs: Any) -> Any:
+        module._try_setup()        # adopts (binds) the submodules its fields hold
+        return getattr(module, name)(*args, **kwargs)
+    call.__name__ = name
+    return call
 
 
 def _takes_module(fn: Callable) -> bool:
