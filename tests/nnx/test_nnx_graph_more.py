@@ -206,3 +206,80 @@ def test_merge_copy_makes_new_variables_and_a_plain_state_becomes_variables_agai
     tg, ts = flax_nnx.split(_stateful(flax_nnx))
     theirs = flax_nnx.merge(tg, flax_nnx.State(flax_nnx.to_pure_dict(ts)))
     assert type(theirs.bn.mean) is flax_nnx.BatchStat
+
+
+def _mappable(lib, shared):
+    class Holder(lib.Module):
+        def __init__(self):
+            self.lin = lib.Linear(1, 1, rngs=lib.Rngs(0))
+            self.other = self.lin if shared else lib.Linear(1, 1, rngs=lib.Rngs(1))
+            self.n = 3
+            self.arr = jnp.ones(1)
+            self.d = lib.data({"a": jnp.ones(1)})
+    return Holder()
+
+
+def _bump(lib, seen):
+    def f(path, x):
+        if not any(str(k).startswith("_pytree__") for k in path):
+            seen.append((path, type(x).__name__))
+        if isinstance(x, int) and not isinstance(x, bool):
+            return x + 1
+        if isinstance(x, lib.Param):
+            return lib.Param(x[...] * 2)
+        return x + 10 if isinstance(x, jax.Array) else x
+    return f
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_recursive_map_maps_nodes_and_leaves_children_first_as_flax_nnx(shared):
+    from varjax.nnx.state_ops import recursive_map
+    got = {}
+    for lib, rmap in ((nnx, recursive_map), (flax_nnx, flax_nnx.recursive_map)):
+        model, seen = _mappable(lib, shared), []
+        kernel = np.asarray(model.lin.kernel[...])
+        out = rmap(_bump(lib, seen), model)
+        nodes = [(p, t) for p, t in seen if len(p) < 2 or p[0] not in ("lin", "other")]
+        got[lib] = (nodes, [p for p, t in seen if t == "Param"], out.n, model.n,
+                    out.lin is out.other, out.lin is model.lin, float(out.arr[0]),
+                    float(out.d["a"][0]), float(model.d["a"][0]))
+        # a Variable f replaces takes the new value in place: the original sees it too
+        np.testing.assert_array_equal(model.lin.kernel[...], kernel * 2)
+    assert got[nnx] == got[flax_nnx]
+    assert got[nnx][2:5] == (4, 3, shared)
+
+
+def test_recursive_map_in_tree_mode_rebuilds_from_mapped_data_and_refuses_sharing():
+    from varjax.nnx.state_ops import recursive_map
+
+    def bump(path, x):
+        return x + 1 if isinstance(x, jax.Array) else x
+    outs = [rmap(bump, _mappable(lib, False), graph=False) for lib, rmap in
+            ((nnx, recursive_map), (flax_nnx, flax_nnx.recursive_map))]
+    for out in outs:
+        assert float(out.arr[0]) == 2.0 and float(out.d["a"][0]) == 2.0 and out.n == 3
+    with pytest.raises(errors.InconsistentAliasError, match="lin/bias and other/bias"):
+        recursive_map(bump, _mappable(nnx, True), graph=False)
+
+
+def test_recursive_map_refuses_to_replace_a_tuple_element_as_flax_nnx():
+    from varjax.nnx.state_ops import recursive_map
+    for lib, rmap, err in ((nnx, recursive_map, errors.InvalidVariablesError),
+                           (flax_nnx, flax_nnx.recursive_map, ValueError)):
+        class Holder(lib.Module):
+            def __init__(self):
+                self.t = lib.data((jnp.ones(1),))
+        with pytest.raises(err, match="0"):
+            rmap(lambda p, x: x + 1 if isinstance(x, jax.Array) else x, Holder())
+
+
+def test_as_pure_replaces_variables_by_their_values_as_flax_nnx():
+    from varjax.nnx.state_ops import as_pure, pure
+    ours = as_pure(nnx.state(_stateful(nnx)))
+    theirs = flax_nnx.as_pure(flax_nnx.state(_stateful(flax_nnx)))
+    assert type(ours) is nnx.State and not any(isinstance(v, nnx.Variable) for v in jax.tree.leaves(ours))
+    _same(jax.tree.map(np.asarray, ours.to_pure_dict()),
+          jax.tree.map(np.asarray, flax_nnx.to_pure_dict(theirs)))
+    assert as_pure(nnx.Param(1.0)) == 1.0
+    with pytest.warns(DeprecationWarning, match="as_pure"):
+        assert pure(nnx.Param(2.0)) == 2.0

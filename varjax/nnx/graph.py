@@ -28,7 +28,7 @@ from varjax.trace.variable import Variable, held
 
 __all__ = ["GraphDef", "NodeDef", "NodeRef", "LeafDef", "ApplyCaller", "GraphState", "PureState",
            "graphdef", "state", "split", "merge", "unpack", "flatten", "unflatten", "update",
-           "clone", "to_pure_dict", "replace_by_pure_dict"]
+           "clone", "set_child", "to_pure_dict", "replace_by_pure_dict"]
 
 Path = tuple
 
@@ -324,23 +324,36 @@ def _as_state(s: Any) -> State:
 
 
 def _set(node: Any, path: tuple, value: Any) -> None:
-    """Writes ``value`` at ``path`` in ``node``: into the Variable there, else the
-    attribute, element or stream field."""
+    """Writes ``value`` at ``path`` in ``node`` (``set_child`` at its parent)."""
     *head, last = path
     parent = node
     for k in head:
         parent = _child(parent, k)
-    current = _child(parent, last)
+    set_child(parent, last, value)
+
+
+def set_child(parent: Any, key: Any, value: Any) -> None:
+    """Puts ``value`` at ``key`` of ``parent``: into the Variable there (its value, as
+    flax.nnx's graph nodes take one), else as the attribute, element or stream.  A tuple
+    or other immutable container refuses, as in flax.nnx."""
+    current = _child(parent, key)
     if isinstance(current, Variable):
         current.value = value.value if isinstance(value, Variable) else value
-    elif isinstance(parent, _Container):
-        parent[last] = value
+    elif isinstance(parent, (_Container, dict, list)):
+        parent[key] = value
+    elif isinstance(parent, Rngs):
+        parent._streams[key] = value
+    elif isinstance(parent, (Pytree, RngStream)):
+        setattr(parent, key, value)
     else:
-        setattr(parent, last, value)
+        raise errors.InvalidVariablesError(
+            f"a {type(parent).__name__} cannot have its child '{key}' replaced: it is "
+            "immutable.", path=(str(key),), **errors.where(),
+            fix="hold the values in an nnx.List/nnx.Dict, a list or a dict")
 
 
 def _child(parent: Any, k: Any) -> Any:
-    if isinstance(parent, _Container):
+    if isinstance(parent, (_Container, dict, list, tuple)):
         return parent[k]
     if isinstance(parent, Rngs):
         return parent._streams[k]

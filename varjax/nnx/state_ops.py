@@ -11,19 +11,23 @@ Variable once however many paths lead to it, so a shared layer is walked at its 
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Iterator, Mapping
+
+import jax
 
 from varjax.ir import errors
 from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
-from varjax.nnx.graph import _build, _duplicate, _flat
-from varjax.nnx.pytree import Dict, List, Pytree, children, is_node
+from varjax.nnx.graph import _build, _duplicate, _flat, set_child
+from varjax.nnx.pytree import Dict, List, Pytree, children, flatten_node, in_order, is_node
 from varjax.nnx.statelib import FlatState, State
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 
 __all__ = ["to_flat_state", "from_flat_state", "merge_state", "map_state", "split_state",
-           "filter_state", "pop", "iter_graph", "find_duplicates", "map", "restore_int_paths"]
+           "filter_state", "pop", "iter_graph", "recursive_map", "find_duplicates", "map",
+           "as_pure", "pure", "restore_int_paths"]
 
 
 def to_flat_state(state: Any) -> FlatState:
@@ -66,6 +70,19 @@ def map(f: Callable[[tuple, Any], Any], node: Any, /, *, graph: bool | None = No
     g, entries = _flat(node, graph)
     made = {path: f(path, leaf) for path, leaf in entries}    # a shared leaf once: it stays shared
     return _build(g, made.__getitem__, recreate=recreate_variables)
+
+
+def as_pure(tree: Any) -> Any:
+    """``tree`` with each Variable replaced by its value: a state without Variable types
+    or metadata, for saving or exporting."""
+    return jax.tree.map(lambda x: as_pure(x.value) if isinstance(x, Variable) else x, tree,
+                        is_leaf=lambda x: isinstance(x, Variable))
+
+
+def pure(tree: Any) -> Any:
+    """``as_pure`` under its old name (deprecated in flax.nnx, which warns too)."""
+    warnings.warn("nnx.pure is deprecated: use nnx.as_pure", DeprecationWarning, stacklevel=2)
+    return as_pure(tree)
 
 
 def restore_int_paths(pure_dict: Mapping) -> dict:
@@ -155,6 +172,70 @@ def _iter_tree(node: Any) -> Iterator[tuple[tuple, Any]]:
         open_.add(id(current))
         stack.append((path, current, True))
         stack.extend(((*path, k), c, False) for k, c in reversed(children(current)))
+
+
+def recursive_map(f: Callable[[tuple, Any], Any], node: Any, /, *,
+                  graph: bool | None = None) -> Any:
+    """``f(path, x)`` applied to every node and leaf under ``node``, children first, each
+    result put in its parent's place; returns ``f((), ...)`` of the rebuilt root.
+
+    Graph mode (flax.nnx's): on a copy of ``node``'s structure that shares its Variables,
+    static attributes included, each object and Variable once (a shared one gets its first
+    result); a Variable ``f`` replaces takes the new value in place, as flax.nnx's objects
+    take one, so the original object sees it too.  Tree mode: data only, each object
+    rebuilt from its mapped children, a shared Variable refused."""
+    if not resolve(graph)[0]:
+        return _recursive_map_tree(f, node)
+    g, entries = _flat(node, True)
+    copy = _build(g, dict(entries).__getitem__)
+    results: dict[int, Any] = {}
+    open_: set[int] = set()
+
+    def visit(x: Any, path: tuple) -> Any:
+        if id(x) in results:
+            return results[id(x)]
+        if id(x) in open_:
+            raise errors.InconsistentAliasError(
+                f"recursive_map: {type(x).__name__} at {'/'.join(map(str, path))} contains "
+                "itself.", path=tuple(map(str, path)), **errors.where(),
+                fix="map an object without cycles")
+        open_.add(id(x))
+        for key, child in children(x, static=True):
+            new = visit(child, (*path, key))
+            if new is not child:
+                set_child(x, key, new)
+        open_.discard(id(x))
+        out = f(path, x)
+        if isinstance(x, (Variable, Pytree, Rngs, RngStream)):
+            results[id(x)] = out
+        return out
+
+    return visit(copy, ())
+
+
+def _recursive_map_tree(f: Callable[[tuple, Any], Any], node: Any) -> Any:
+    first: dict[int, tuple] = {}
+    open_: set[int] = set()
+
+    def visit(x: Any, path: tuple) -> Any:
+        if isinstance(x, (Variable, RngStream)):
+            if id(x) in first:
+                _duplicate(x, first[id(x)], path)
+            first[id(x)] = path
+        if not is_node(x):
+            return f(path, x)
+        if id(x) in open_:
+            raise errors.InconsistentAliasError(
+                f"recursive_map: {type(x).__name__} at {'/'.join(map(str, path))} contains "
+                "itself: tree mode (graph=False) does not take cycles.",
+                path=tuple(map(str, path)), **errors.where(), fix="pass graph=True")
+        open_.add(id(x))
+        pairs, treedef = flatten_node(x)
+        mapped = {k: visit(child, (*path, k)) for k, child in in_order(pairs)}
+        open_.discard(id(x))
+        return f(path, treedef.unflatten([mapped[k] for k, _ in pairs]))
+
+    return visit(node, ())
 
 
 def find_duplicates(node: Any, /, *, only: Any = ...) -> list[list[tuple]]:
