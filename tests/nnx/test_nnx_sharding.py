@@ -19,7 +19,7 @@ SHARD_MAP = {nnx: shard_map, flax_nnx: flax_nnx.shard_map}
 PMAP = {nnx: pmap, flax_nnx: flax_nnx.pmap}
 
 
-def _model(lib):
+def _model_class(lib):
     class Calls(lib.Variable):
         pass
 
@@ -31,7 +31,11 @@ def _model(lib):
         def __call__(self, x):
             self.calls[...] += 1
             return self.linear(x)
-    return Model(lib.Rngs(0))
+    return Model
+
+
+def _model(lib):
+    return _model_class(lib)(lib.Rngs(0))
 
 
 def test_shard_map_of_a_replicated_module_matches_flax_and_writes_back():
@@ -80,7 +84,7 @@ def test_pmap_of_a_broadcast_module_matches_flax_and_writes_back():
 def test_pmap_of_a_stacked_module_comes_back_stacked_as_flax():
     outs = []
     for lib in (nnx, flax_nnx):
-        stack = lib.vmap(lambda rngs: _model(lib).__class__(rngs))(lib.Rngs(0).fork(split=1))
+        stack = lib.vmap(_model_class(lib))(lib.Rngs(0).split(1))
         f = PMAP[lib](lambda m, x: m(x), in_axes=(0, 0))
         outs.append((f(stack, X[None]), np.asarray(stack.calls[...])))
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
