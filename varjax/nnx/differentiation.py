@@ -16,13 +16,13 @@ In both a Variable may be updated inside (a BatchNorm's statistics under ``grad`
 flax.nnx 0.12.8 (which does not enforce the Tree Mode note's "differentiable Variables may
 not be updated"): its update is written back, and its cotangent is ``bwd``'s to use.
 
-``jvp``/``vjp`` run ``jax.jvp``/``jax.vjp`` on copies of the primals rebuilt around JAX's
-tracers (new objects, so no tracer reaches the caller's Variables); a module argument's
-tangent or cotangent is a module of the same structure, as flax.nnx returns it, and the
-Variable values the copies end with are written to the caller's Variables afterwards.
-Unlike the other transforms these accesses are not IR effects of one trace (object mode
-has no ``jvp``/``vjp`` yet).  flax.nnx 0.12.8 runs them only without graph updates (its
-default raises ``NotImplementedError``); so does varjax.nnx, with the same error.
+``jvp``/``vjp`` are ``jax.jvp``/``jax.vjp`` of object mode's run of ``f`` (as ``vj.grad``
+is ``jax.value_and_grad`` of it): one functionalized trace over JAX's copies of the primals,
+its Variable reads and writes IR effects, the updates written back to the caller's
+objects afterwards (a module passed twice is one object inside).  A module argument's
+tangent or cotangent is a module of the same structure, as flax.nnx returns it.  flax.nnx
+0.12.8 runs them only without graph updates (its default raises ``NotImplementedError``);
+so does varjax.nnx, with the same error.
 ``DiffState`` in ``custom_vjp``'s ``nondiff_argnums``, ``symbolic_zeros``, tree-mode
 ``jvp``/``vjp`` and ``reduce_axes`` are refused by name.
 """
@@ -45,8 +45,9 @@ from varjax.nnx.transform_checks import (
     refuse_options,
 )
 from varjax.nnx.transforms import DiffState
-from varjax.objects import split_merge
+from varjax.objects import object_transforms as objects
 from varjax.objects.custom_vjp import custom_vjp as object_custom_vjp
+from varjax.objects.run import arg_names
 from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
 
@@ -65,29 +66,28 @@ def _modes(what: str, graph: bool | None, graph_updates: bool | None) -> None:
                                   f"nnx.{what}. Set graph=False or graph_updates=False.")
 
 
-def _states(args: tuple) -> list[Any]:
-    """The state of each argument holding objects (None for the others)."""
-    return [split_merge.state(a) if objects_in(a) else None for a in args]
-
-
-def _write_back(args: tuple, states: list[Any]) -> None:
-    for a, s in zip(args, states):
-        if s is not None:
-            split_merge.update(a, s)
-
-
-def _pure(what: str, f: Callable, has_aux: bool) -> Callable:
-    """``f`` over copies of its arguments, returning its output and ``(states, aux)``: the
-    copies' final Variable values, to be written to the caller's objects."""
-    def run(*copies: Any) -> Any:
-        out = f(*copies)
-        out, aux = out if has_aux else (out, None)
-        if objects_in(out):
+def _traced(what: str, f: Callable, primals: tuple, has_aux: bool) -> tuple[Callable, Any]:
+    """``f`` as object mode runs it (``object_transforms._Pure``: one functionalized trace
+    over JAX's copies of the primals, its Variable accesses IR effects), returning its
+    output and ``(aux, Result)`` for a JAX transform with ``has_aux``; and the primals'
+    graph, to write the ``Result``'s updates back to the caller's objects."""
+    def checked(*args: Any) -> Any:
+        out = f(*args)
+        if objects_in(out[0] if has_aux else out):
             not_provided(f"returning an object from nnx.{what}",
                          "its Variables would hold the transform's tracers.",
                          "return arrays", by="varjax.nnx")
-        return out, (_states(copies), aux)
-    return run
+        return out
+    pure = objects._Pure(checked, arg_names(f))
+    graph = pure.originals(primals, {})
+
+    def make(p: Callable) -> Callable:
+        def split_aux(*args: Any) -> Any:
+            out, result = p(*args)
+            out, aux = out if has_aux else (out, None)
+            return out, (aux, result)
+        return split_aux
+    return pure.get(graph, make), graph
 
 
 def vjp(f: Callable | None = None, *primals: Any, has_aux: bool = False,
@@ -103,8 +103,9 @@ def vjp(f: Callable | None = None, *primals: Any, has_aux: bool = False,
     if not primals:
         return functools.partial(vjp, f, has_aux=has_aux, graph=graph,
                                  graph_updates=graph_updates)
-    out, vjp_fn, (states, aux) = jax.vjp(_pure("vjp", f, has_aux), *primals, has_aux=True)
-    _write_back(primals, states)
+    fn, graph = _traced("vjp", f, primals, has_aux)
+    out, vjp_fn, (aux, result) = jax.vjp(fn, *primals, has_aux=True)
+    graph.write_back(result.updates, result.created)
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 
 
@@ -120,9 +121,9 @@ def jvp(f: Callable | None = None, primals: tuple | None = None,
     if primals is None:
         return functools.partial(jvp, f, has_aux=has_aux, graph=graph,
                                  graph_updates=graph_updates)
-    out, tangent, (states, aux) = jax.jvp(_pure("jvp", f, has_aux), tuple(primals),
-                                          tuple(tangents), has_aux=True)
-    _write_back(primals, states)
+    fn, graph = _traced("jvp", f, tuple(primals), has_aux)
+    out, tangent, (aux, result) = jax.jvp(fn, tuple(primals), tuple(tangents), has_aux=True)
+    graph.write_back(result.updates, result.created)
     return (out, tangent, aux) if has_aux else (out, tangent)
 
 
