@@ -199,3 +199,11 @@ def test_an_nnx_jit_steps_effectful_ir_is_dumped_with_its_variable_reads_and_wri
     text = effectful.read_text()
     assert "var_get[batch_stats:m/calls]" in text and "var_set[batch_stats:m/calls]" in text
     assert "var_get[params:m/a]" in text and "sin" in text
+
+
+def test_jit_partial_refuses_a_structural_change_to_a_bound_module():
+    def grow(model, x):
+        model.extra = nnx.Param(jnp.ones(1))
+        return model(x)
+    with pytest.raises(errors.NotProvidedError, match="structural change"):
+        jit_partial(grow, _objects(nnx)[0], graph_updates=False)(X)

@@ -138,3 +138,9 @@ def test_use_eager_sharding_false_as_a_with_block_and_a_decorator_as_flax():
 def test_use_eager_sharding_true_is_not_provided():
     with pytest.raises(errors.NotProvidedError, match="shard-variables"):
         use_eager_sharding(True)
+
+
+def test_pmap_maps_keyword_arguments_along_axis_0_as_jax_pmap():
+    got = pmap(lambda m, x: m(x), in_axes=(None,))(_model(nnx), x=X[None])
+    want = flax_nnx.pmap(lambda m, x: m(x), in_axes=(None, 0))(_model(flax_nnx), X[None])
+    np.testing.assert_array_equal(got, want)

@@ -102,7 +102,6 @@ def capture(fn: Callable | type[Variable], *var_types: type[Variable], init: Any
     else:
         instance = None
 
-    @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         module = instance if instance is not None else (args[0] if args else None)
         if not isinstance(module, Module):
@@ -132,4 +131,5 @@ def capture(fn: Callable | type[Variable], *var_types: type[Variable], init: Any
             return out
         states = split_state(found, *var_types)
         return (out, states) if len(var_types) == 1 else (out, *states)
-    return call
+    # a module's __dict__ (its attributes) is not the wrapper's
+    return call if isinstance(fn, Module) else functools.wraps(fn)(call)

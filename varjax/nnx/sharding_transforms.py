@@ -105,7 +105,7 @@ def pmap(f: Callable | None = None, *, axis_name: Any = None, in_axes: Any = 0,
          graph_updates: bool | None = None) -> Any:
     """``jax.pmap`` over NNX objects: a module argument's Variables are mapped over devices
     along its ``in_axes`` entry (``None``: broadcast) and their updates come back stacked
-    along it; keyword arguments are bound to their positions first, as flax.nnx does."""
+    along it; keyword arguments are mapped along axis 0, as ``jax.pmap`` maps them."""
     refuse_options("pmap", static_broadcasted_argnums=(static_broadcasted_argnums, ()),
                    backend=(backend, None), donate_argnums=(donate_argnums, ()))
     if transform_metadata:
@@ -120,12 +120,7 @@ def pmap(f: Callable | None = None, *, axis_name: Any = None, in_axes: Any = 0,
         def make(p: Callable, result: Result) -> Callable:
             return jax.pmap(p, axis_name=axis_name, in_axes=axes, out_axes=(out_axes, result),
                             devices=devices, axis_size=axis_size)
-        mapped = _mapped(fn, "pmap", axes, 0, make)
-
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return mapped(*positional(fn, args, kwargs))
-        return call
+        return _mapped(fn, "pmap", axes, 0, make)
     return as_decorator(f, build)
 
 
