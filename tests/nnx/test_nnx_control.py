@@ -251,10 +251,7 @@ def test_vmap_broadcast_module_written_per_member_is_an_error():
         vmap(lambda m, x: m(x), in_axes=(None, 0))(ours, X[:, None, :])
 
 
-def test_vmap_state_axes_and_transform_metadata_are_not_provided():
-    state_axes = flax_nnx.StateAxes({flax_nnx.Param: 0, ...: None})
-    with pytest.raises(errors.NotProvidedError, match="StateAxes"):
-        vmap(lambda m: m, in_axes=(state_axes,))
+def test_vmap_transform_metadata_and_spmd_axis_name_are_not_provided():
     with pytest.raises(errors.NotProvidedError, match="transform_metadata"):
         vmap(lambda m: m, transform_metadata={"partition": "x"})
     with pytest.raises(errors.NotProvidedError, match="spmd_axis_name"):

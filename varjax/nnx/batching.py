@@ -13,8 +13,12 @@ reaches the caller's module, its new arrays and Variables stacked along axis 0, 
 argument's object the function returns is the caller's own (``graph_updates``); without
 them only Variable values come back.
 
-Not built, refused with ``NotProvidedError`` by name: ``StateAxes`` prefixes (an axis per
-filter of a module's state), ``transform_metadata``, ``spmd_axis_name``.
+An argument's ``in_axes`` entry may be a ``StateAxes`` (graph mode, with or without graph
+updates): the module is split into a state per filter, each mapped along its axis, and
+merged again inside (``state_axes``).
+
+Not built, refused with ``NotProvidedError`` by name: ``StateAxes`` in ``out_axes`` or
+nested in an argument's prefix, ``transform_metadata``, ``spmd_axis_name``.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import jax
 
 from varjax.nnx.config import resolve
 from varjax.nnx.graph_updates import carrying, finish
+from varjax.nnx.state_axes import StateAxes, merged, split_by
 from varjax.nnx.transform_checks import (
     as_decorator,
     positional,
@@ -38,13 +43,15 @@ __all__ = ["vmap"]
 
 
 def _int_axes(name: str, axes: Any) -> None:
-    """``in_axes``/``out_axes`` are a prefix of ints and Nones; anything else there (a
-    ``StateAxes``) is not built."""
+    """``in_axes``/``out_axes`` are a prefix of ints and Nones (``StateAxes`` entries, of
+    ints and Nones, only per argument of ``in_axes``); anything else there is not built."""
+    if name == "in_axes" and isinstance(axes, tuple):
+        axes = tuple(a.axes if isinstance(a, StateAxes) else a for a in axes)
     for leaf in jax.tree.leaves(axes):
         if not isinstance(leaf, int) or isinstance(leaf, bool):
             not_provided(f"nnx.vmap({name}={type(leaf).__name__}(...))",
-                         f"an {name} entry other than an int or None (a StateAxes prefix: an "
-                         "axis per filter of a module's state) is not built yet.",
+                         f"an {name} entry other than an int, None or (per argument of "
+                         "in_axes) a StateAxes is not built yet.",
                          f"give an int or None per argument in {name}; to map part of a "
                          "module's state, split it (nnx.split) and pass the states with "
                          "their own axes", by="varjax.nnx")
@@ -58,6 +65,11 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
     ``in_axes`` entry (``None``: broadcast), and their updates come back to it."""
     refuse_options("vmap", spmd_axis_name=(spmd_axis_name, None))
     modes = resolve(graph, graph_updates)
+    by_state = isinstance(in_axes, tuple) and any(isinstance(a, StateAxes) for a in in_axes)
+    if by_state and not modes[0]:
+        raise ValueError("`in_axes` cannot contain `StateAxes` objects when `graph=False`: "
+                         "split the module (nnx.split(model, filter, ...)) and pass the "
+                         "states with their own axes, or pass graph=True.")
     if transform_metadata:
         not_provided("nnx.vmap(transform_metadata=...)", "this option is not built yet.",
                      "call nnx.vmap without transform_metadata", by="varjax.nnx")
@@ -66,12 +78,25 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "vmap")
-        mapped = objects.vmap(carrying(fn, "vmap", *modes), in_axes=in_axes,
-                              out_axes=(out_axes, 0), axis_size=axis_size, axis_name=axis_name)
+        mapped = None if by_state else objects.vmap(
+            carrying(fn, "vmap", *modes), in_axes=in_axes, out_axes=(out_axes, 0),
+            axis_size=axis_size, axis_name=axis_name)
+        made: dict[tuple, Callable] = {}     # per GraphDefs of the split arguments
+
+        def by_states(args: tuple) -> Any:
+            given, axes, defs = split_by(args, in_axes)
+            key = tuple(sorted(defs.items()))
+            found = made.get(key)
+            if found is None:
+                carried = carrying(fn, "vmap", *modes)
+                found = made[key] = objects.vmap(
+                    lambda *a: carried(*merged(defs, a)), in_axes=axes,
+                    out_axes=(out_axes, 0), axis_size=axis_size, axis_name=axis_name)
+            return found(*given)
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             args = positional(fn, args, kwargs)
-            return finish(args, {}, *mapped(*args))
+            return finish(args, {}, *(by_states(args) if by_state else mapped(*args)))
         return call
     return as_decorator(f, build)
