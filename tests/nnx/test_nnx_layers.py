@@ -76,7 +76,7 @@ def test_dropout_rates_zero_and_one_draw_no_key():
     for rate, want in ((0.0, X), (1.0, jnp.zeros_like(X))):
         layer = Dropout(rate, rngs=nnx.Rngs(0))
         same(layer(X), want)
-        assert int(layer.rngs["dropout"].count) == 0
+        assert int(layer.rngs.count) == 0
 
 
 def test_dropout_deterministic_by_attribute_call_and_modes():

@@ -2,11 +2,10 @@
 
 NNX's Dropout forks its own stream at construction (one draw from ``rngs[rng_collection]``)
 and draws each mask's key from it, so masks follow the layer, not the order of calls
-elsewhere; the same seed gives flax.nnx's masks bit for bit.  The forked stream is kept
-inside a one-stream ``Rngs`` (named ``rng_collection``), not bare as NNX keeps it: an
-``Rngs`` is an object-mode node, so under ``vj.jit`` its count is a cell written back and
-each call draws a fresh mask, where a bare ``RngStream`` is a plain pytree whose count
-would not advance.
+elsewhere; the same seed gives flax.nnx's masks bit for bit.  The forked stream is held
+bare at ``rngs`` (state ``rngs/key``, ``rngs/count``), as NNX holds it: a bare
+``RngStream`` is an object-mode node (``varjax.objects.nodes``), so under a transform its
+count is written back and each call draws a fresh mask.
 """
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ class Dropout(Module):
         if isinstance(rngs, Rngs):
             rngs = rngs[rng_collection]
         if isinstance(rngs, RngStream):
-            self.rngs = Rngs(**{rng_collection: rngs.fork()})
+            self.rngs = rngs.fork()
         elif rngs is None:
             self.rngs = data(None)
         else:

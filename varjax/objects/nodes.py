@@ -1,9 +1,9 @@
 """Object nodes and their cells: what object mode reads, writes back and splits.
 
-A *node* is an object that holds variables: a ``vj.Variable``, a ``vj.Rngs``, or
-a bound module (registered by ``varjax.nn``, which sits above this layer).  Each
-node shows its variables as *cells*: one variable each, with the collection
-and path it has inside the node, a getter and a setter.  A cell's ``identity``
+A *node* is an object that holds variables: a ``vj.Variable``, a ``vj.Rngs``, a
+bare ``vj.RngStream``, or a bound module (registered by ``varjax.nn``, which sits
+above this layer).  Each node shows its variables as *cells*: one variable each,
+with the collection and path it has inside the node, a getter and a setter.  A cell's ``identity``
 says when two nodes share a variable: one ``Variable`` object reached twice, or
 one bound module root reached through two modules.
 
@@ -221,14 +221,17 @@ jax.tree_util.register_pytree_node(
     lambda tag, children: RngStream.tree_unflatten(tag, children))
 
 
-def _stream_cells(stream: RngStream, name: str) -> list[Cell]:
+def _stream_cells(stream: RngStream, name: str | None) -> list[Cell]:
+    """A stream's key and count, at ``name/key`` and ``name/count`` (a stream of an
+    ``Rngs``) or at ``key`` and ``count`` (a bare stream, ``name`` None)."""
     def set_key(v: Any) -> None:
         stream.key = v
 
     def set_count(v: Any) -> None:
         stream.count = v
-    return [Cell((id(stream), "key"), streams.STATE, (name, "key"), lambda: stream.key, set_key),
-            Cell((id(stream), "count"), streams.STATE, (name, "count"), lambda: stream.count,
+    at = () if name is None else (name,)
+    return [Cell((id(stream), "key"), streams.STATE, (*at, "key"), lambda: stream.key, set_key),
+            Cell((id(stream), "count"), streams.STATE, (*at, "count"), lambda: stream.count,
                  set_count)]
 
 
@@ -281,8 +284,57 @@ class RngsKind:
         return cell_writer(self.cells(node))
 
 
+class RngStreamKind:
+    """A bare ``vj.RngStream`` (NNX's ``Dropout`` holds one): its key and count, collection
+    ``rngs`` at ``key`` and ``count`` below the node's own path, so that a draw inside a
+    transform advances the caller's stream as a draw from an ``Rngs``'s stream does.  A
+    stream of an ``Rngs`` bound in an enclosing body (a ``_TracedStream``) is one too."""
+
+    def accepts_type(self, t: type) -> bool:
+        return issubclass(t, RngStream)
+
+    def accepts(self, x: Any) -> bool:
+        return True
+
+    def cells(self, node: RngStream) -> list[Cell]:
+        return _stream_cells(node, None)
+
+    def mutable(self, node: RngStream) -> Any:
+        return streams.STATE
+
+    def watch(self, node: RngStream) -> Callable[[], Hashable] | None:
+        return None      # always its own key and count
+
+    def reader(self, node: RngStream) -> Callable[[], tuple]:
+        return lambda: (node.key, node.count)
+
+    def trace_key(self, node: RngStream, cell: Cell, prefix: Path) -> Key:
+        return (cell.collection, prefix + cell.path)
+
+    def explicit_rngs(self, node: Any) -> dict[str, Any]:
+        return {}
+
+    def passes(self, node: Any) -> tuple | None:
+        return None
+
+    def passes_path(self, node: Any) -> Path:
+        return ()
+
+    def bind(self, node: RngStream, prefix: Path, ctx: TraceContext) -> RngStream:
+        def var(part: str) -> Variable:
+            return Variable.at(streams.STATE, prefix + (part,), None, ctx.origin)
+        return _TracedStream(node.tag, var("key"), var("count"))
+
+    def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
+        raise AssertionError("an RngStream gains no variables")
+
+    def writer(self, node: RngStream) -> Callable[[list[Any]], None]:
+        return cell_writer(self.cells(node))
+
+
 register_kind(VariableKind())
 register_kind(RngsKind())
+register_kind(RngStreamKind())
 
 
 def rng_state_cells(rngs: Rngs) -> list[Cell]:
