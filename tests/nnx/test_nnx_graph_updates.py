@@ -97,6 +97,21 @@ def test_jit_new_removed_and_changed_attributes_reach_the_caller():
     np.testing.assert_array_equal(ours.fresh, [0.0, 1.0])
 
 
+def test_jit_appending_to_a_list_of_layers_reaches_the_caller_as_flax():
+    def run(lib, **options):
+        class Stack(lib.Module):
+            def __init__(self):
+                self.layers = lib.List([lib.Linear(1, 1, rngs=lib.Rngs(0))])
+        stack = Stack()
+        lib.jit(lambda s: s.layers.append(lib.Linear(1, 2, rngs=lib.Rngs(1))), **options)(stack)
+        return stack
+    ours, theirs = run(nnx), run(flax_nnx)
+    assert len(ours.layers) == len(theirs.layers) == 2
+    _same(nnx.state(ours), flax_nnx.state(theirs))
+    with pytest.raises(errors.TransformError, match="element 1 of List args/0/layers was added"):
+        run(nnx, graph_updates=False)
+
+
 def test_jit_new_module_holding_an_argument_holds_the_callers_module():
     ours = _model(nnx)
     wrapped = jit(lambda m: Wrapper(m))(ours)

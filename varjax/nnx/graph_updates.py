@@ -180,8 +180,9 @@ class _Call:
         name = next(n for n in [*before, *after] if n not in before or n not in after
                     or not _equal(before[n], after[n]))
         how = "added" if name not in before else "removed" if name not in after else "changed"
+        part = "element" if isinstance(obj, (List, Dict)) else "attribute"
         raise errors.TransformError(
-            f"nnx.{self.what}: attribute {name!r} of {type(obj).__name__} {_show(path)} was {how} "
+            f"nnx.{self.what}: {part} {name!r} of {type(obj).__name__} {_show(path)} was {how} "
             "inside the function; without graph updates only Variable values come back, so "
             "this change would be lost (flax.nnx loses it silently).",
             path=path + (str(name),), **errors.where(),
