@@ -13,14 +13,14 @@ from varjax import errors, nnx
 from varjax.nnx import spmd
 
 MESH = jax.make_mesh((1, 1), ("data", "model"))
-RULES = (("embed", "data"), ("hidden", "model"))
+RULES = (("embed", "model"), ("hidden", "data"))
 
 
-def _build(lib, with_partitioning):
+def _build(lib, with_partitioning, bias_axis="embed"):
     """A Linear whose kernel has mesh axes and whose bias has a logical name."""
     return lib.Linear(
         2, 3, kernel_init=with_partitioning(lib.initializers.lecun_normal(), (None, "model")),
-        bias_init=with_partitioning(lib.initializers.zeros, ("embed",)), rngs=lib.Rngs(0))
+        bias_init=with_partitioning(lib.initializers.zeros, (bias_axis,)), rngs=lib.Rngs(0))
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_get_partition_spec_of_a_state_is_flax_nnxs_under_logical_rules(models):
         with fnnx.logical_axis_rules(RULES):
             flax_ = fnnx.get_partition_spec(fnnx.state(theirs))
     assert nnx.to_pure_dict(mine) == fnnx.to_pure_dict(flax_) == {
-        "bias": PartitionSpec("data"), "kernel": PartitionSpec(None, "model")}
+        "bias": PartitionSpec("model"), "kernel": PartitionSpec(None, "model")}
     assert type(mine["kernel"]) is nnx.Param
     assert mine["kernel"].get_metadata() == ours.kernel.get_metadata()
 
@@ -68,8 +68,8 @@ def test_a_logical_name_no_rule_maps_stays_as_flax_nnx_keeps_it(models):
 
 def test_a_variables_sharding_rules_compose_with_the_context_rules_as_flax_nnx():
     def make(lib):
-        return lib.Param(jnp.ones((2, 2)), out_sharding=("embed", "hidden"),
-                         sharding_rules=(("hidden", "model"),))
+        return lib.Param(jnp.ones((2, 2)), out_sharding=("hidden", "embed"),
+                         sharding_rules=(("hidden", "data"),))
     with spmd.logical_axis_rules(RULES[:1]):
         mine = spmd.get_partition_spec(make(nnx)).get_value()
     with jax.set_mesh(MESH), fnnx.logical_axis_rules(RULES[:1]):
@@ -78,7 +78,7 @@ def test_a_variables_sharding_rules_compose_with_the_context_rules_as_flax_nnx()
 
 
 def test_a_logical_name_mapped_two_ways_raises_naming_the_collection():
-    v = nnx.Param(jnp.ones(2), out_sharding=("embed",), sharding_rules=(("embed", "model"),))
+    v = nnx.Param(jnp.ones(2), out_sharding=("embed",), sharding_rules=(("embed", "data"),))
     with spmd.logical_axis_rules(RULES), pytest.raises(errors.PartitioningError,
                                                          match="'embed' of a Param") as e:
         spmd.get_partition_spec(v)
@@ -106,3 +106,19 @@ def test_get_named_sharding_places_a_state_with_jax_device_put(models):
     placed = jax.device_put(state, shardings)
     assert placed["kernel"][...].sharding.spec == PartitionSpec(None, "model")
     np.testing.assert_array_equal(placed["kernel"][...], ours.kernel[...])
+
+
+def test_a_model_placed_by_its_named_shardings_runs_under_jit_on_the_mesh_as_flax_nnx():
+    """flax.nnx places each Variable when it is made (eager sharding); varjax.nnx does not,
+    so a model runs on an Explicit mesh once its state is placed by these helpers.  (Mesh
+    axis names only: under a transform varjax reads out_sharding as mesh axes.)"""
+    x = jnp.ones((1, 2))
+    ours = _build(nnx, spmd.with_partitioning, "model")
+    with jax.set_mesh(MESH):
+        theirs = _build(fnnx, fnnx.with_partitioning, "model")
+        state = nnx.state(ours)
+        nnx.update(ours, jax.device_put(state, spmd.get_named_sharding(state, MESH)))
+        out = nnx.jit(lambda m, x: m(x))(ours, x)
+        expected = fnnx.jit(lambda m, x: m(x))(theirs, x)
+    np.testing.assert_array_equal(out, expected)
+    assert ours.kernel[...].sharding.spec == theirs.kernel[...].sharding.spec
