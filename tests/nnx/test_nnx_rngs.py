@@ -1,4 +1,6 @@
-"""NNX's randomness functions (``varjax/nnx/rnglib.py``) against flax.nnx 0.12.8: the same
+"""NNX's randomness functions (``varjax/nnx/rnglib.py``: ``split_rngs``, ``fork_rngs``,
+``with_rngs``, ``backup_keys``, ``restore_rngs``, ``reseed``; ``RngStream``/``Rngs``
+``split``/``broadcast``) against flax.nnx 0.12.8: the same
 objects built in both, the same call, then every stream's key and count compared bitwise
 (and the keys drawn afterwards).  The Randomness design note's ``reseed`` example runs as
 written with varjax's ``nnx``."""
@@ -373,3 +375,120 @@ def test_replacing_a_key_inside_an_object_mode_transform_is_refused():
             return self.rngs.dropout()
     with pytest.raises(errors.TransformError, match="RNG stream 'dropout' cannot be replaced"):
         vj.jit(lambda m: m())(Holder())
+
+
+# -- RngStream/Rngs split and broadcast -----------------------------------------------------
+
+@pytest.mark.parametrize("method, k", [("split", 3), ("split", (2, 3)), ("broadcast", 3)])
+def test_stream_split_and_broadcast_match_flax_nnx(method, k):
+    f, v = fnnx.RngStream(0, tag="noise"), vnnx.RngStream(0, tag="noise")
+    f_new, v_new = getattr(f, method)(k), getattr(v, method)(k)
+    assert v_new.tag == "noise"
+    assert (_data(v_new.key), np.asarray(v_new.count).tolist()) == \
+        (_data(f_new.key[...]), np.asarray(f_new.count[...]).tolist())
+    assert int(v.count) == int(f.count[...]) == 1
+
+
+@pytest.mark.parametrize("method, k", [("split", 4), ("split", {"params": 2, ...: (2, 3)}),
+                                       ("broadcast", {"dropout": None, ...: 2})])
+def test_rngs_split_and_broadcast_match_flax_nnx(method, k):
+    f, v = both(lambda side: side.nnx.Rngs(params=0, dropout=1))
+    f.dropout(), v.dropout()
+    f_new, v_new = getattr(f, method)(k), getattr(v, method)(k)
+    same(f_new, v_new)    # a stream left alone restarts from its key at count 0, as in NNX
+    same(f, v)
+
+
+# -- with_rngs ------------------------------------------------------------------------------
+
+def holder(side):
+    """A module with a Dropout (a bare stream) and an Rngs."""
+    nnx = side.nnx
+
+    class Holder(nnx.Module):
+        def __init__(self, rngs):
+            self.drop = side.Dropout(0.5, rngs=rngs)
+            self.rngs = rngs
+    return Holder(nnx.Rngs(params=0, dropout=1, noise=2))
+
+
+@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("rules", [
+    dict(split=3),
+    dict(split={"params": 2, ...: (2, 3)}),
+    dict(broadcast={"dropout": 4}, fork=...),
+    dict(fork="Not params"),
+    dict(split={"dropout": 2}, fork=["noise"], only="dropout"),
+    dict(split=2, broadcast=3),
+])
+def test_with_rngs_matches_flax_nnx(rules, graph):
+    def run(side):
+        node = holder(side)
+        given = {k: side.nnx.Not("params") if v == "Not params" else v for k, v in rules.items()}
+        with_rngs = fnnx.with_rngs if side is FLAX else rnglib.with_rngs
+        return node, with_rngs(node, **given, graph=graph, graph_updates=False)
+    (f, f_new), (v, v_new) = both(run)
+    same(f_new, v_new)
+    same(f, v)     # each chosen stream drew once
+    assert v_new is not v and v_new.drop.rngs is not v.drop.rngs
+
+
+def test_with_rngs_keeps_the_variables_and_the_streams_it_leaves():
+    v = holder(VARJAX)
+    v_new = rnglib.with_rngs(v, split={"params": 2}, graph_updates=False)
+    assert v_new.rngs.dropout is v.rngs.dropout and v_new.rngs.params is not v.rngs.params
+
+
+def test_with_rngs_on_a_bare_stream_replaces_it():
+    f, v = both(lambda side: side.nnx.RngStream(0, tag="noise"))
+    same(fnnx.with_rngs(f, split=2, graph=False), rnglib.with_rngs(v, split=2, graph=False))
+
+
+def test_with_rngs_in_place_is_not_provided_as_in_flax_nnx():
+    with pytest.raises(NotImplementedError):
+        fnnx.with_rngs(fnnx.Rngs(0), split=2)
+    with pytest.raises(errors.NotProvidedError, match="graph_updates=False"):
+        rnglib.with_rngs(vnnx.Rngs(0), split=2)
+
+
+def test_with_rngs_refuses_a_stream_two_specific_rules_match():
+    with pytest.raises(ValueError, match="multiple rules"):
+        fnnx.with_rngs(fnnx.Rngs(params=0), split={"params": 2}, fork="params", graph=False)
+    with pytest.raises(errors.ConfigError, match="split by filter 'params', fork by filter"):
+        rnglib.with_rngs(vnnx.Rngs(params=0), split={"params": 2}, fork="params", graph=False)
+
+
+def test_with_rngs_decorator_passes_copies_to_the_function():
+    def run(side):
+        lib = fnnx if side is FLAX else rnglib
+        rngs = side.nnx.Rngs(params=0, dropout=1)
+        seen = lib.with_rngs(split={"dropout": 3}, graph=False)(lambda r: r)(rngs)
+        return rngs, seen
+    (f, f_seen), (v, v_seen) = both(run)
+    same(f_seen, v_seen)
+    same(f, v)
+    assert v_seen.dropout.key.shape == (3,) and v.dropout.key.shape == ()
+
+
+def test_with_rngs_tree_mode_refuses_a_shared_stream():
+    rngs = vnnx.Rngs(0)
+    with pytest.raises(errors.InconsistentAliasError, match="two paths"):
+        rnglib.with_rngs([rngs, rngs], split=2, graph=False)
+
+
+# -- backup_keys ----------------------------------------------------------------------------
+
+def test_backup_keys_and_restore_rngs_put_back_the_keys_as_flax_nnx():
+    from flax.nnx import rnglib as flax_rnglib
+
+    def run(side):
+        node = holder(side)
+        lib = flax_rnglib if side is FLAX else rnglib
+        backups = lib.backup_keys(node)
+        side.split_rngs(node, splits=2, graph_updates=False)   # a copy: draws only
+        lib.reseed(node, dropout=7)
+        lib.restore_rngs(backups)
+        return node, [s.tag for s, _ in backups]
+    (f, f_tags), (v, v_tags) = both(run)
+    assert v_tags == f_tags == ["dropout", "dropout", "noise", "params"]
+    same(f, v)    # keys back, counts as they were left

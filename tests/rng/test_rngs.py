@@ -10,7 +10,7 @@ import pytest
 import varjax as vj
 
 # Methods of RngStream / Rngs that are not samplers.
-_NON_SAMPLERS = {"fork", "tree_flatten", "tree_unflatten"}
+_NON_SAMPLERS = {"fork", "split", "broadcast", "tree_flatten", "tree_unflatten"}
 
 
 def key_bits(key):

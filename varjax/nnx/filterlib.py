@@ -5,7 +5,8 @@ being the leaf's path in the object (attribute names, list indices, stream names
 
 * a type: the leaf is an instance (``nnx.Param``; ``nnx.Variable`` for every Variable);
 * a string: the leaf's collection is that name (SPEC §6: a type and its collection name
-  select the same Variables, ``'params'`` as ``nnx.Param``), or its ``tag`` metadata is;
+  select the same Variables, ``'params'`` as ``nnx.Param``), or its ``tag`` metadata is
+  (an ``RngStream``'s tag, its stream name, for the functions choosing streams);
 * ``...`` or ``True``: everything; ``None`` or ``False``: nothing;
 * a list or tuple: any of them; a callable: itself;
 * ``Not``, ``All``, ``Any``, ``OfType``, ``PathContains``, ``WithTag``, ``Everything``,
@@ -17,6 +18,7 @@ import dataclasses
 import typing as tp
 
 from varjax.ir import errors
+from varjax.trace.rngs import RngStream
 from varjax.trace.variable import Variable
 
 __all__ = ["to_predicate", "Not", "All", "Any", "OfType", "PathContains", "WithTag",
@@ -33,12 +35,20 @@ class OfType:
         return isinstance(value, self.type)
 
 
+def _tag_of(value: tp.Any) -> str | None:
+    """A Variable's ``tag`` metadata, or an ``RngStream``'s tag (its stream name): what a
+    tag filter compares, so ``'dropout'`` chooses the dropout streams (``nnx.with_rngs``)."""
+    if isinstance(value, Variable):
+        return value.get_metadata().get("tag")
+    return value.tag if isinstance(value, RngStream) else None
+
+
 @dataclasses.dataclass(frozen=True)
 class WithTag:
     tag: str
 
     def __call__(self, path: tuple, value: tp.Any) -> bool:
-        return isinstance(value, Variable) and value.get_metadata().get("tag") == self.tag
+        return _tag_of(value) == self.tag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +56,8 @@ class _Collection:
     name: str
 
     def __call__(self, path: tuple, value: tp.Any) -> bool:
-        return isinstance(value, Variable) and (
-            value.collection == self.name or value.get_metadata().get("tag") == self.name)
+        return (isinstance(value, Variable) and value.collection == self.name
+                or _tag_of(value) == self.name)
 
 
 @dataclasses.dataclass(frozen=True)

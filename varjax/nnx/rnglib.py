@@ -1,10 +1,10 @@
-"""NNX's randomness functions over objects: ``split_rngs``, ``fork_rngs``, ``restore_rngs``,
-``reseed``.
+"""NNX's randomness functions over objects: ``split_rngs``, ``fork_rngs``, ``with_rngs``,
+``backup_keys``, ``restore_rngs``, ``reseed``.
 
 ``nnx.Rngs``/``nnx.RngStream`` are ``vj.Rngs``/``vj.RngStream`` (``varjax.trace.rngs``), and
-an NNX object is a pytree holding them, so these functions walk the object with JAX's own
-flattening, one level at a time, and act on each ``RngStream`` they meet, as flax.nnx 0.12.8
-does, bit for bit: the same draws from each stream, in the same order.
+an NNX object is a pytree holding them, so these functions walk the object with the walk
+every NNX function shares (``pytree.children``) and act on each ``RngStream`` they meet, as
+flax.nnx 0.12.8 does, bit for bit: the same draws from each stream, in the same order.
 
 Two ways, as NNX's ``graph=``/``graph_updates=`` choose (both on by default, as in Flax):
 
@@ -13,7 +13,7 @@ Two ways, as NNX's ``graph=``/``graph_updates=`` choose (both on by default, as 
   as ``SplitBackups``, for ``restore_rngs`` or a ``with`` block to put back;
 * otherwise a copy of ``node`` comes back whose chosen streams are new (the originals are
   drawn from once each, as NNX's copy shares their counts); its other streams and its
-  Variables are the originals' objects.
+  Variables are the originals' objects.  ``with_rngs`` has only this form.
 
 Graph mode visits a stream reachable twice once; tree mode (``graph=False``) refuses one, as
 NNX refuses shared references there.  A stream is chosen by a filter (``only=``, the keys of
@@ -29,12 +29,15 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 import jax
 
 from varjax.ir import errors
+from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
+from varjax.nnx.pytree import flatten_node, in_order, is_node
 from varjax.nnx.variables import RngCount, RngKey
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 
-__all__ = ["split_rngs", "fork_rngs", "restore_rngs", "reseed", "SplitBackups"]
+__all__ = ["split_rngs", "fork_rngs", "with_rngs", "backup_keys", "restore_rngs", "reseed",
+           "SplitBackups"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 Path = tuple
@@ -49,29 +52,11 @@ _MISSING = _Missing()
 
 # -- walking an object --------------------------------------------------------------------
 
-def _key_name(k: Any) -> Any:
-    for attr in ("name", "key", "idx"):   # GetAttrKey, DictKey/FlattenedIndexKey, SequenceKey
-        if hasattr(k, attr):
-            return getattr(k, attr)
-    return k
-
-
-def _level(node: Any) -> tuple[list[tuple[Any, Any]], Any] | None:
-    """``node``'s children as ``(key, child)`` pairs in JAX's flatten order and its treedef,
-    or None for a leaf (streams and Variables are leaves here: no stream is below them)."""
-    if isinstance(node, (RngStream, Variable)):
-        return None
-    flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
-    if jax.tree_util.treedef_is_leaf(treedef):
-        return None
-    keys = list(node) if isinstance(node, Rngs) else [_key_name(p[0]) for p, _ in flat]
-    return list(zip(keys, (child for _, child in flat))), treedef
-
-
 def _walk(node: Any, graph: bool, on_stream: Callable[[Path, RngStream], Any]) -> Any:
     """``node`` rebuilt with each stream replaced by ``on_stream(path, stream)``, visiting
-    streams in NNX's order (depth first, children in flatten order).  Graph mode visits an
-    object reachable twice once (both places get the one result); tree mode refuses it."""
+    streams in NNX's order (depth first, children in ``pytree.children``'s order: the walk
+    every NNX function shares).  Graph mode visits an object reachable twice once (both
+    places get the one result); tree mode refuses it."""
     done: dict[int, Any] = {}
     seen: dict[int, Path] = {}
 
@@ -88,10 +73,12 @@ def _walk(node: Any, graph: bool, on_stream: Callable[[Path, RngStream], Any]) -
             seen[id(x)] = path
         if isinstance(x, RngStream):
             out = on_stream(path, x)
+        elif isinstance(x, Variable) or not is_node(x):
+            out = x
         else:
-            level = _level(x)
-            out = x if level is None else level[1].unflatten(
-                [visit((*path, k), child) for k, child in level[0]])
+            pairs, treedef = flatten_node(x)
+            new = {k: visit((*path, k), child) for k, child in in_order(pairs)}
+            out = treedef.unflatten([new[k] for k, _ in pairs])
         done[id(x)] = out
         return out
 
@@ -114,11 +101,6 @@ def _chosen(predicate: Callable[[Path, Any], bool], path: Path, stream: RngStrea
     seen as NNX shows it (an ``RngKey``/``RngCount`` tagged with the stream's name)."""
     return (predicate((*path, "key"), RngKey(stream.key, tag=stream.tag))
             and predicate((*path, "count"), RngCount(stream.count, tag=stream.tag)))
-
-
-def _modes(graph: bool | None, graph_updates: bool | None) -> tuple[bool, bool]:
-    """Flax 0.12.8's defaults: graph mode, with graph updates."""
-    return graph is None or graph, graph_updates is None or graph_updates
 
 
 # -- backups ------------------------------------------------------------------------------
@@ -166,7 +148,7 @@ def split_rngs(node: Any = _MISSING, /, *, splits: int | tuple[int, ...], only: 
 
     In place with backups (graph updates), or a copy (module docstring); with no ``node``,
     a decorator doing it to a function's arguments for the call (in place: restored after)."""
-    graph, graph_updates = _modes(graph, graph_updates)
+    graph, graph_updates = resolve(graph, graph_updates)
     if isinstance(node, _Missing):
         return _decorator(split_rngs, graph, graph_updates,
                           dict(splits=splits, only=only, squeeze=squeeze))
@@ -203,7 +185,7 @@ def fork_rngs(node: Any = _MISSING, /, *, split: Any = None, graph: bool | None 
     In place with backups (graph updates), or a copy (module docstring); with no ``node``,
     a decorator doing it to a function's arguments for the call (in place: restored after).
     In place, a stream matching several filters is forked once per match, as in NNX."""
-    graph, graph_updates = _modes(graph, graph_updates)
+    graph, graph_updates = resolve(graph, graph_updates)
     if isinstance(node, _Missing):
         return _decorator(fork_rngs, graph, graph_updates, dict(split=split))
     if split is None:
@@ -244,6 +226,81 @@ def _decorator(fn: Callable[..., Any], graph: bool, graph_updates: bool,
     return decorate
 
 
+# -- with_rngs -----------------------------------------------------------------------------
+
+def _rules(rule: Any) -> list[tuple[Any, Callable[[Path, Any], bool], Any]]:
+    """``split=``/``broadcast=`` as ``(filter, predicate, shape)`` rules: a shape alone is
+    ``{...: shape}``."""
+    if rule is None:
+        return []
+    rule = rule if isinstance(rule, Mapping) else {...: rule}
+    return [(f, to_predicate(f), n) for f, n in rule.items()]
+
+
+def with_rngs(node: Any = _MISSING, /, *, split: Any = None, fork: Any = None,
+              broadcast: Any = None, only: Any = True, graph: bool | None = None,
+              graph_updates: bool | None = None) -> Any:
+    """A copy of ``node`` whose chosen streams are new: split (``RngStream.split``) or
+    broadcast (``RngStream.broadcast``) to a shape, or forked (``RngStream.fork``), by the
+    first filter of each rule that matches the stream (a string matches a stream's tag:
+    ``split={'params': 4}``).  ``split``/``broadcast`` take a shape or ``{filter: shape}``,
+    ``fork`` a filter or a sequence of them, ``only`` limits all three.  A stream matched by
+    two rules through two filters other than ``...``/``True`` is ambiguous, an error; else
+    split wins over broadcast, broadcast over fork.  Other streams and the Variables are the
+    originals' (module docstring).
+
+    As in flax.nnx 0.12.8 there is no in-place form: graph mode needs ``graph_updates=False``.
+    With no ``node``, a decorator giving a function's arguments as such a copy."""
+    graph, graph_updates = resolve(graph, graph_updates)
+    if graph and graph_updates:
+        raise errors.NotProvidedError(
+            "with_rngs with graph=True and graph_updates=True: it returns a copy, and has no "
+            "in-place form (nor has flax.nnx's).", **errors.where(),
+            fix="pass graph_updates=False (or graph=False); for in-place splits and forks, "
+                "use split_rngs/fork_rngs")
+    if isinstance(node, _Missing):
+        def decorate(f: F) -> F:
+            @functools.wraps(f)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                args, kwargs = with_rngs((args, kwargs), split=split, fork=fork,
+                                         broadcast=broadcast, only=only, graph=graph,
+                                         graph_updates=False)
+                return f(*args, **kwargs)
+            return wrapper  # type: ignore[return-value]
+        return decorate
+    forks = [] if fork is None else [fork] if isinstance(fork, str) or not isinstance(
+        fork, (list, tuple)) else list(fork)
+    tables = {"split": _rules(split), "broadcast": _rules(broadcast),
+              "fork": [(f, to_predicate(f), None) for f in forks]}
+    chosen = to_predicate(only)
+
+    def update(path: Path, stream: RngStream) -> RngStream:
+        if not chosen(path, stream):
+            return stream
+        found = {how: next(((f, n) for f, p, n in rules if p(path, stream)), None)
+                 for how, rules in tables.items()}
+        found = {how: match for how, match in found.items() if match is not None}
+        specific = [how for how, (f, _) in found.items() if f is not Ellipsis and f is not True]
+        if len(found) > 1 and len(specific) > 1:
+            raise errors.ConfigError(
+                f"with_rngs: the stream at {_show(path)} matches several rules: " + ", ".join(
+                    f"{how} by filter {f!r}" for how, (f, _) in found.items()) + ".",
+                path=tuple(map(str, path)), **errors.where(),
+                fix="make the filters of split=, broadcast= and fork= choose different streams")
+        if "split" in found:
+            return stream.split(found["split"][1])
+        if "broadcast" in found:
+            return stream.broadcast(found["broadcast"][1])
+        return stream.fork() if "fork" in found else stream
+    return _walk(node, graph, update)
+
+
+def backup_keys(node: Any, /, *, graph: bool | None = None) -> list[tuple[RngStream, Any]]:
+    """``(stream, key)`` for every stream inside ``node``, in NNX's order: what
+    ``restore_rngs`` takes to put the keys back (the counts stay as they are then)."""
+    return [(stream, stream.key) for _, stream in _streams(node, resolve(graph)[0])]
+
+
 # -- reseed ---------------------------------------------------------------------------------
 
 def _scalars_only(path: Path, key: Any, shape: tuple[int, ...]) -> Any:
@@ -282,6 +339,6 @@ def reseed(node: Any, /, *, graph: bool | None = None,
             f"reseed: policy must be 'scalars_only', 'match_shape' or a callable, got "
             f"{policy!r}.", **errors.where(), fix="pass policy='match_shape'")
     seeds = Rngs(**stream_keys)
-    for path, stream in _streams(node, _modes(graph, None)[0]):
+    for path, stream in _streams(node, resolve(graph)[0]):
         if stream.tag in stream_keys:
             stream._varjax_replace(make(path, seeds[stream.tag](), jax.numpy.shape(stream.count)))

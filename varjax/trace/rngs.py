@@ -86,6 +86,11 @@ def _show(x: Any) -> str:
     return f"{jax.typeof(x).str_short()} {np.asarray(data).tolist()}"
 
 
+def _names(f: Any, stream: str) -> bool:
+    """Whether stream filter ``f`` (a name, names, ``True``, ``...``) chooses ``stream``."""
+    return f is Ellipsis or filters.matches(f, stream)
+
+
 class _Samplers:
     """Mixin: every ``jax.random`` sampler as a method drawing its key from ``self()``."""
 
@@ -137,6 +142,18 @@ class RngStream(_Samplers):
         if split is not None:
             key = jax.random.split(key, split)
         return RngStream(key, tag=self.tag)
+
+    def split(self, k: int | tuple[int, ...]) -> "RngStream":
+        """A new stream whose keys are a draw from this one split to shape ``k`` (count 0 of
+        that shape): one stream per member of a mapped axis, as NNX's ``RngStream.split``."""
+        return RngStream(jax.random.split(self(), k), tag=self.tag)
+
+    def broadcast(self, k: int | tuple[int, ...]) -> "RngStream":
+        """A new stream whose keys are one draw from this one repeated to shape ``k``: every
+        member of a mapped axis draws the same keys, as NNX's ``RngStream.broadcast``."""
+        key = self()
+        shape = (k,) if isinstance(k, int) else tuple(k)
+        return RngStream(jnp.broadcast_to(key, shape + jnp.shape(key)), tag=self.tag)
 
     def _varjax_replace(self, key: Any, count: Any = None) -> None:
         """Give this stream a new key (in its own kind) and count, in place: what
@@ -218,10 +235,31 @@ class Rngs(_Samplers):
         def split_of(name: str) -> Any:
             if not isinstance(split, Mapping):
                 return split
-            return next((n for f, n in split.items() if filters.matches(f, name)), None)
+            return next((n for f, n in split.items() if _names(f, name)), None)
         forked = object.__new__(Rngs)
         forked._streams = {name: s.fork(split_of(name)) for name, s in self._streams.items()}
         return forked
+
+    def split(self, k: Any) -> "Rngs":
+        """A new ``Rngs`` whose streams are this one's split (``RngStream.split``) to ``k``
+        (a shape), or with ``{stream filter: shape or None}`` the streams the first matching
+        filter gives a shape.  The other streams restart from their keys at count 0: NNX
+        makes the new ``Rngs`` from each stream's key."""
+        return self._each("split", k)
+
+    def broadcast(self, k: Any) -> "Rngs":
+        """As ``split``, each chosen stream broadcast (``RngStream.broadcast``) to ``k``."""
+        return self._each("broadcast", k)
+
+    def _each(self, method: str, k: Any) -> "Rngs":
+        rules = k if isinstance(k, Mapping) else {True: k}
+        new = object.__new__(Rngs)
+        new._streams = {}
+        for name, stream in self._streams.items():
+            shape = next((n for f, n in rules.items() if _names(f, name)), None)
+            new._streams[name] = (RngStream(stream.key, tag=name) if shape is None
+                                  else getattr(stream, method)(shape))
+        return new
 
     # -- pytree ---------------------------------------------------------------------
     def tree_flatten(self) -> tuple[tuple, tuple]:
