@@ -2,9 +2,10 @@
 
 ``nnx.Variable`` is ``vj.Variable`` (``varjax.trace.variable``) with NNX's accessors: each
 type is a collection of the IR, named as ``nnx.variable_name_from_type`` names it
-(``Param`` ``params``, ``BatchStat`` ``batch_stats``; a user subclass its class name), so
-a type filter and a collection name select the same variables and every varjax tool
-(``vj.state``, ``vj.pretty``, passes) sees them.  Inside an object-mode transform an
+(``Param`` ``params``, ``BatchStat`` ``batch_stats``; a user subclass its class name, or
+``Count@its.module`` when another class has that name: two same-named classes are two
+types, as in NNX), so a type filter and a collection name select the same variables and
+every varjax tool (``vj.state``, ``vj.pretty``, passes) sees them.  Inside an object-mode transform an
 ``nnx`` Variable is a handle whose reads and writes are ``var_get``/``var_set`` of the
 trace, as ``vj.Variable``'s are: the same class, not a second mechanism.
 """
@@ -248,9 +249,10 @@ class RngCount(RngState, collection="RngCount"):
 
 
 def variable_name_from_type(typ: type[core.Variable], /, *, allow_register: bool = False) -> str:
-    """The collection of Variable type ``typ`` (its class name for one that names none).
-    Every subclass is registered when its class is made, so ``allow_register`` (NNX's
-    opt-in to registering on first use) changes nothing."""
+    """The collection of Variable type ``typ``: its class name for one that names none
+    (``Name@module`` when another class had that name first).  Every subclass is
+    registered when its class is made, so ``allow_register`` (NNX's opt-in to
+    registering on first use) changes nothing."""
     name = core.collection_of(typ)
     if name is None:
         raise errors.InvalidVariablesError(
