@@ -283,3 +283,25 @@ def test_as_pure_replaces_variables_by_their_values_as_flax_nnx():
     assert as_pure(nnx.Param(1.0)) == 1.0
     with pytest.warns(DeprecationWarning, match="as_pure"):
         assert pure(nnx.Param(2.0)) == 2.0
+
+
+def test_split_and_merge_rebuild_a_module_that_holds_itself_as_flax_nnx():
+    for lib in (nnx, flax_nnx):
+        class Loop(lib.Module):
+            def __init__(self):
+                self.x = lib.Param(jnp.ones(1))
+        loop = Loop()
+        loop.me = loop
+        g, s = lib.split(loop)
+        again = lib.merge(g, s)
+        assert again.me is again and again is not loop and sorted(s) == ["x"]
+        assert [p for p, _ in lib.iter_graph(loop) if "_pytree" not in str(p)] == [("x",), ()]
+
+
+def test_a_bare_variable_splits_into_itself_and_merges_back_as_flax_nnx():
+    for lib in (nnx, flax_nnx):
+        v = lib.Param(jnp.ones(1))
+        g, s = lib.split(v)
+        assert s is v and lib.merge(g, s) is v
+        lib.update(v, lib.Param(jnp.zeros(1)))
+        np.testing.assert_array_equal(v[...], [0.0])

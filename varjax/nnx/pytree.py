@@ -345,15 +345,26 @@ def is_node(x: Any) -> bool:
         return True
     if isinstance(x, (Variable, jax.Array, np.ndarray)):
         return False
-    level = jax.tree.structure(x, is_leaf=lambda y: y is not x)
+    level = jax.tree.structure(x, is_leaf=_below())
     return level.num_nodes > 1 or level.num_leaves == 0    # an empty container is a node too
+
+
+def _below() -> Any:
+    """An ``is_leaf`` that stops JAX one level down: everything but the root is a leaf
+    (the root's own child included, in a cycle)."""
+    root = [True]
+
+    def is_leaf(_: Any) -> bool:
+        was_root, root[0] = root[0], False
+        return not was_root
+    return is_leaf
 
 
 def flatten_node(node: Any) -> tuple[list[tuple[Key, Any]], Any]:
     """``node``'s data children in JAX's flatten order, each named as flax.nnx names it (a
     stream by its name, a stream's fields ``key``/``count``), and the one-level treedef that
     rebuilds ``node`` from them.  The walks name children with it and rebuild with it."""
-    flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda y: y is not node)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=_below())
     if isinstance(node, Rngs):
         keys: list = list(node)
     elif isinstance(node, RngStream):

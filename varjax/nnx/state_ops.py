@@ -19,7 +19,8 @@ import jax
 from varjax.ir import errors
 from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
-from varjax.nnx.graph import _build, _duplicate, _flat, set_child
+from varjax.nnx.graph import set_child
+from varjax.nnx.graphlib import build, duplicate, flatten_graph
 from varjax.nnx.pytree import Dict, List, Pytree, children, flatten_node, in_order, is_node
 from varjax.nnx.statelib import FlatState, State
 from varjax.trace.rngs import Rngs, RngStream
@@ -67,9 +68,9 @@ def map(f: Callable[[tuple, Any], Any], node: Any, /, *, graph: bool | None = No
     ``f`` maps a Variable to a plain value, the new object holds a Variable of the same type
     and metadata around it (with ``recreate_variables=False``, the value itself); a
     Variable ``f`` returns is used as it is."""
-    g, entries = _flat(node, graph)
+    g, entries = flatten_graph(node, graph)
     made = {path: f(path, leaf) for path, leaf in entries}    # a shared leaf once: it stays shared
-    return _build(g, made.__getitem__, recreate=recreate_variables)
+    return build(g, made.__getitem__, recreate=recreate_variables)
 
 
 def as_pure(tree: Any) -> Any:
@@ -159,7 +160,7 @@ def _iter_tree(node: Any) -> Iterator[tuple[tuple, Any]]:
             continue
         if isinstance(current, (Variable, RngStream)):
             if id(current) in first:
-                _duplicate(current, first[id(current)], path)
+                duplicate(current, first[id(current)], path)
             first[id(current)] = path
         if not is_node(current):
             yield path, current
@@ -186,8 +187,8 @@ def recursive_map(f: Callable[[tuple, Any], Any], node: Any, /, *,
     rebuilt from its mapped children, a shared Variable refused."""
     if not resolve(graph)[0]:
         return _recursive_map_tree(f, node)
-    g, entries = _flat(node, True)
-    copy = _build(g, dict(entries).__getitem__)
+    g, entries = flatten_graph(node, True)
+    copy = build(g, dict(entries).__getitem__)
     results: dict[int, Any] = {}
     open_: set[int] = set()
 
@@ -220,7 +221,7 @@ def _recursive_map_tree(f: Callable[[tuple, Any], Any], node: Any) -> Any:
     def visit(x: Any, path: tuple) -> Any:
         if isinstance(x, (Variable, RngStream)):
             if id(x) in first:
-                _duplicate(x, first[id(x)], path)
+                duplicate(x, first[id(x)], path)
             first[id(x)] = path
         if not is_node(x):
             return f(path, x)
