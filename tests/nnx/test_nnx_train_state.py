@@ -125,3 +125,12 @@ def test_a_subclass_field_made_with_nnx_static_is_in_the_treedef():
     leaves, treedef = jax.tree.flatten(state)
     assert "a" not in leaves and jax.tree.unflatten(treedef, leaves).name == "a"
     assert len(leaves) == len(jax.tree.leaves(params)) + 1     # params and step (sgd: none)
+
+
+def test_training_holds_metrics_and_optimizer_as_flax_nnx_training_does():
+    from flax.nnx import training as flax_training
+
+    from varjax.nnx import training
+    assert training.optimizer.Optimizer is vnnx.Optimizer
+    assert training.metrics.Average is vnnx.metrics.Average
+    assert {"metrics", "optimizer"} <= set(dir(flax_training))

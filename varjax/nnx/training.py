@@ -10,6 +10,9 @@ subclass is made a frozen dataclass and a pytree when it is defined, as a Flax
 ``struct.PyTreeNode`` is); a field made with ``nnx.static()`` is static, part of the
 treedef, as ``graphdef`` and ``tx`` are.  varjax does not import Optax: ``tx`` is the
 user's, and its updates are applied as ``nnx.Optimizer`` applies them.
+
+This module is also ``nnx.training``, flax.nnx's training package: its ``metrics`` and
+``optimizer`` are varjax.nnx's modules of those names (flax.nnx's ``ema`` is not built).
 """
 from __future__ import annotations
 
@@ -20,13 +23,14 @@ import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors
+from varjax.nnx import metrics, optimizer
 from varjax.nnx.graph import GraphDef
 from varjax.nnx.optimizer import _apply_updates
 from varjax.nnx.proxy_caller import CallableProxy, call
 from varjax.nnx.pytree import static
 from varjax.nnx.statelib import State
 
-__all__ = ["TrainState"]
+__all__ = ["TrainState", "metrics", "optimizer"]
 
 M = TypeVar("M")
 TS = TypeVar("TS", bound="TrainState")
