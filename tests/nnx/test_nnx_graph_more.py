@@ -305,3 +305,20 @@ def test_a_bare_variable_splits_into_itself_and_merges_back_as_flax_nnx():
         assert s is v and lib.merge(g, s) is v
         lib.update(v, lib.Param(jnp.zeros(1)))
         np.testing.assert_array_equal(v[...], [0.0])
+
+
+def test_traversals_flatten_and_unflatten_nested_mappings_as_flax_nnx():
+    from flax.nnx import traversals as theirs
+
+    from varjax.nnx import traversals as ours
+    x = {"a": 1, "b": {"c": 2, "d": {}}, "e": {}}
+    for kw in ({}, {"keep_empty_nodes": True}, {"sep": "/"}):
+        got, want = ours.flatten_mapping(x, **kw), theirs.flatten_mapping(x, **kw)
+        assert list(got) == list(want)
+        sep = kw.get("sep")
+        assert ours.unflatten_mapping(got, sep=sep) == theirs.unflatten_mapping(want, sep=sep)
+    leaf = lambda p, v: p == ("b",)   # noqa: E731
+    assert ours.flatten_to_sequence(x, is_leaf=leaf) == theirs.flatten_to_sequence(x, is_leaf=leaf)
+    assert ours.unflatten_mapping([(("a", "b"), 1)]) == {"a": {"b": 1}}
+    with pytest.raises(errors.InvalidVariablesError, match="takes a mapping"):
+        ours.flatten_mapping([1])

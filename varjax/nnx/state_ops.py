@@ -23,6 +23,7 @@ from varjax.nnx.graph import set_child
 from varjax.nnx.graphlib import build, duplicate, flatten_graph
 from varjax.nnx.pytree import Dict, List, Pytree, children, flatten_node, in_order, is_node
 from varjax.nnx.statelib import FlatState, State
+from varjax.nnx.traversals import flatten_to_sequence
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 
@@ -90,21 +91,13 @@ def restore_int_paths(pure_dict: Mapping) -> dict:
     """``pure_dict`` with each key that reads as an integer made one: a checkpoint stores
     list indices as strings, and ``to_pure_dict`` names them by int."""
     out: dict = {}
-    for path, value in _flatten_mapping(pure_dict):
+    for path, value in flatten_to_sequence(pure_dict):
         *head, last = (_int_or_key(k) for k in path)
         node = out
         for k in head:
             node = node.setdefault(k, {})
         node[last] = value
     return out
-
-
-def _flatten_mapping(m: Mapping, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
-    for k, v in m.items():
-        if isinstance(v, Mapping):
-            yield from _flatten_mapping(v, (*path, k))
-        else:
-            yield (*path, k), v
 
 
 def _int_or_key(k: Any) -> Any:
