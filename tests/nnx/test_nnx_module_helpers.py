@@ -166,3 +166,16 @@ def test_tabulate_raises_not_provided_naming_rich():
     with pytest.raises(errors.NotProvidedError, match="rich and yaml") as e:
         mh.tabulate(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), jnp.ones((1, 1)))
     assert "test_nnx_module_helpers.py" in str(e.value)
+
+
+def test_view_copies_modules_inside_a_plain_list_marked_data_as_flax_nnx(lib):
+    _, noisy = _top(lib)
+
+    class Holder(lib.Module):
+        def __init__(self, rngs):
+            self.blocks = lib.data([noisy(rngs), noisy(rngs)])
+    holder = Holder(lib.Rngs(0))
+    v = HELPERS[lib].view(holder, noisy=True)
+    assert [b.noisy for b in v.blocks] == [True, True]
+    assert [b.noisy for b in holder.blocks] == [False, False]
+    assert v.blocks[1].lin.kernel is holder.blocks[1].lin.kernel

@@ -13,17 +13,14 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Iterator, TypeVar
 
-import jax
-
 from varjax.ir import errors
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graph import state
 from varjax.nnx.module import Module
-from varjax.nnx.pytree import Dict, List, Pytree
+from varjax.nnx.pytree import Dict, List, Pytree, children, flatten_node, is_node
 from varjax.nnx.variables import Variable
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.unprovided import not_provided
-from varjax.trace.variable import Variable as CoreVariable
 
 __all__ = ["M", "view", "view_info", "with_attributes", "iter_module_children",
            "set_metadata", "display", "tabulate"]
@@ -33,26 +30,10 @@ A = TypeVar("A")
 Path = tuple[Any, ...]
 
 
-def _one_level(node: Any) -> tuple[list[tuple[Any, Any]], Any]:
-    """``node``'s direct pytree children with their keys (attribute name, index, dict
-    key), and the treedef that rebuilds ``node`` from them."""
-    flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda y: y is not node)
-    return [(_key(p[0]), child) for p, child in flat], treedef
-
-
-def _key(k: Any) -> Any:
-    for attr in ("name", "idx", "key"):     # GetAttrKey, SequenceKey, DictKey
-        if hasattr(k, attr):
-            return getattr(k, attr)
-    return k
-
-
-def _is_leaf(x: Any) -> bool:
-    """What the copy keeps as it is: Variables, RNG state, arrays and other leaves."""
-    if isinstance(x, (CoreVariable, Rngs, RngStream)):
-        return True
-    return not isinstance(x, Pytree) and jax.tree_util.treedef_is_leaf(
-        jax.tree.structure(x, is_leaf=lambda y: y is not x))
+def _kept(x: Any) -> bool:
+    """What a copy holds as it is: Variables, RNG state (its counts stay shared), arrays
+    and other leaves.  NNX objects and containers are copied."""
+    return not is_node(x) or isinstance(x, (Rngs, RngStream))
 
 
 def _map_copy(f: Callable[[Path, Any], Any], node: Any) -> Any:
@@ -61,11 +42,11 @@ def _map_copy(f: Callable[[Path, Any], Any], node: Any) -> Any:
     copies: dict[int, Any] = {}
 
     def copy(x: Any, path: Path) -> Any:
-        if _is_leaf(x):
+        if _kept(x):
             return x
         if id(x) in copies:
             return copies[id(x)]
-        pairs, treedef = _one_level(x)
+        pairs, treedef = flatten_node(x)
         new = treedef.unflatten([copy(child, (*path, k)) for k, child in pairs])
         if isinstance(x, Pytree):
             new = f(path, new)
@@ -184,11 +165,11 @@ def iter_module_children(node: Any, /, *, graph: bool | None = None
     """The modules directly under ``node`` (an NNX object or a container), with their
     attribute names or keys.  An ``nnx.List``/``nnx.Dict`` child is listed itself, as
     flax.nnx lists its (module) containers; ``graph`` is accepted for its signature."""
-    if _is_leaf(node):
+    if not is_node(node):
         raise errors.ConfigError(
             f"iter_module_children: expected an NNX object or a container, got a "
             f"{type(node).__name__}.", **errors.where(), fix="pass a module")
-    for key, child in _one_level(node)[0]:
+    for key, child in children(node):
         if isinstance(child, (Module, List, Dict)):
             yield key, child
 
