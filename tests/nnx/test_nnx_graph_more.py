@@ -322,3 +322,32 @@ def test_traversals_flatten_and_unflatten_nested_mappings_as_flax_nnx():
     assert ours.unflatten_mapping([(("a", "b"), 1)]) == {"a": {"b": 1}}
     with pytest.raises(errors.InvalidVariablesError, match="takes a mapping"):
         ours.flatten_mapping([1])
+
+
+def test_clone_keeps_or_copies_variables_and_arrays_as_flax_nnx():
+    for lib in (nnx, flax_nnx):
+        model = lib.Linear(1, 1, rngs=lib.Rngs(0))
+        same = lib.clone(model, variables=False)
+        assert same is not model and same.kernel is model.kernel
+        deep = lib.clone(model, arrays=True)
+        assert deep.kernel is not model.kernel and deep.kernel[...] is not model.kernel[...]
+        np.testing.assert_array_equal(deep.kernel[...], model.kernel[...])
+        with pytest.raises(ValueError, match="variables"):
+            lib.clone(model, variables=False, arrays=True)
+
+
+def test_with_vars_in_the_modes_varjax_variables_have_keeps_them_as_flax_nnx():
+    from varjax.nnx.state_ops import vars_as, with_vars
+    for lib, with_vars_, vars_as_ in ((nnx, with_vars, vars_as),
+                                      (flax_nnx, flax_nnx.with_vars, flax_nnx.vars_as)):
+        model = lib.Linear(1, 1, rngs=lib.Rngs(0))
+        out = with_vars_(model, hijax=False, ref=False)   # flax.nnx's mutable= needs a Ref
+        assert out is not model and out.kernel is model.kernel
+        with pytest.warns(DeprecationWarning, match="with_vars"):
+            assert vars_as_(model, ref=False).kernel is model.kernel
+    model = nnx.Linear(1, 1, rngs=nnx.Rngs(0))
+    assert with_vars(model, mutable=True).kernel is model.kernel
+    with pytest.raises(errors.NotProvidedError, match="ref=True"):
+        with_vars(model, ref=True)
+    with pytest.raises(errors.NotProvidedError, match="mutable=False"):
+        with_vars(model, mutable=False)

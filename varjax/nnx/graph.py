@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterator, MutableMapping
 
 import jax
+import jax.numpy as jnp
 
 from varjax.ir import errors
 from varjax.nnx.filterlib import to_predicate
@@ -204,11 +205,20 @@ def update(node: Any, *states: Any) -> None:
             _set(node, path, value)
 
 
-def clone(node: Any, /, *, graph: bool | None = None) -> Any:
-    """A copy of ``node`` with new Variables holding the same values (graph mode: what is
-    shared in ``node`` is shared in the copy)."""
+def clone(node: Any, variables: bool = True, *, arrays: bool = False,
+          graph: bool | None = None) -> Any:
+    """A copy of ``node``'s structure (graph mode: what is shared in ``node`` is shared in
+    the copy) holding new Variables with the same values, or ``node``'s own Variables with
+    ``variables=False``; with ``arrays`` the values are copied too."""
+    if arrays and not variables:
+        raise errors.ConfigError(
+            "clone(arrays=True) copies the arrays into new Variables, so it needs "
+            "variables=True.", **errors.where(), fix="drop variables=False")
     g, entries = flatten_graph(node, graph)
-    return build(g, dict(entries).__getitem__, copy=True)
+    leaves = dict(entries)
+    if arrays:
+        leaves = {p: jax.tree.map(jnp.copy, v) for p, v in leaves.items()}
+    return build(g, leaves.__getitem__, copy=variables and not arrays)
 
 
 def unpack(node: Any, *filters: Any, graph: bool | None = None) -> Any:

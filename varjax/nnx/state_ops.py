@@ -25,11 +25,12 @@ from varjax.nnx.pytree import Dict, List, Pytree, children, flatten_node, in_ord
 from varjax.nnx.statelib import FlatState, State
 from varjax.nnx.traversals import flatten_to_sequence
 from varjax.trace.rngs import Rngs, RngStream
+from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
 
 __all__ = ["to_flat_state", "from_flat_state", "merge_state", "map_state", "split_state",
            "filter_state", "pop", "iter_graph", "recursive_map", "find_duplicates", "map",
-           "as_pure", "pure", "restore_int_paths"]
+           "as_pure", "pure", "with_vars", "vars_as", "restore_int_paths"]
 
 
 def to_flat_state(state: Any) -> FlatState:
@@ -85,6 +86,33 @@ def pure(tree: Any) -> Any:
     """``as_pure`` under its old name (deprecated in flax.nnx, which warns too)."""
     warnings.warn("nnx.pure is deprecated: use nnx.as_pure", DeprecationWarning, stacklevel=2)
     return as_pure(tree)
+
+
+def with_vars(node: Any, /, *, hijax: bool | None = None, ref: bool | None = None,
+              mutable: bool | None = None, only: Any = ..., allow_duplicates: bool = False) -> Any:
+    """``node`` with the selected Variables in the given modes.  A varjax Variable is never
+    a hijax type nor an array Ref and is always mutable (object mode makes its reads and
+    writes effects of the transform's trace), so ``hijax=False``, ``ref=False`` and
+    ``mutable=True`` are the modes it has: no Variable differs, and ``node``'s structure
+    comes back holding its own Variables, as flax.nnx's does then (``only`` and
+    ``allow_duplicates`` choose among the Variables that differ: none).  The other modes
+    raise ``NotProvidedError``."""
+    asked = [f"{name}={value}" for name, value, have in
+             (("hijax", hijax, False), ("ref", ref, False), ("mutable", mutable, True))
+             if value is not None and value is not have]
+    if asked:
+        not_provided(f"nnx.with_vars({asked[0]})",
+                     "a varjax Variable is neither a hijax type nor an array Ref, and is "
+                     "always mutable: object mode gives what those modes give.",
+                     f"leave {asked[0].split('=')[0]} out", by="varjax.nnx")
+    return map(lambda _, leaf: leaf, node, recreate_variables=False)
+
+
+def vars_as(node: Any, /, **modes: Any) -> Any:
+    """``with_vars`` under its old name (deprecated in flax.nnx, which warns too)."""
+    warnings.warn("nnx.vars_as is deprecated: use nnx.with_vars", DeprecationWarning,
+                  stacklevel=2)
+    return with_vars(node, **modes)
 
 
 def restore_int_paths(pure_dict: Mapping) -> dict:
