@@ -1,5 +1,6 @@
 """NNX's graph and state functions over NNX objects: ``state``, ``split``, ``merge``,
-``update``, ``graphdef``, ``clone``, ``to_pure_dict``/``replace_by_pure_dict``.
+``update``, ``graphdef``, ``clone``, ``unpack``/``GraphState``, ``flatten``/``unflatten``,
+``to_pure_dict``/``replace_by_pure_dict``.  The walk itself is ``varjax.nnx.graphlib``.
 
 An NNX object's state is its leaves, found by the one walk of its children
 (``varjax.nnx.pytree.children``, flax.nnx's order): the Variables themselves (the same

@@ -10,7 +10,13 @@ through the discharge signature (``notes/nnx.md``).
 
 A static attribute holding data inside a plain container (a Python list of layers) would be
 invisible to a transform, so assigning one is an error (``StaticDataError``), as in NNX:
-use ``nnx.List``/``nnx.Dict`` or ``nnx.data``.
+use ``nnx.List``/``nnx.Dict`` or ``nnx.data``.  A class can fix an attribute's kind for
+every instance (``nnx.Data``/``nnx.Static`` annotations, ``nnx.dataclass`` fields made by
+``nnx.data()``/``nnx.static()``), and ``register_data_type`` makes a type data.
+
+``children`` is the one walk of an object's children (flax.nnx's order: keys sorted,
+indices before names; a stream's ``count`` before its ``key``) that every graph function
+goes through.
 """
 from __future__ import annotations
 
