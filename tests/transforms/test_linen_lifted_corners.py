@@ -341,3 +341,47 @@ def test_direct_transforms_take_bound_setup_methods_as_functions_under_jitted_in
     np.testing.assert_allclose(out, ref_out, rtol=1e-6)
     np.testing.assert_allclose(_bound_branches(vj_nn).apply(ref_vars, x),
                                _bound_branches(flax_nn).apply(ref_vars, x), rtol=1e-6)
+
+
+def _two_scanned_methods(nn, transform):
+    class Foo(nn.Module):
+        def setup(self):
+            self.dense0 = nn.Dense(2)
+            self.dense1 = nn.Dense(2)
+
+        def method_0(self, x):
+            return self.dense0(x), x
+
+        def method_1(self, x, y):
+            return self.dense1(x) + y, None
+
+    if transform == "scan":
+        lifted = nn.scan(Foo, methods={
+            "method_0": dict(variable_axes={"params": 0}, split_rngs={"params": True},
+                             in_axes=nn.broadcast, length=3),
+            "method_1": dict(variable_axes={"params": 0}, split_rngs={"params": True},
+                             in_axes=0, length=3)})
+    else:
+        per = dict(variable_axes={"params": 0}, split_rngs={"params": True})
+        lifted = nn.vmap(Foo, None, None, methods={
+            "method_0": dict(per, in_axes=None, axis_size=3),
+            "method_1": dict(per, in_axes=(0, 0))})
+
+    class Bar(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            foo = lifted()
+            y, ys = foo.method_0(x)
+            return foo.method_1(y, ys)[0]
+    return Bar()
+
+
+@pytest.mark.parametrize("transform", ["scan", "vmap"])
+def test_class_transform_with_per_method_options(transform):
+    """``methods={name: {option: value}}`` lifts each method with its own options."""
+    check_like_linen(lambda nn: _two_scanned_methods(nn, transform), X[:, :2])
+
+
+def test_per_method_options_need_a_module_class():
+    with pytest.raises(TypeError, match="needs a Module class"):
+        vj_nn.scan(lambda mdl, c, x: (c, x), methods={"__call__": {}})

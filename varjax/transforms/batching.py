@@ -36,6 +36,7 @@ from varjax.transforms.common import (
     axis_names,
     filter_items,
     has_axis,
+    lift_methods,
     object_options,
     reject,
     rng_groups,
@@ -61,6 +62,9 @@ def vmap(target: Any = None, variable_axes: Mapping[Any, int | None] | None = No
                                  in_axes=in_axes, out_axes=out_axes, axis_size=axis_size,
                                  axis_name=axis_name, spmd_axis_name=spmd_axis_name,
                                  metadata_params=metadata_params, methods=methods, passes=passes)
+    if isinstance(methods, Mapping):
+        return lift_methods(target, "vmap", methods, lambda options, names: vmap(
+            target, **options, methods=names))
     axes = filter_items(variable_axes, "variable_axes")
     var_axes = tuple(a for _, a in axes)
     rng_filters, split = rng_groups(split_rngs)

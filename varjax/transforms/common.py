@@ -59,6 +59,24 @@ def apply_to(target: Any, transform: str, make: Callable[[Callable], Callable],
     return marked_lifted(dual, target)
 
 
+def lift_methods(target: Any, transform: str, methods: Mapping[str, Mapping[str, Any]],
+                 lift_one: Callable[[Mapping[str, Any], list[str]], type]) -> type:
+    """Linen's ``methods={name: {option: value}}``: each method of the class ``target``
+    lifted with its own options, in place of the transform's other arguments, as in Linen
+    (``lift_one(options, [name])`` is the transform called with them), in one
+    ``{Transform}{Class}``."""
+    if not (isinstance(target, type) and getattr(target, "_varjax_module", False)):
+        raise TypeError(f"vj.{transform}: methods= as a dict of per-method options needs a "
+                        f"Module class, got {type(target).__name__}")
+    attrs = {}
+    for name, options in methods.items():
+        if not isinstance(options, Mapping):
+            raise TypeError(f"vj.{transform}: methods['{name}'] must be a dict of "
+                            f"{transform} options, got {type(options).__name__}")
+        attrs[name] = vars(lift_one(options, [name]))[name]
+    return type(transform.capitalize() + target.__name__, (target,), attrs)
+
+
 class _NoInit:
     def __repr__(self) -> str:
         return "<not given>"

@@ -33,6 +33,7 @@ from varjax.transforms.common import (
     call_direct,
     filter_items,
     has_axis,
+    lift_methods,
     object_options,
     reject,
     rng_groups,
@@ -76,6 +77,9 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
     passes run on the body's IR, after those of the enclosing program (``vj.lift``)."""
     reject(data_transform is not None, "scan", "data_transform is not supported.",
            "annotate shardings inside the body instead")
+    if isinstance(methods, Mapping):
+        return lift_methods(target, "scan", methods, lambda options, names: scan(
+            target, **options, methods=names))
     axes = filter_items(variable_axes, "variable_axes")
     n_ax = len(axes)
     var_filters = (*[f for f, _ in axes], filters.freeze(variable_broadcast),
