@@ -390,11 +390,16 @@ def test_stream_split_and_broadcast_match_flax_nnx(method, k):
 
 
 @pytest.mark.parametrize("method, k", [("split", 4), ("split", {"params": 2, ...: (2, 3)}),
-                                       ("broadcast", {"dropout": None, ...: 2})])
+                                       ("broadcast", {"dropout": None, ...: 2}),
+                                       ("split", {"Not params": 3})])
 def test_rngs_split_and_broadcast_match_flax_nnx(method, k):
     f, v = both(lambda side: side.nnx.Rngs(params=0, dropout=1))
     f.dropout(), v.dropout()
-    f_new, v_new = getattr(f, method)(k), getattr(v, method)(k)
+
+    def rules(nnx):
+        return {nnx.Not("params") if f == "Not params" else f: n for f, n in k.items()} \
+            if isinstance(k, dict) else k
+    f_new, v_new = getattr(f, method)(rules(fnnx)), getattr(v, method)(rules(vnnx))
     same(f_new, v_new)    # a stream left alone restarts from its key at count 0, as in NNX
     same(f, v)
 

@@ -86,9 +86,15 @@ def _show(x: Any) -> str:
     return f"{jax.typeof(x).str_short()} {np.asarray(data).tolist()}"
 
 
-def _names(f: Any, stream: str) -> bool:
-    """Whether stream filter ``f`` (a name, names, ``True``, ``...``) chooses ``stream``."""
-    return f is Ellipsis or filters.matches(f, stream)
+def _chooses(f: Any, name: str, stream: "RngStream") -> bool:
+    """Whether stream filter ``f`` chooses the stream ``name``: ``f`` a name, names, ``True``
+    or ``...``, or a predicate ``(path, stream) -> bool`` as NNX's filters are (``nnx.Not``
+    of a name), called with the path ``()`` as NNX calls it."""
+    if f is Ellipsis:
+        return True
+    if callable(f) and not isinstance(f, type):
+        return bool(f((), stream))
+    return filters.matches(f, name)
 
 
 class _Samplers:
@@ -235,7 +241,7 @@ class Rngs(_Samplers):
         def split_of(name: str) -> Any:
             if not isinstance(split, Mapping):
                 return split
-            return next((n for f, n in split.items() if _names(f, name)), None)
+            return next((n for f, n in split.items() if _chooses(f, name, self[name])), None)
         forked = object.__new__(Rngs)
         forked._streams = {name: s.fork(split_of(name)) for name, s in self._streams.items()}
         return forked
@@ -256,7 +262,7 @@ class Rngs(_Samplers):
         new = object.__new__(Rngs)
         new._streams = {}
         for name, stream in self._streams.items():
-            shape = next((n for f, n in rules.items() if _names(f, name)), None)
+            shape = next((n for f, n in rules.items() if _chooses(f, name, stream)), None)
             new._streams[name] = (RngStream(stream.key, tag=name) if shape is None
                                   else getattr(stream, method)(shape))
         return new
