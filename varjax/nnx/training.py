@@ -24,9 +24,8 @@ import jax.numpy as jnp
 
 from varjax.ir import errors
 from varjax.nnx import metrics, optimizer
-from varjax.nnx.graph import GraphDef
+from varjax.nnx.graphlib import ApplyCaller, GraphDef
 from varjax.nnx.optimizer import _apply_updates
-from varjax.nnx.proxy_caller import CallableProxy, call
 from varjax.nnx.pytree import static
 from varjax.nnx.statelib import State
 
@@ -73,12 +72,11 @@ class TrainState(Generic[M]):
         """A copy with ``changes`` to its fields."""
         return dataclasses.replace(self, **changes)
 
-    def apply(self, state: State | str, *states: State | str) -> CallableProxy:
-        """A caller of the model merged from ``graphdef`` and the states (a ``State``, or
-        the name of a field holding one: ``apply('params')``): calling it, or a method on
-        it, returns ``(out, (graphdef, state))``, as ``GraphDef.apply`` does."""
-        chosen = [self._state(s) for s in (state, *states)]
-        return call((self.graphdef, *chosen))
+    def apply(self, state: State | str, *states: State | str) -> ApplyCaller:
+        """``graphdef.apply`` of the states (a ``State``, or the name of a field holding one:
+        ``apply('params')``): calling it, or a method on it, returns
+        ``(out, (graphdef, state))``."""
+        return self.graphdef.apply(*(self._state(s) for s in (state, *states)))
 
     def _state(self, state: State | str) -> State:
         if not isinstance(state, str):
