@@ -121,9 +121,23 @@ def test_capture_as_a_decorator_of_a_function_taking_the_module_first():
 
 
 def test_capture_of_two_types_returns_a_state_per_type():
-    out, sown, perturbs = capture(_model(nnx), nnx.Intermediate, nnx.Perturbation)(X)
-    assert set(sown) == {"blocks", "features"} and set(perturbs) == {"blocks", "grad_of_x"}
-    np.testing.assert_array_equal(perturbs["grad_of_x"][...], jnp.zeros_like(X))
+    out, cached, perturbs = capture(_model(nnx), nnx.Cache, nnx.Perturbation)(X)
+    _, flax_cached, flax_perturbs = flax_nnx.capture(_model(flax_nnx), flax_nnx.Cache,
+                                                     flax_nnx.Perturbation)(X)
+    assert cached == nnx.State({}) and not flax_cached
+    assert set(perturbs) == {"blocks", "grad_of_x"}
+    _same(perturbs, flax_perturbs)
+
+
+def test_capture_of_intermediate_then_perturbation_puts_perturbations_first_as_flax():
+    """A Perturbation is an Intermediate: the first type takes it, as flax.nnx's
+    split_state does."""
+    _, sown, perturbs = capture(_model(nnx), nnx.Intermediate, nnx.Perturbation)(X)
+    _, flax_sown, flax_perturbs = flax_nnx.capture(
+        _model(flax_nnx), flax_nnx.Intermediate, flax_nnx.Perturbation)(X)
+    _same(sown, flax_sown)
+    assert perturbs == nnx.State({}) and not flax_perturbs
+    assert type(sown["grad_of_x"]) is nnx.Perturbation
 
 
 def test_sow_of_a_type_not_captured_is_a_no_op_and_perturb_returns_the_value():

@@ -112,6 +112,17 @@ class BatchNorm(Module):
         self.axis_name, self.axis_index_groups = axis_name, axis_index_groups
         self.use_fast_variance, self.promote_dtype = use_fast_variance, promote_dtype
 
+    def set_view(self, use_running_average: bool | None = None) -> None:
+        """What ``nnx.view(model, use_running_average=...)`` sets on this layer of the
+        copy (``nnx.view_info`` prints the ``Args:`` below, flax.nnx's text).
+
+        Args:
+          use_running_average: if True, the stored batch statistics will be
+            used instead of computing the batch statistics on the input.
+        """
+        if use_running_average is not None:
+            self.use_running_average = use_running_average
+
     def __call__(self, x: jax.Array, use_running_average: bool | None = None, *,
                  mask: jax.Array | None = None) -> jax.Array:
         use_running_average = first_from(

@@ -47,6 +47,16 @@ class Dropout(Module):
         else:
             raise _bad_rngs(rngs, "an nnx.Rngs, an RngStream or None")
 
+    def set_view(self, deterministic: bool | None = None) -> None:
+        """What ``nnx.view(model, deterministic=...)`` sets on this layer of the copy
+        (``nnx.view_info`` prints the ``Args:`` below, flax.nnx's text).
+
+        Args:
+          deterministic: if True, disables dropout masking.
+        """
+        if deterministic is not None:
+            self.deterministic = deterministic
+
     def __call__(self, inputs: jax.Array, *, deterministic: bool | None = None,
                  rngs: Rngs | RngStream | jax.Array | None = None) -> jax.Array:
         deterministic = first_from(

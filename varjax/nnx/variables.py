@@ -4,7 +4,9 @@
 type is a collection of the IR, named as ``nnx.variable_name_from_type`` names it
 (``Param`` ``params``, ``BatchStat`` ``batch_stats``; a user subclass its class name, or
 ``Count@its.module`` when another class has that name: two same-named classes are two
-types, as in NNX), so a type filter and a collection name select the same variables and
+types, as in NNX), so a type filter and a collection name select the same variables (a
+type selects its subclasses too, as NNX's: ``Param`` a ``LoRAParam``, ``Intermediate`` a
+``Perturbation``, each still of a collection of its own) and
 every varjax tool (``vj.state``, ``vj.pretty``, passes) sees them.  Inside an object-mode transform an
 ``nnx`` Variable is a handle whose reads and writes are ``var_get``/``var_set`` of the
 trace, as ``vj.Variable``'s are: the same class, not a second mechanism.
@@ -214,8 +216,11 @@ class Intermediate(Variable, collection="intermediates"):
     __slots__ = ()
 
 
-class Perturbation(Variable, collection="perturbations"):
-    """Zeros added by ``Module.perturb``, whose gradient is the intermediate's."""
+class Perturbation(Intermediate, collection="perturbations"):
+    """Zeros added by ``Module.perturb``, whose gradient is the intermediate's.  An
+    ``Intermediate`` as in NNX, so the type filter ``nnx.Intermediate`` selects it too;
+    its collection is its own, so the name ``'intermediates'`` does not (as ``LoRAParam``
+    under ``Param``)."""
 
     __slots__ = ()
 
