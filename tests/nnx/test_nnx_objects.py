@@ -94,11 +94,57 @@ def test_a_static_list_of_layers_is_refused_and_nnx_list_or_data_accepted():
     assert len(jax.tree.leaves(good)) == 3 and good.table.n == 3 and good.table["a"].collection == "params"
 
 
+def _walked(lib):
+    """``iter_modules``/``iter_children`` of one model built with ``lib`` (varjax.nnx or
+    flax.nnx), as (key, type name) pairs."""
+    class Inner(lib.Module):
+        def __init__(self, rngs):
+            self.linear = lib.Linear(1, 1, rngs=rngs)
+
+    class Outer(lib.Module):
+        def __init__(self, rngs):
+            self.z = Inner(rngs)
+            self.blocks = lib.List([Inner(rngs), 3])
+            self.table = lib.Dict(x=Inner(rngs))
+            self.p = lib.Param(jnp.ones(1))
+            self.rngs = rngs
+            self.arr = jnp.ones(1)
+            self.plain = lib.data([Inner(rngs)])
+
+    model = Outer(lib.Rngs(0))
+
+    def named(pairs):
+        return [(k, type(v).__name__) for k, v in pairs]
+    return (named(lib.iter_modules(model)), named(lib.iter_children(model)),
+            named(lib.iter_children(model.blocks)), named(lib.iter_modules(model.blocks)))
+
+
+def test_iter_modules_and_iter_children_list_what_flax_nnx_lists():
+    # iter_children lists each direct child that is a graph node, a List/Dict itself (not
+    # its elements); iter_modules walks into lists, Dicts and data lists, and lists the
+    # List/Dict too (Modules in flax.nnx)
+    ours = _walked(nnx)
+    assert ours == _walked(flax_nnx)
+    assert ours[1] == [("blocks", "List"), ("p", "Param"), ("rngs", "Rngs"), ("table", "Dict"),
+                       ("z", "Inner")]
+
+
+def test_module_iter_methods_warn_deprecated_as_flax_nnx():
+    model = Model(nnx.Rngs(0))
+    with pytest.warns(DeprecationWarning, match="nnx.iter_modules"):
+        assert [p for p, _ in model.iter_modules()] == [p for p, _ in nnx.iter_modules(model)]
+    with pytest.warns(DeprecationWarning, match="nnx.iter_children"):
+        assert [k for k, _ in model.iter_children()] == ["blocks"]
+
+
+def test_iter_children_refuses_a_leaf():
+    with pytest.raises(errors.ConfigError, match="ArrayImpl") as info:
+        list(nnx.iter_children(jnp.ones(1)))
+    assert isinstance(info.value, ValueError) and __file__ in info.value.source
+
+
 def test_iter_modules_train_eval_and_sow():
     model = Model(nnx.Rngs(0))
-    paths = [p for p, _ in model.iter_modules()]
-    assert paths == [("blocks", 0, "linear"), ("blocks", 0), ("blocks", 1, "linear"), ("blocks", 1), ()]
-    assert [k for k, _ in model.iter_children()] == [("blocks", 0), ("blocks", 1)]
     model.eval()
     assert all(b.deterministic for b in model.blocks)
     model.train()

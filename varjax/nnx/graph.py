@@ -23,6 +23,7 @@ from varjax.ir import errors
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graphlib import GraphDef, build, build_from_states, flat_of, flatten_graph, nested
 from varjax.nnx.pytree import Pytree, _Container
+from varjax.nnx.rng_variables import FIELDS, stream_variables
 from varjax.nnx.statelib import FlatState, State
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
@@ -190,6 +191,8 @@ def _child(parent: Any, k: Any) -> Any:
         return parent[k]
     if isinstance(parent, Rngs):
         return parent._streams[k]
+    if isinstance(parent, RngStream) and k in FIELDS:
+        return stream_variables(parent)[k]
     return getattr(parent, k)
 
 

@@ -24,6 +24,7 @@ import jax
 from varjax.ir import errors
 from varjax.nnx.config import resolve
 from varjax.nnx.pytree import Pytree, flatten_node, in_order, is_node
+from varjax.nnx.rng_variables import plain_type
 from varjax.nnx.statelib import State
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable, held
@@ -141,7 +142,7 @@ class RefMap:
 def _variable_def(x: Any) -> tuple | None:
     if not isinstance(x, Variable):
         return None
-    return type(x), x.collection, tuple(sorted(x.get_metadata().items()))
+    return plain_type(x), x.collection, tuple(sorted(x.get_metadata().items()))
 
 
 def show(path: Path) -> str:
@@ -214,7 +215,7 @@ def build(g: GraphDef, value_at: Callable[[Path], Any], *, copy: bool = False,
     def leaf(d: LeafDef) -> Any:
         value = value_at(d.path)
         if isinstance(value, Variable) and copy:
-            value = held(type(value), value.collection, value.value, value.get_metadata())
+            value = held(plain_type(value), value.collection, value.value, value.get_metadata())
         elif d.variable is not None and not isinstance(value, Variable) and recreate:
             typ, collection, metadata = d.variable
             value = held(typ, collection, value, dict(metadata))

@@ -3,19 +3,24 @@
 A module is a ``Pytree`` (``varjax.nnx.pytree``): built eagerly in ``__init__``, its
 Variables and submodules its children.  What this file adds walks that tree: ``train()``
 /``eval()``/``set_attributes`` set attributes of every module under it, ``iter_modules``/
-``iter_children`` list them with their paths, and ``sow``/``perturb`` keep an intermediate
+``iter_children`` list them with their paths (both through the one walk of
+``pytree.children``, as flax.nnx lists them), and ``sow``/``perturb`` keep an intermediate
 value (or its perturbation) where ``nnx.capture`` collects it, as NNX does.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors
-from varjax.nnx.pytree import Pytree, _Container
+from varjax.nnx.config import resolve
+from varjax.nnx.pytree import Dict, List, Pytree, children, is_node
+from varjax.nnx.state_ops import iter_graph
 from varjax.nnx.variables import Perturbation, Variable, variable_type_from_name
+from varjax.trace.rngs import Rngs, RngStream
 
 __all__ = ["Module", "iter_modules", "iter_children", "CAPTURES", "Captured"]
 
@@ -58,43 +63,30 @@ class Captured:
 Path = tuple[Any, ...]
 
 
-def _children(node: Any) -> Iterator[tuple[Any, Any]]:
-    """The data children of an NNX object: (attribute name or key, value)."""
-    if isinstance(node, _Container):
-        yield from ((k, v) for k, v in node._items() if isinstance(v, Pytree))
-        return
-    names = node.__dict__.get("_nnx_data", ())
-    for name in sorted(names):
-        yield name, node.__dict__[name]
+def iter_modules(node: Any, /, *, graph: bool | None = None
+                 ) -> Iterator[tuple[Path, Module | List | Dict]]:
+    """Every module under ``node`` (``node`` included) with its path: ``iter_graph``'s
+    walk (children first, keys in order, each object once in graph mode) keeping the
+    modules.  ``nnx.List``/``nnx.Dict`` are listed too, as flax.nnx's (Modules there)."""
+    for path, value in iter_graph(node, graph=graph):
+        if isinstance(value, (Module, List, Dict)):
+            yield path, value
 
 
-def iter_modules(node: Any) -> Iterator[tuple[Path, "Module"]]:
-    """Every module under ``node`` (``node`` included), each once, with its path, parents
-    after their children (NNX's order: depth first, post-order)."""
-    seen: set[int] = set()
-
-    def walk(path: Path, obj: Any) -> Iterator[tuple[Path, Module]]:
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
-        for key, child in _children(obj):
-            if isinstance(child, Pytree):
-                yield from walk((*path, key), child)
-        if isinstance(obj, Module):
-            yield path, obj
-    yield from walk((), node)
-
-
-def iter_children(node: Any) -> Iterator[tuple[Any, "Module"]]:
-    """The modules directly under ``node`` (through ``nnx.List``/``nnx.Dict`` too), with
-    their attribute names or keys."""
-    for key, child in _children(node):
-        if isinstance(child, Module):
+def iter_children(node: Any, /, *, graph: bool | None = None) -> Iterator[tuple[Any, Any]]:
+    """The objects directly under ``node`` with their keys, as flax.nnx's: every child that
+    is a graph node (a module, an ``nnx.List``/``nnx.Dict`` itself, ``Rngs``, a stream, a
+    Variable), in the walk's order; arrays and plain containers are not.  ``node`` must
+    have children (an NNX object or a container); ``graph`` is accepted for flax.nnx's
+    signature, as one level lists the same children in both modes."""
+    resolve(graph)
+    if not is_node(node):
+        raise errors.ConfigError(
+            f"iter_children: expected an NNX object or a container, got a "
+            f"{type(node).__name__}.", **errors.where(), fix="pass a module")
+    for key, child in children(node):
+        if isinstance(child, (Pytree, Rngs, RngStream, Variable)):
             yield key, child
-        elif isinstance(child, _Container):
-            for k, sub in _children(child):
-                if isinstance(sub, Module):
-                    yield (key, k), sub
 
 
 class Module(Pytree):
@@ -131,10 +123,16 @@ class Module(Pytree):
         self.set_attributes(deterministic=True, use_running_average=True, **attributes,
                             raise_if_not_found=False)
 
-    def iter_modules(self) -> Iterator[tuple[Path, "Module"]]:
+    def iter_modules(self) -> Iterator[tuple[Path, Any]]:
+        """``nnx.iter_modules(self)``; deprecated in flax.nnx, so it warns as there."""
+        warnings.warn("Module.iter_modules() is deprecated: call nnx.iter_modules(module).",
+                      DeprecationWarning, stacklevel=2)
         return iter_modules(self)
 
-    def iter_children(self) -> Iterator[tuple[Any, "Module"]]:
+    def iter_children(self) -> Iterator[tuple[Any, Any]]:
+        """``nnx.iter_children(self)``; deprecated in flax.nnx, so it warns as there."""
+        warnings.warn("Module.iter_children() is deprecated: call nnx.iter_children(module).",
+                      DeprecationWarning, stacklevel=2)
         return iter_children(self)
 
     def sow(self, variable_type: type[Variable] | str, name: str, value: Any,

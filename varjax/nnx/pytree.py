@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from varjax.ir import errors
+from varjax.nnx.rng_variables import stream_children
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 
@@ -238,25 +239,31 @@ def _strip_keys(flat: tuple[list, tuple]) -> tuple[list, tuple]:
 
 
 def _container_flatten(obj: _Container) -> tuple[list, tuple]:
+    data = obj._data_keys()
     items = obj._items()
-    kids = [(_element_key(k), v) for k, v in items if is_data(v)]
-    aux = tuple((k, is_data(v), None if is_data(v) else v) for k, v in items)
+    kids = [(_element_key(k), v) for k, v in items if k in data]
+    aux = tuple((k, k in data, None if k in data else v) for k, v in items)
     return kids, aux
 
 
 def _container_unflatten(cls: type, aux: tuple, children: Any) -> Any:
     it = iter(children)
-    items = [(k, next(it) if data_ else value) for k, data_, value in aux]
+    items = [(k, next(it) if data_ else value, data_) for k, data_, value in aux]
     obj = object.__new__(cls)
     if issubclass(cls, List):
-        obj.__dict__["_list"] = [v for _, v in items]
+        obj.__dict__.update(_list=[v for _, v, _ in items], _data=[d for _, _, d in items])
     else:
-        obj.__dict__["_dict"] = dict(items)
+        obj.__dict__.update(_dict={k: v for k, v, _ in items},
+                            _data={k for k, _, d in items if d})
     return obj
 
 
 class _Container(Pytree):
-    """``List``/``Dict``: elements classified as attributes are, data or static."""
+    """``List``/``Dict``: each element classified when it is put in, as an attribute is on
+    assignment (data by its type or by ``nnx.data``, else static), and the classification
+    kept with the element.  So flattening never re-decides it: an object-mode transform,
+    which flattens a module, swaps its Variables for placeholders and flattens that again,
+    finds the same children (a bare Variable held in an ``nnx.List`` included)."""
 
     @classmethod
     def _register(cls) -> None:
@@ -267,37 +274,51 @@ class _Container(Pytree):
     def _items(self) -> list[tuple[Any, Any]]:
         raise NotImplementedError
 
-    def _check(self, key: Any, value: Any) -> Any:
+    def _data_keys(self) -> set:
+        """The keys (indices) of the elements that are data."""
+        raise NotImplementedError
+
+    def _classify(self, key: Any, value: Any) -> tuple[Any, bool]:
+        """``(value, is data)`` of an element put in at ``key``."""
         if isinstance(value, _Marked):
-            return value.value
+            if not value.data:
+                _check_static(self, str(key), value.value)
+            return value.value, value.data
         if not is_data(value):
             _check_static(self, str(key), value)
-        return value
+        return value, is_data(value)
 
 
 class List(_Container, MutableSequence):
     """A list of layers (or values) that is a pytree: its data elements are children."""
 
     def __init__(self, items: Any = ()):
-        self.__dict__["_list"] = [self._check(i, v) for i, v in enumerate(items)]
+        pairs = [self._classify(i, v) for i, v in enumerate(items)]
+        self.__dict__.update(_list=[v for v, _ in pairs], _data=[d for _, d in pairs])
 
     def _items(self) -> list[tuple[Any, Any]]:
         return list(enumerate(self._list))
+
+    def _data_keys(self) -> set:
+        return {i for i, d in enumerate(self._data) if d}
 
     def __getitem__(self, i: Any) -> Any:
         return self._list[i]
 
     def __setitem__(self, i: Any, value: Any) -> None:
-        self._list[i] = self._check(i, value)
+        self._list[i], self._data[i] = self._classify(i, value)
 
     def __delitem__(self, i: Any) -> None:
         del self._list[i]
+        del self._data[i]
 
     def __len__(self) -> int:
         return len(self._list)
 
     def insert(self, i: int, value: Any) -> None:
-        self._list.insert(i, self._check(i, value))
+        value, data_ = self._classify(i, value)
+        self._list.insert(i, value)
+        self._data.insert(i, data_)
 
     def __repr__(self) -> str:
         return f"List({self._list!r})"
@@ -307,21 +328,26 @@ class Dict(_Container, MutableMapping):
     """A mapping of layers (or values) that is a pytree, children in key order."""
 
     def __init__(self, items: Any = (), /, **kwargs: Any):
-        self.__dict__["_dict"] = {}
+        self.__dict__.update(_dict={}, _data=set())
         for k, v in dict(items, **kwargs).items():
             self[k] = v
 
     def _items(self) -> list[tuple[Any, Any]]:
         return sorted(self._dict.items())
 
+    def _data_keys(self) -> set:
+        return self._data
+
     def __getitem__(self, key: str) -> Any:
         return self._dict[key]
 
     def __setitem__(self, key: str, value: Any) -> None:
-        self._dict[key] = self._check(key, value)
+        self._dict[key], data_ = self._classify(key, value)
+        (self._data.add if data_ else self._data.discard)(key)
 
     def __delitem__(self, key: str) -> None:
         del self._dict[key]
+        self._data.discard(key)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._dict)
@@ -368,13 +394,14 @@ def _below() -> Any:
 
 def flatten_node(node: Any) -> tuple[list[tuple[Key, Any]], Any]:
     """``node``'s data children in JAX's flatten order, each named as flax.nnx names it (a
-    stream by its name, a stream's fields ``key``/``count``), and the one-level treedef that
-    rebuilds ``node`` from them.  The walks name children with it and rebuild with it."""
+    stream by its name), and the one-level treedef that rebuilds ``node`` from them.  The
+    walks name children with it and rebuild with it.  A stream's children are its key and
+    count as NNX's ``RngKey``/``RngCount`` Variables (``varjax.nnx.rng_variables``)."""
+    if isinstance(node, RngStream):
+        return stream_children(node)
     flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=_below())
     if isinstance(node, Rngs):
         keys: list = list(node)
-    elif isinstance(node, RngStream):
-        keys = ["key", "count"]
     else:
         keys = [_key_name(p[0]) for p, _ in flat]
     return list(zip(keys, (child for _, child in flat))), treedef
@@ -399,7 +426,8 @@ def in_order(pairs: list[tuple[Key, Any]]) -> list[tuple[Key, Any]]:
 
 def _statics(node: Any) -> list[tuple[Key, Any]]:
     if isinstance(node, _Container):
-        return [(k, v) for k, v in node._items() if not is_data(v)]
+        data = node._data_keys()
+        return [(k, v) for k, v in node._items() if k not in data]
     if isinstance(node, Pytree):
         names = node.__dict__.get(_DATA_NAMES, ())
         return [(k, v) for k, v in node.__dict__.items() if k != _DATA_NAMES and k not in names]

@@ -32,7 +32,7 @@ from varjax.ir import errors
 from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.pytree import flatten_node, in_order, is_node
-from varjax.nnx.variables import RngCount, RngKey
+from varjax.nnx.rng_variables import stream_variables
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 
@@ -99,8 +99,9 @@ def _show(path: Path) -> str:
 def _chosen(predicate: Callable[[Path, Any], bool], path: Path, stream: RngStream) -> bool:
     """Whether a filter chooses ``stream``: it matches the stream's key and its count, each
     seen as NNX shows it (an ``RngKey``/``RngCount`` tagged with the stream's name)."""
-    return (predicate((*path, "key"), RngKey(stream.key, tag=stream.tag))
-            and predicate((*path, "count"), RngCount(stream.count, tag=stream.tag)))
+    views = stream_variables(stream)
+    return (predicate((*path, "key"), views["key"])
+            and predicate((*path, "count"), views["count"]))
 
 
 # -- backups ------------------------------------------------------------------------------
