@@ -40,35 +40,90 @@ from varjax.functional.activations import (
     swish,
     tanh,
 )
-from varjax.nnx import filterlib, graph, metrics, optimizer, rnglib, statelib, transforms
+from varjax.nnx import filterlib, graph, metrics, optimizer, rnglib, statelib, training, transforms
 from varjax.nnx import unbuilt as _unbuilt
+from varjax.nnx.abstract import abstract_with_sharding, as_abstract, get_abstract_model
 from varjax.nnx.batching import vmap
-from varjax.nnx.control import cond, eval_shape, fori_loop, switch, while_loop
+from varjax.nnx.capturing import capture
+from varjax.nnx.compilation import cached_partial, checkify, jit_partial, make_jaxpr
 from varjax.nnx.config import set_graph_mode, set_graph_updates
+from varjax.nnx.contexts import (
+    MergeContext,
+    SplitContext,
+    UpdateContext,
+    current_update_context,
+    merge_context,
+    split_context,
+    update_context,
+)
+from varjax.nnx.control import cond, eval_shape, fori_loop, switch, while_loop
 from varjax.nnx.convolution import Conv
 from varjax.nnx.differentiation import custom_vjp, jvp, vjp
+from varjax.nnx.eager_sharding import use_eager_sharding, using_eager_sharding
 from varjax.nnx.embedding import Embed
+from varjax.nnx.extract import NodeStates, from_tree, to_tree
 from varjax.nnx.filterlib import All, Any, Everything, Not, Nothing, OfType, PathContains, WithTag
 from varjax.nnx.graph import (
     GraphDef,
+    GraphState,
+    PureState,
     clone,
+    flatten,
     graphdef,
     merge,
     replace_by_pure_dict,
     split,
     state,
     to_pure_dict,
+    unflatten,
+    unpack,
     update,
 )
 from varjax.nnx.iteration import Carry, scan
 from varjax.nnx.linear import Linear
 from varjax.nnx.metrics import Metric, MultiMetric
 from varjax.nnx.module import Module, iter_children, iter_modules
+from varjax.nnx.module_helpers import (
+    M,
+    display,
+    iter_module_children,
+    set_metadata,
+    tabulate,
+    view,
+    view_info,
+    with_attributes,
+)
 from varjax.nnx.normalization import BatchNorm, LayerNorm
 from varjax.nnx.optimizer import ModelAndOptimizer, OptArray, Optimizer, OptVariable
-from varjax.nnx.pytree import Dict, List, Object, Pytree, data, static
-from varjax.nnx.rnglib import fork_rngs, reseed, restore_rngs, split_rngs
+from varjax.nnx.proxy_caller import call
+from varjax.nnx.pytree import (
+    Data,
+    Dict,
+    List,
+    Object,
+    Pytree,
+    Static,
+    check_pytree,
+    data,
+    dataclass,
+    has_data,
+    is_data,
+    register_data_type,
+    static,
+)
+from varjax.nnx.rnglib import fork_rngs, reseed, restore_rngs, split_rngs, with_rngs
+from varjax.nnx.sharding_transforms import pmap, shard_map, transform_metadata
+from varjax.nnx.spmd import (
+    PARTITION_NAME,
+    Initializer,
+    get_named_sharding,
+    get_partition_spec,
+    logical_axis_rules,
+    with_partitioning,
+)
+from varjax.nnx.state_axes import StateAxes
 from varjax.nnx.state_ops import (
+    as_pure,
     filter_state,
     find_duplicates,
     from_flat_state,
@@ -77,14 +132,20 @@ from varjax.nnx.state_ops import (
     map_state,
     merge_state,
     pop,
+    pure,
+    recursive_map,
     restore_int_paths,
     split_state,
     to_flat_state,
+    vars_as,
+    with_vars,
 )
 from varjax.nnx.statelib import FlatState, State
 from varjax.nnx.stochastic import Dropout
+from varjax.nnx.training import TrainState
 from varjax.nnx.transforms import DiffState, grad, jit, remat, value_and_grad
 from varjax.nnx.variables import (
+    A,
     BatchStat,
     Cache,
     Intermediate,
@@ -96,13 +157,30 @@ from varjax.nnx.variables import (
     RngKey,
     RngState,
     Variable,
+    VariableMetadata,
+    register_variable_name,
+    var_defaults,
     variable_name_from_type,
     variable_type_from_name,
+    with_metadata,
 )
 from varjax.trace.rngs import Rngs, RngStream
 
 __all__ = [
-    "set_graph_mode", "set_graph_updates",
+    "unpack", "GraphState", "PureState", "flatten", "unflatten", "recursive_map", "as_pure",
+    "pure", "with_vars", "vars_as", "split_context", "merge_context", "update_context",
+    "current_update_context", "SplitContext", "MergeContext", "UpdateContext", "to_tree",
+    "from_tree", "NodeStates", "Data", "Static", "dataclass", "register_data_type", "is_data",
+    "has_data", "check_pytree", "as_abstract", "abstract_with_sharding", "get_abstract_model",
+    "graphlib", "extract", "traversals",
+    "set_graph_mode", "set_graph_updates", "with_rngs", "TrainState", "training",
+    "StateAxes", "jit_partial", "cached_partial", "make_jaxpr", "checkify", "call", "capture",
+    "shard_map", "pmap", "transform_metadata", "use_eager_sharding", "using_eager_sharding",
+    "compat", "proxy_caller", "var_defaults", "with_metadata", "VariableMetadata",
+    "register_variable_name", "A", "M", "view", "view_info", "with_attributes", "display",
+    "iter_module_children", "set_metadata", "tabulate", "PARTITION_NAME", "get_partition_spec",
+    "get_named_sharding", "with_partitioning", "logical_axis_rules", "Initializer", "spmd",
+    "module", "variables",
     "rnglib", "split_rngs", "fork_rngs", "restore_rngs", "reseed",
     "pop", "to_flat_state", "from_flat_state", "merge_state", "map_state", "split_state",
     "filter_state", "iter_graph", "find_duplicates", "map", "restore_int_paths", "FlatState",

@@ -14,34 +14,15 @@ from varjax.trace.unprovided import not_provided
 __all__ = ["NOT_YET", "missing"]
 
 _PARTS = {
-    "an nnx transform (issue 35, part 4); until then vj.jit, vj.grad, vj.vmap and the other "
-    "object-mode transforms take NNX modules": (
-        "jit_partial", "cached_partial", "pmap", "shard_map", "make_jaxpr", "capture",
-        "transform_metadata", "prefix", "StateAxes", "StateSharding", "compat", "checkify", "call", "use_eager_sharding",
-        "using_eager_sharding", "proxy_caller"),
-    "graph and state (issue 35, part 3); until then vj.split, vj.merge, vj.state and "
-    "vj.update take NNX modules": (
-        "unpack", "to_tree",
-        "from_tree", "GraphState", "PureState", "recursive_map", "split_context", "merge_context",
-        "update_context", "current_update_context", "SplitContext", "MergeContext",
-        "UpdateContext", "NodeStates", "flatten",
-        "unflatten", "graphlib",
-
-        "extract", "pure", "as_pure", "as_abstract", "get_abstract_model",
-        "abstract_with_sharding", "vars_as", "with_vars", "check_pytree", "has_data",
-        "is_data", "register_data_type", "Data", "Static", "dataclass", "traversals", "tracers",
-        "variables", "pytreelib", "object", "module", "variablelib", "reprlib"),
-    "randomness beyond Rngs (issue 35, part 2): with_rngs needs string filters that match "
-    "streams by tag, and RngStream.split/broadcast": ("with_rngs",),
-    "training (issue 35, part 5): TrainState needs GraphDef.apply": (
-        "TrainState", "training"),
-    "a Variable or module helper (issue 35, part 1)": (
-        "register_variable_name", "var_defaults", "with_metadata", "set_metadata",
-        "VariableMetadata", "view", "view_info", "with_attributes", "display", "tabulate",
-        "summary", "visualization", "iter_module_children", "PARTITION_NAME",
-        "get_partition_spec", "get_named_sharding", "with_partitioning", "logical_axis_rules",
-        "spmd", "A", "M", "Initializer", "helpers",
-        "deprecations", "wrappers", "bridge"),
+    "a prefix filter of the transforms (issue 35, part 4): nnx.StateAxes in vmap's in_axes is "
+    "built; per-Variable prefixes and shardings need per-filter axes in scan, out_axes and "
+    "shard_map": ("prefix", "StateSharding"),
+    "the bridge between varjax.nn and varjax.nnx modules (issue 36, item 5)": ("bridge",),
+    "one of flax.nnx's internal submodules; varjax.nnx keeps the same roles in its own "
+    "modules (pytree, module, variables, graphlib, training) and has no trace-level checks, "
+    "deprecation shims, summary tables or notebook visualisation": (
+        "object", "pytreelib", "variablelib", "reprlib", "tracers", "helpers", "summary",
+        "visualization", "deprecations", "wrappers"),
 }
 
 # Every other public name of flax.nnx 0.12.8 is a layer or layer function: the layers issue.
