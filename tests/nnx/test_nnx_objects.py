@@ -179,3 +179,45 @@ def test_a_variable_computes_like_its_value_as_in_flax_nnx():
                          (-a, -fa), (a @ a, fa @ fa), (a ** 2, fa ** 2)):
         np.testing.assert_array_equal(ours, theirs)
     assert float(b) == 4.0 and bool(a)        # truth is the object's, not the array's
+
+
+def _held_variables(lib):
+    class Holder(lib.Module):
+        def __init__(self):
+            self.vs = lib.List([lib.Param(jnp.arange(2.0)), 3, lib.BatchStat(jnp.zeros(2))])
+            self.table = lib.Dict(a=lib.Param(jnp.ones(2)), name="s")
+    return Holder()
+
+
+def test_bare_variables_in_list_and_dict_under_nnx_jit_as_flax_nnx():
+    # a List's elements keep their data/static classification through the placeholders
+    # object mode flattens a module with (it failed with "Too few leaves for PyTreeDef")
+    def run(lib):
+        holder = _held_variables(lib)
+
+        @lib.jit
+        def step(h, x):
+            h.vs[2].value = h.vs[2].value + x
+            return h.vs[0].value * x + h.table["a"].value
+        return step(holder, 2.0), holder.vs[2].value, holder.vs[1], holder.table["name"]
+    ours, theirs = run(nnx), run(flax_nnx)
+    for a, b in zip(ours[:2], theirs[:2]):
+        np.testing.assert_array_equal(a, b)
+    assert ours[2:] == theirs[2:] == (3, "s")
+
+
+def test_bare_variable_in_list_under_nnx_vmap_as_flax_nnx():
+    def run(lib):
+        holder = _held_variables(lib)
+        return lib.vmap(lambda h, x: h.vs[0].value * x, in_axes=(None, 0))(holder, jnp.arange(3.0))
+    np.testing.assert_array_equal(run(nnx), run(flax_nnx))
+
+
+def test_list_keeps_an_element_marked_data_or_static():
+    held = nnx.List([nnx.data([nnx.Param(jnp.ones(1))]), 2])
+    assert len(jax.tree.leaves(held)) == 1
+    held[1] = nnx.Param(jnp.zeros(1))
+    held.insert(0, "label")
+    del held[0]
+    assert [type(x).__name__ for x in jax.tree.leaves(held, is_leaf=lambda v: isinstance(
+        v, nnx.Variable))] == ["Param", "Param"]

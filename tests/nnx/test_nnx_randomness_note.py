@@ -6,8 +6,7 @@ object's state.
 
 Two examples of the guide are not here, as varjax.nnx does not run them yet: "Forking
 implicit random state" and "Transforming implicit state" both pass an ``nnx.StateAxes`` to
-``nnx.vmap``/``nnx.scan`` (not built).  Nor is "Filtering random state": ``nnx.state(model,
-nnx.RngState)`` is empty in varjax.nnx, as a stream's key and count are plain arrays there.
+``nnx.vmap``/``nnx.scan`` (not built).
 """
 from __future__ import annotations
 
@@ -180,4 +179,19 @@ def test_note_reseed_repeats_the_first_dropout_mask_matches_flax():
         assert not jnp.allclose(y1, y2)
         assert jnp.allclose(y1, y3)
         return (_model_state(nnx, model), y1 == 0, y2 == 0, y3 == 0), (y1, y2, y3)
+    _both(example)
+
+
+def test_note_filtering_random_state_by_type_and_stream_name_matches_flax():
+    def example(nnx):
+        model = _implicit_model(nnx)(nnx.Rngs(params=0, dropout=1))
+        rng_state = nnx.state(model, nnx.RngState)    # all random states
+        key_state = nnx.state(model, nnx.RngKey)      # only PRNG keys
+        count_state = nnx.state(model, nnx.RngCount)  # only counts
+        rng_dropout_state = nnx.state(model, "dropout")    # only `dropout`
+        tags = {v.tag for v in jax.tree.leaves(rng_dropout_state, is_leaf=lambda v: isinstance(
+            v, nnx.Variable))}
+        assert tags == {"dropout"}
+        states = (rng_state, key_state, count_state, rng_dropout_state)
+        return tuple(nnx.to_pure_dict(s) for s in states), ()
     _both(example)

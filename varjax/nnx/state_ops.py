@@ -305,23 +305,38 @@ def pop(node: Any, *filters: Any) -> Any:
             i = next((i for i, p in enumerate(predicates) if p(here, value)), None)
             if i is not None:
                 seen.add(id(value))
-                _remove(obj, key, here)
-                flats[i][here] = value
+                found.append((obj, key, here, i, value))
 
+    found: list[tuple[Any, Any, tuple, int, Variable]] = []
     walk(node, ())
+    for parent, _, here, _, _ in found:     # refused before anything is removed
+        _check_removable(parent, here)
+    for parent, key, here, i, value in found:
+        _remove(parent, key)
+        flats[i][here] = value
     states = [State.from_flat(f) for f in flats]
     return states[0] if len(states) == 1 else tuple(states)
 
 
-def _remove(parent: Any, key: Any, path: tuple) -> None:
+def _check_removable(parent: Any, path: tuple) -> None:
+    names = tuple(str(k) for k in path)
+    if isinstance(parent, RngStream):
+        raise errors.NotProvidedError(
+            f"pop: the {names[-1]} of the RNG stream at {'/'.join(names[:-1])} (at "
+            f"{'/'.join(names)}) is part of the stream, which cannot lose it.",
+            path=names, collection=parent.tag, **errors.where(),
+            fix="select the random state with nnx.state(model, nnx.RngState), or pop "
+                "other Variables (nnx.pop(model, nnx.Intermediate))")
     if isinstance(parent, (List, list, tuple, dict)):
-        names = tuple(str(k) for k in path)
         raise errors.NotProvidedError(
             f"pop: the Variable at {'/'.join(names)} is an element of a "
             f"{type(parent).__name__}, which pop does not remove elements from (flax.nnx "
             "refuses a plain container and leaves an nnx.List broken).",
             path=names, **errors.where(),
             fix="hold Variables to pop in module attributes or an nnx.Dict")
+
+
+def _remove(parent: Any, key: Any) -> None:
     if isinstance(parent, Dict):
         del parent[key]
     else:
