@@ -24,7 +24,17 @@ object-mode variable are constrained alike, and the constraints can be seen, dum
 switched off (``vj.functionalize(..., passes=...)`` cannot drop a default pass, but with
 no mesh active and no box carrying a mesh the pass changes nothing).
 
+A name that is no axis of the mesh is a logical name, as an ``nnx`` Variable's
+``out_sharding`` may hold (``nnx.with_partitioning(init, ('embed', None))``): it is read
+through the active logical axis rules, as flax.nnx reads it when it shards the Variable
+(``axis_metadata.through_rules``), and a name no rule maps is a ``PartitioningError``
+naming the variable (flax.nnx and Linen raise JAX's ``ValueError`` there).
+
 Sharp edges:
+  * A name that is a mesh axis is kept even where a rule maps it (flax.nnx would map it):
+    the box cannot tell an NNX Variable's names from a Linen ``Partitioned``'s mesh axes.
+    A Variable's own ``sharding_rules`` and ``mesh`` metadata are not in its box: only
+    the active rules and mesh are read.
   * The mesh and rules are read when the function is traced; ``vj.functionalize`` keys
     its trace cache on them, a raw ``jax.jit`` around ``apply`` keys on the mesh only
     (as with Linen, changing the rules under a live ``jax.jit`` cache needs a new jit).
@@ -39,6 +49,7 @@ import dataclasses
 from typing import Any
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from varjax import _jax
 from varjax.ir import axis_metadata, errors
@@ -53,13 +64,39 @@ def annotated(tree: Any) -> bool:
     return any(axis_metadata.constraint_of(b) is not None for b in axis_metadata.boxes_of(tree))
 
 
+def _on_mesh(eqn: _jax.JaxprEqn, box: Any, sharding: NamedSharding | PartitionSpec
+             ) -> NamedSharding | PartitionSpec:
+    """``sharding`` with its names that are no mesh axis read through the active logical
+    axis rules (``axis_metadata.through_rules``: an NNX Variable's ``out_sharding`` of
+    logical names); a name still off the mesh is the user's error, named here with the
+    variable, not JAX's inside the pass."""
+    named = isinstance(sharding, NamedSharding)
+    mesh = sharding.mesh if named else axis_metadata.global_mesh()
+    spec = axis_metadata.through_rules(sharding.spec if named else sharding, mesh.axis_names)
+    unknown = axis_metadata.off_mesh(spec, mesh.axis_names)
+    if unknown:
+        collection, path = eqn.params["collection"], eqn.params["path"]
+        rules = axis_metadata.get_logical_axis_rules()
+        raise errors.PartitioningError(
+            f"variable {errors.format_path(path)} of collection '{collection}' is "
+            f"partitioned {tuple(box.names)}, but {', '.join(map(repr, unknown))} is no axis "
+            f"of the mesh {tuple(mesh.axis_names)} and no logical axis rule maps it "
+            f"(active rules: {tuple(rules) or 'none'}).",
+            collection=collection, path=path, **errors.where(eqn.source_info),
+            fix="map the logical name to mesh axes around the call (nnx.logical_axis_rules("
+                "[('embed', 'model')]), or nn.logical_axis_rules), or name a mesh axis "
+                "(None: not sharded)")
+    return NamedSharding(mesh, spec) if named else spec
+
+
 def constrain(eqn: _jax.JaxprEqn, leaves: list[Any]) -> list[Any]:
     """``leaves`` of ``eqn``'s variable, each box's value constrained as Linen's
-    ``Partitioned.unbox()`` constrains it."""
+    ``Partitioned.unbox()`` constrains it, logical names read as ``_on_mesh`` says."""
     def one(box: Any) -> Any:
         sharding = axis_metadata.constraint_of(box)
         if sharding is None:
             return box
+        sharding = _on_mesh(eqn, box, sharding)
         try:
             return box.replace_boxed(jax.lax.with_sharding_constraint(box.value, sharding))
         except AssertionError as e:   # JAX's check under Explicit mesh axes

@@ -152,3 +152,32 @@ def test_a_partitioned_variable_crossing_a_scan_without_metadata_params_is_an_er
         _stack(nn, "scan").init(jax.random.key(0), X)
     with pytest.raises(flax.errors.PartitioningUnspecifiedError):     # Linen's error
         _stack(linen, "scan").init(jax.random.key(0), X)
+
+
+def _named(lib):
+    class Net(lib.Module):
+        @lib.compact
+        def __call__(self, x):
+            return lib.Dense(4, kernel_init=lib.with_partitioning(
+                lib.initializers.lecun_normal(), ("embed", "model")))(x)
+    return Net()
+
+
+def test_a_name_off_the_mesh_is_an_error_naming_the_variable_where_linen_raises_jaxs():
+    lv, vv = _named(linen).init(jax.random.key(0), X), _named(nn).init(jax.random.key(0), X)
+    with jax.set_mesh(_mesh()):
+        with pytest.raises(ValueError, match="embed"):
+            _named(linen).apply(lv, X)
+        with pytest.raises(errors.PartitioningError,
+                           match=r"Dense_0/kernel of collection 'params'.*'embed' is no axis"
+                           ) as info:
+            _named(nn).apply(vv, X)
+    assert isinstance(info.value, ValueError) and "test_shard_variables.py" in str(info.value)
+
+
+def test_a_name_off_the_mesh_is_read_through_the_active_rules():
+    """What flax.nnx does with a Variable's out_sharding; Linen's own unbox would raise."""
+    variables = _named(nn).init(jax.random.key(0), X)
+    with jax.set_mesh(_mesh()), nn.logical_axis_rules((("embed", None), ("model", "x"))):
+        traced = _named(nn).functionalize().traced(X, variables=variables)
+    assert _constraints(traced.pure) == [P(None, "model")]      # a mesh axis is kept

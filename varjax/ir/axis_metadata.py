@@ -56,7 +56,7 @@ __all__ = [
     "replace_boxed", "rebox", "get_partition_spec", "get_sharding", "unboxed_structure", "equal_unboxed",
     "logical_axis_rules", "get_logical_axis_rules", "set_logical_axis_rules",
     "logical_to_mesh_axes", "assign_mesh_axes", "UNASSIGNED", "global_mesh",
-    "partition_spec_of", "constraint_of",
+    "partition_spec_of", "constraint_of", "through_rules", "off_mesh",
 ]
 
 A = TypeVar("A")
@@ -431,6 +431,31 @@ def partition_spec_of(box: Any) -> PartitionSpec | None:
     if isinstance(box, Partitioned):
         return box.get_partition_spec()
     return None
+
+
+def through_rules(spec: PartitionSpec, mesh_axes: Sequence[str],
+                  rules: LogicalRules | None = None) -> PartitionSpec:
+    """``spec`` with each name that is no axis of the mesh (``mesh_axes``) replaced by what
+    ``rules`` (the active ones if None) map it to, the last rule for a name winning: how
+    flax.nnx reads a Variable's ``out_sharding`` of logical names.  A mesh axis is kept
+    as it is (a Linen ``Partitioned`` names mesh axes), and so is a name no rule maps
+    (``off_mesh`` finds it)."""
+    rules = get_logical_axis_rules() if rules is None else rules
+    mapping: dict[Any, Any] = {}
+    for rule in rules:
+        if not (isinstance(rule, (tuple, list)) and len(rule) == 2):
+            raise errors.PartitioningError(
+                f"a logical axis rule must be a (logical name, mesh axes) pair, not {rule!r}.",
+                **errors.where(), fix="rules=(('batch', 'data'), ('embed', None), ...)")
+        mapping[rule[0]] = rule[1]
+    return PartitionSpec(*(mapping[x] if isinstance(x, str) and x not in mesh_axes and x in mapping
+                           else x for x in spec))
+
+
+def off_mesh(spec: PartitionSpec, mesh_axes: Sequence[str]) -> tuple[str, ...]:
+    """The names in ``spec`` (a tuple entry's too) that are no axis of the mesh."""
+    names = [n for x in spec for n in (x if isinstance(x, (tuple, list)) else (x,))]
+    return tuple(n for n in names if isinstance(n, str) and n not in mesh_axes)
 
 
 def constraint_of(box: Any) -> NamedSharding | PartitionSpec | None:
