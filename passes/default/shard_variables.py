@@ -56,6 +56,7 @@ from varjax.ir import axis_metadata, errors
 from varjax.ir.primitives import var_get_p, var_set_p
 from varjax.passes.framework.base import Pass, PassContext
 from varjax.passes.framework.rewrite import Region, Rewriter, Rule
+from varjax.trace.variable import CREATED
 
 
 def annotated(tree: Any) -> bool:
@@ -76,10 +77,14 @@ def _on_mesh(eqn: _jax.JaxprEqn, box: Any, sharding: NamedSharding | PartitionSp
     unknown = axis_metadata.off_mesh(spec, mesh.axis_names)
     if unknown:
         collection, path = eqn.params["collection"], eqn.params["path"]
+        if collection == CREATED:     # (collection, n): no path of the user's yet
+            collection, path = path[0], None
+            what = f"a Variable of collection '{collection}' made inside the transform"
+        else:
+            what = f"variable {errors.format_path(path)} of collection '{collection}'"
         rules = axis_metadata.get_logical_axis_rules()
         raise errors.PartitioningError(
-            f"variable {errors.format_path(path)} of collection '{collection}' is "
-            f"partitioned {tuple(box.names)}, but {', '.join(map(repr, unknown))} is no axis "
+            f"{what} is partitioned {tuple(box.names)}, but {', '.join(map(repr, unknown))} is no axis "
             f"of the mesh {tuple(mesh.axis_names)} and no logical axis rule maps it "
             f"(active rules: {tuple(rules) or 'none'}).",
             collection=collection, path=path, **errors.where(eqn.source_info),

@@ -177,3 +177,11 @@ def test_an_unmapped_logical_name_under_nnx_jit_is_an_error_naming_the_variable(
                            match=r"kernel of collection 'params'.*'embed' is no axis") as info:
             nnx.jit(lambda m, x: m(x))(model, jnp.ones((1, 2)))
     assert isinstance(info.value, ValueError) and "test_nnx_fixes.py" in str(info.value)
+
+
+def test_an_unmapped_logical_name_of_a_variable_made_under_nnx_jit_is_an_error():
+    with jax.set_mesh(MESH):
+        with pytest.raises(errors.PartitioningError, match=r"a Variable of collection "
+                           r"'params' made inside the transform.*'embed' is no axis") as info:
+            nnx.jit(lambda: _linear(nnx, spmd.with_partitioning))()
+    assert info.value.collection == "params"
