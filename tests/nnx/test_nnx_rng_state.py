@@ -135,3 +135,24 @@ def test_pop_refuses_a_stream_key_or_count():
         pop(model, nnx.RngState)
     assert __file__ in info.value.source
     assert int(model.drop.rngs.count) == 0 and model.drop.rngs.key is not None
+
+
+def test_rng_count_written_through_state_inside_nnx_jit_reaches_the_caller_as_flax_nnx():
+    def run(lib: Any) -> Any:
+        model = _model(lib)
+
+        @lib.jit
+        def step(m):
+            lib.state(m, lib.RngCount)["drop"]["rngs"]["count"].value = jnp.uint32(4)
+            return m(X)
+        return step(model) == 0, lib.to_pure_dict(lib.state(model, lib.RngCount))
+    _same(run(nnx), run(flax_nnx))
+
+
+def test_rng_key_written_inside_a_transform_is_refused_naming_the_stream():
+    @nnx.jit
+    def step(m):
+        nnx.state(m, nnx.RngKey)["drop"]["rngs"]["key"].value = jax.random.key(3)
+
+    with pytest.raises(errors.TransformError, match="'dropout'"):
+        step(_model(nnx))

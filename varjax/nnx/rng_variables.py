@@ -17,7 +17,6 @@ Variable of its NNX type (``plain_type``): only the walk makes views.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Any
 
 from varjax.nnx.variables import RngCount, RngKey
@@ -74,20 +73,21 @@ class RngCountView(RngCount):
 _VIEWS: dict[str, tuple[type[Variable], type[Variable]]] = {
     "key": (RngKeyView, RngKey), "count": (RngCountView, RngCount)}
 _PLAIN = {view: plain for view, plain in _VIEWS.values()}
-_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MADE = "_nnx_variables"    # the attribute of a stream holding its views
 
 
 def stream_variables(stream: RngStream) -> dict[str, Variable]:
     """``{'key': RngKey, 'count': RngCount}`` of ``stream``, each tagged with the stream's
-    name: the same two Variables every time for the same stream."""
-    made = _MADE.get(stream)
-    if made is None:
+    name: the same two Variables every time for the same stream.  The stream holds them
+    (not a table here), so they live and die with it."""
+    made = stream.__dict__.get(_MADE)
+    if made is None or made["key"]._stream is not stream:    # none yet, or a copy's
         made = {}
         for name, (view_type, plain) in _VIEWS.items():
             view = held(view_type, collection_of(plain), None, {"tag": stream.tag})
             view._stream = stream
             made[name] = view
-        _MADE[stream] = made
+        stream.__dict__[_MADE] = made
     return made
 
 
