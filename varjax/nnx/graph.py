@@ -4,11 +4,15 @@
 
 An NNX object's state is its leaves, found by the one walk of its children
 (``varjax.nnx.pytree.children``, flax.nnx's order): the Variables themselves (the same
-objects, as NNX's ``state`` returns them), raw array attributes, and the key and count of
-each ``Rngs`` stream.  Each leaf is named by its path in the object, as flax.nnx names it
-(attribute names, list indices, ``rngs/<stream>/count``), so the ``to_pure_dict`` of a
-varjax model's state and of the same flax.nnx model's hold the same paths, and checkpoints
-interchange.  The ``GraphDef`` records the walk: each object's one-level treedef (which
+objects, as NNX's ``state`` returns them), raw array attributes, and each RNG stream's
+key and count as the ``RngKey``/``RngCount`` Variables flax.nnx holds there (views that
+read and write the stream, ``varjax.nnx.rng_variables``).  Each leaf is named by its path
+in the object, as flax.nnx names it (attribute names, list indices,
+``rngs/<stream>/count``), so the ``to_pure_dict`` of a varjax model's state and of the same
+flax.nnx model's hold the same paths, and checkpoints interchange.  ``merge`` gives a
+stream the values of its key and count (varjax's streams hold arrays, not Variables), so
+a merged stream draws on its own, where flax.nnx's shares its Variables with the split
+one's.  The ``GraphDef`` records the walk: each object's one-level treedef (which
 rebuilds it) and, in graph mode, a reference where an object is met again, so ``merge``
 rebuilds shared objects shared.  ``graph=False`` (tree mode) refuses shared Variables.
 """

@@ -1,10 +1,10 @@
 """``nnx.State``: the leaves of an NNX object, nested by path.
 
 A ``State`` maps each path component (attribute name, list index, stream name) to a
-nested ``State`` or a leaf: a Variable (the object's own, as NNX's ``state`` gives it), an
-array, or an RNG stream's key or count.  It is a pytree, so ``jax.tree.map`` over it maps
-the Variables' values and keeps their types, and a state is what ``jax.jit`` takes where
-NNX code passes one.
+nested ``State`` or a leaf: a Variable (the object's own, as NNX's ``state`` gives it; an
+RNG stream's key or count is an ``RngKey``/``RngCount``), or an array.  It is a pytree, so
+``jax.tree.map`` over it maps the Variables' values and keeps their types, and a state is
+what ``jax.jit`` takes where NNX code passes one.
 """
 from __future__ import annotations
 
