@@ -27,15 +27,38 @@ import functools
 from typing import Any, Callable, Sequence
 
 from varjax.ir import errors
+from varjax.ir.caches import LRU
 from varjax.nnx.config import resolve
 from varjax.nnx.graph import merge, split
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.pytree import Pytree
+from varjax.nnx.statelib import State
 from varjax.nnx.transform_checks import as_decorator, refuse_options
 from varjax.nnx.variables import Param
 from varjax.objects import object_transforms as objects
+from varjax.objects.graph import register_mutable
 
 __all__ = ["jit", "grad", "value_and_grad", "remat", "DiffState"]
+
+
+def _structure(obj: Any) -> list[Any]:
+    """An NNX object's structure, as Python containers: its attributes, and the dicts,
+    lists and sets among them (its data names, a ``List``'s elements, a static list).
+    Registered so that object mode keeps the graph of a call on the same modules
+    (``varjax.objects.graph.ArgumentGraphs``) while these hold the same objects: a train
+    step's repeated ``nnx.jit`` call then reads its Variables' values without walking the
+    modules."""
+    attributes = vars(obj)
+    return [attributes, *(v for v in attributes.values() if type(v) in (dict, list, set))]
+
+
+def _mapping(state: State) -> list[Any]:
+    """A ``State``'s structure: its mapping (the one attribute it has, set when it is made)."""
+    return [vars(state)["_mapping"]]
+
+
+register_mutable(Pytree, _structure)
+register_mutable(State, _mapping)
 
 
 def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings: Any = None,
@@ -89,6 +112,37 @@ def _diff_states(argnums: Any, updates: bool) -> tuple[tuple[DiffState, ...], bo
                  for a in items), many
 
 
+_GRADS = LRU()    # (fn, graph, updates, has_aux, argnums, defs, count) -> object-mode grad
+
+
+def _object_grad(fn: Callable, graph: bool, updates: bool, has_aux: bool, argnums: Any,
+                 defs: tuple, count: int) -> Callable:
+    """The object-mode ``value_and_grad`` of ``fn`` through ``carrying`` (its aux and the
+    changes come out as the aux), over arguments split by ``defs`` (per split argument
+    its ``GraphDef``; ``count`` arguments in all) or, with no ``defs``, over the whole
+    arguments.  One per function, options and split structure, so that an eager
+    ``nnx.grad(f)(model)`` called again (a new ``nnx.grad`` each time, as in a loop
+    body) reuses its functionalized trace instead of tracing ``f`` again."""
+    key = (fn, graph, updates, has_aux, argnums, defs, count)
+    found = _GRADS.get(key)
+    if found is None:
+        carried = carrying(fn, "grad", graph, updates)
+
+        def loss(*a: Any) -> Any:
+            out, changes = carried(*a)
+            return (out[0], (out[1], changes)) if has_aux else (out, (None, changes))
+        graphdefs = dict(defs)
+        order = sorted(graphdefs)
+
+        def inner(*a: Any) -> Any:
+            rest = dict(zip(order, a[count:]))
+            return loss(*(merge(graphdefs[i], a[i], rest[i]) if i in graphdefs else a[i]
+                          for i in range(count)))
+        found = _GRADS[key] = objects.value_and_grad(inner if defs else loss,
+                                                     argnums=argnums, has_aux=True)
+    return found
+
+
 def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
                    holomorphic: bool = False, allow_int: bool = False, reduce_axes: Any = (),
                    graph: bool | None = None, graph_updates: bool | None = None) -> Any:
@@ -102,13 +156,8 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
     jax_argnums = tuple(d.argnum for d in diffs) if many else diffs[0].argnum
 
     def build(fn: Callable) -> Callable:
-        carried = carrying(fn, "grad", graph, updates)
-
-        def loss(*a: Any) -> Any:
-            """``fn`` through ``carried``: its aux and the changes come out as the aux."""
-            out, changes = carried(*a)
-            return (out[0], (out[1], changes)) if has_aux else (out, (None, changes))
-        whole = objects.value_and_grad(loss, argnums=jax_argnums, has_aux=True)
+        def differentiated(defs: tuple = (), count: int = 0) -> Callable:
+            return _object_grad(fn, graph, updates, has_aux, jax_argnums, defs, count)
 
         @functools.wraps(fn)
         def call(*args: Any) -> Any:
@@ -118,7 +167,7 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
                         f"nnx.grad: argnums names argument {d.argnum}, and the function was "
                         f"given {len(args)}.", **errors.where(), fix="pass that argument")
             if not updates:     # the whole arguments, as jax.grad (the Tree Mode note)
-                (value, (aux, _)), grads = whole(*args)
+                (value, (aux, _)), grads = differentiated()(*args)
                 return ((value, aux) if has_aux else value), grads
             given = list(args)
             defs, rests = {}, {}
@@ -127,13 +176,7 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
                     defs[d.argnum], given[d.argnum], rests[d.argnum] = split(
                         given[d.argnum], d.filter, ...)
             order = sorted(rests)
-
-            def inner(*a: Any) -> Any:
-                a = list(a)
-                rest = dict(zip(order, a[len(args):]))
-                return loss(*(merge(defs[i], a[i], rest[i]) if i in defs else a[i]
-                              for i in range(len(args))))
-            vg = objects.value_and_grad(inner, argnums=jax_argnums, has_aux=True)
+            vg = differentiated(tuple(defs.items()), len(args))
             (value, (aux, changes)), grads = vg(*given, *(rests[i] for i in order))
             aux = finish(args, {}, aux, changes)
             return ((value, aux) if has_aux else value), grads

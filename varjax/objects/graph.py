@@ -12,7 +12,8 @@ which copies each place separately.  A variable reached through two different no
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+import operator
+from typing import Any, Callable, Hashable, Sequence
 
 import jax
 import numpy as np
@@ -55,8 +56,9 @@ class Graph:
     paths: list[tuple[str, ...]]     # per leaf, its key path
     is_object: list[bool]            # per leaf
     cells: list[tuple[Node, Cell]] = dataclasses.field(init=False)
-    # Set when the graph is kept by ``ArgumentGraphs``: the positions of the node arguments
-    # (every other argument is a plain value), and what callers derive from the graph once.
+    # Set when the graph is kept by ``ArgumentGraphs``: the positions of the object arguments
+    # (nodes, or containers of them; every other argument is a plain value), and what
+    # callers derive from the graph once.
     node_args: tuple[int, ...] | None = dataclasses.field(default=None, init=False)
     memo: dict[str, Any] = dataclasses.field(default_factory=dict, init=False)
 
@@ -193,7 +195,8 @@ class Layout:
 
 
 # Types whose instances are never object nodes and hold none: a call whose positional
-# arguments are all such values or nodes themselves may keep its graph.
+# arguments are all such values, nodes, or containers of nodes with a structure watch
+# (``structure_watch``) may keep its graph.
 _PLAIN_BASES = (jax.Array, np.ndarray, np.generic, int, float, complex, str, type(None))
 _PLAIN: dict[type, bool] = {}
 
@@ -206,31 +209,118 @@ def _plain(x: Any) -> bool:
     return found
 
 
+# Pytree types that are mutable Python objects, and the Python containers (dicts, lists,
+# sets) whose contents are an instance's structure: an NNX module's ``__dict__`` and its
+# set of data names, a state's mapping (``varjax.nnx`` registers its types).
+_MUTABLE: list[tuple[type, Callable[[Any], list[Any]]]] = []
+# Pytree types whose structure cannot change after they are made.
+_FROZEN = (tuple, type(None))
+
+
+def register_mutable(type_: type, parts: Callable[[Any], list[Any]]) -> None:
+    """Lets an argument holding instances of ``type_`` (an object a transform's caller keeps
+    and changes between calls) have its graph kept: ``parts(x)`` are the dicts, lists and
+    sets whose contents are ``x``'s structure, which a kept graph checks on every call."""
+    _MUTABLE.append((type_, parts))
+
+
+def _parts_of(x: Any) -> Callable[[Any], list[Any]] | None:
+    if type(x) in (dict, list):
+        return lambda c: [c]
+    return next((parts for t, parts in _MUTABLE if isinstance(x, t)), None)
+
+
+def structure_watch(arg: Any) -> Callable[[], bool] | None:
+    """A check that ``arg``'s structure is what it is now, for a kept graph: every mutable
+    container in it (``register_mutable``) holds the same objects by identity (an equal
+    one is a change too: a Variable compares equal to an array of its value), with the
+    same keys, and every node's own watch says the same.  None when ``arg`` holds a pytree
+    of a type of unknown mutability (a user's class): such an argument is walked on every
+    call.  It runs on every call, so each container is compared in C
+    (``map(operator.is_, ...)``)."""
+    mappings: list[tuple[dict, int, Any, tuple]] = []
+    sequences: list[tuple[list, int, tuple]] = []
+    sets: list[tuple[set, frozenset]] = []
+    nodes: list[tuple[Callable[[], Hashable], Hashable]] = []
+
+    def visit(x: Any) -> bool:
+        kind = kind_of(x)
+        if kind is not None:
+            watch = kind.watch(x)
+            if watch is not None:
+                nodes.append((watch, watch()))
+            return True
+        children, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)
+        if jax.tree_util.treedef_is_leaf(treedef):
+            return True
+        parts = _parts_of(x)
+        if parts is None and not isinstance(x, _FROZEN):
+            return False
+        for p in parts(x) if parts is not None else ():
+            if isinstance(p, dict):
+                mappings.append((p, len(p), frozenset(p), tuple(p.values())))
+            elif isinstance(p, list):
+                sequences.append((p, len(p), tuple(p)))
+            else:
+                sets.append((p, frozenset(p)))
+        return all(map(visit, children))
+    if not visit(arg):
+        return None
+    is_ = operator.is_
+
+    def unchanged() -> bool:
+        for d, n, keys, values in mappings:
+            if len(d) != n or not all(map(is_, d.values(), values)) or d.keys() != keys:
+                return False
+        for seq, n, items in sequences:
+            if len(seq) != n or not all(map(is_, seq, items)):
+                return False
+        for s, frozen in sets:
+            if s != frozen:
+                return False
+        for watch, seen in nodes:
+            if watch() != seen:
+                return False
+        return True
+    return unchanged
+
+
 class _Kept:
-    """A graph kept for calls on the same node objects: it holds them (so their ``id``s
-    are not reused while it lives) and what their watches said."""
+    """A graph kept for calls on the same objects: it holds them (so their ``id``s are not
+    reused while it lives) and the watches of their structure."""
 
-    __slots__ = ("graph", "count", "nodes", "plain", "watches")
+    __slots__ = ("graph", "count", "objects", "plain", "watches")
 
-    def __init__(self, graph: Graph, args: tuple):
+    def __init__(self, graph: Graph, args: tuple, watches: list[Callable[[], bool]]):
         self.graph, self.count = graph, len(args)
-        self.nodes = [(i, a) for i, a in enumerate(args) if not _plain(a)]
+        self.objects = [(i, a) for i, a in enumerate(args) if not _plain(a)]
         self.plain = [i for i, a in enumerate(args) if _plain(a)]
-        watches = [kind_of(a).watch(a) for _, a in self.nodes]
-        self.watches = [(w, w()) for w in watches if w is not None]
-        graph.node_args = tuple(i for i, _ in self.nodes)
+        self.watches = watches
+        graph.node_args = tuple(i for i, _ in self.objects)
+
+    @classmethod
+    def of(cls, graph: Graph, args: tuple) -> "_Kept | None":
+        """A kept graph of ``args``, or None when an argument cannot be watched."""
+        watches = []
+        for a in args:
+            if not _plain(a):
+                watch = structure_watch(a)
+                if watch is None:
+                    return None
+                watches.append(watch)
+        return cls(graph, args, watches)
 
     def matches(self, args: tuple) -> bool:
         if len(args) != self.count:
             return False
-        for i, obj in self.nodes:
+        for i, obj in self.objects:
             if args[i] is not obj:
                 return False
         for i in self.plain:
             if not _PLAIN.get(type(args[i])):
                 return False
-        for watch, seen in self.watches:
-            if watch() != seen:
+        for watch in self.watches:
+            if not watch():
                 return False
         return True
 
@@ -240,10 +330,11 @@ class ArgumentGraphs:
 
     A train step is called again and again on the same model and optimizer state, and
     finding their nodes and cells anew each time would cost more than JAX's dispatch.  A
-    call whose positional arguments are nodes and plain values (arrays, numbers), with no
-    keyword arguments, reuses the graph of an earlier call made outside any trace on the
-    same objects, while their watches (``NodeKind.watch``: which variables a node has)
-    say the same.  ``SIZE`` bounds the objects kept alive."""
+    call whose positional arguments are plain values (arrays, numbers), nodes, or
+    containers of nodes whose structure can be watched (``structure_watch``: an NNX module,
+    a list of Variables), with no keyword arguments, reuses the graph of an earlier call
+    made outside any trace on the same objects, while their watches say the same.  ``SIZE``
+    bounds the objects kept alive."""
 
     SIZE = 4
 
@@ -258,8 +349,9 @@ class ArgumentGraphs:
                         self._kept.insert(0, self._kept.pop(n))
                     return kept.graph
         graph = make()
-        if not kwargs and active() is None and all(_plain(a) or kind_of(a) is not None
-                                                   for a in args):
-            self._kept.insert(0, _Kept(graph, args))
-            del self._kept[self.SIZE:]
+        if not kwargs and active() is None:
+            kept = _Kept.of(graph, args)
+            if kept is not None:
+                self._kept.insert(0, kept)
+                del self._kept[self.SIZE:]
         return graph

@@ -91,38 +91,52 @@ class _Pure:
 
     def flat(self, graph: Graph, make: Callable[[Callable], Callable]) -> Callable:
         """A call ``args -> out`` for a graph kept by ``ArgumentGraphs``, writing back:
-        ``make`` of ``pure`` taking each node argument as its pytree children.  The
-        objects' static parts key that function once per graph, instead of JAX hashing
-        them on every call, and it returns the ``Result``'s fields as a tuple (JAX
-        unflattens a tuple faster than a dataclass)."""
+        ``make`` of ``pure`` taking each object argument (a node, or a container of nodes
+        such as an NNX module) as the list of its leaves' pytree children, read from the
+        nodes without walking the argument.  The objects' static parts key that function
+        once per graph, instead of JAX hashing them on every call, and it returns the
+        ``Result``'s fields as a tuple (JAX unflattens a tuple faster than a dataclass)."""
         positions = graph.node_args
-        nodes = [graph.nodes[place] for place in graph.places]
-        defs = tuple(_one_level(n.obj) for n in nodes)
+        per_arg: dict[int, list[Any]] = {i: [] for i in positions}
+        places = iter(graph.places)
+        for leaf, path, is_object in zip(graph.leaves, graph.paths, graph.is_object):
+            node = graph.nodes[next(places)] if is_object else None
+            if path[0] == "0" and int(path[1]) in per_arg:
+                per_arg[int(path[1])].append((leaf, node))
+        readers = [(i, [n.kind.reader(n.obj) if n is not None else _constant(leaf)
+                        for leaf, n in per_arg[i]]) for i in positions]
+        arg_defs = graph.treedef.children()[0].children()   # (args, kwargs): nodes as leaves
+        defs = tuple((arg_defs[i], tuple(_one_level(leaf) for leaf, _ in per_arg[i]))
+                     for i in positions)
         layout, shared = graph.layout(), graph.shared()
-        places = layout.places
         key = ("flat", layout, shared, positions, defs)
         jitted = self._made.get(key)
         if jitted is None:
             def pure(*flat_args: Any) -> tuple:
                 args = list(flat_args)
-                for i, treedef in zip(positions, defs):
-                    args[i] = treedef.unflatten(flat_args[i])
-                args, _ = dealias(tuple(args), {}, places)
+                for i, (outer, inner) in zip(positions, defs):
+                    args[i] = outer.unflatten([d.unflatten(c) for d, c in zip(inner, args[i])])
+                args, _ = dealias(tuple(args), {}, layout.places)
                 out, result = run(self.fn, args, {}, graph=_copies(layout, args, {}),
                                   shared=shared)
                 return out, result.updates, result.created, result.captured
             functools.update_wrapper(pure, self.fn)
             jitted = self._made[key] = make(pure)
-        readers = [(i, n.kind.reader(n.obj)) for i, n in zip(positions, nodes)]
 
         def call(args: tuple) -> Any:
             flat_args = list(args)
-            for i, read in readers:
-                flat_args[i] = read()
+            for i, reads in readers:
+                flat_args[i] = [read() for read in reads]
             out, updates, created, _ = jitted(*flat_args)
             graph.write_back(updates, created)
             return out
         return call
+
+
+def _constant(value: Any) -> Callable[[], tuple]:
+    """The reader of a leaf of an object argument that is not a node (an array attribute of
+    a module): the watch of its container says it is the same object."""
+    return lambda: (value,)
 
 
 def _one_level(node: Any) -> Any:
