@@ -22,6 +22,7 @@ SUITES = {
     "trace": "bench.bench_trace",
     "frameworks": "bench.bench_frameworks",
     "dispatch": "bench.bench_dispatch",
+    "nnx_dispatch": "bench.nnx_dispatch",
     "transforms": "bench.bench_transforms",
     "pipeline": "bench.bench_pipeline",
     "init": "bench.bench_init",

@@ -77,3 +77,41 @@ def test_a_copy_holding_a_dict_where_a_value_was_is_walked():
     assert keys[0].endswith("/w")
     np.testing.assert_array_equal(
         jax.tree.leaves(mapped)[0], jax.tree.leaves(model)[0])
+
+
+def test_a_list_of_variables_keeps_its_graph_until_the_list_changes(monkeypatch):
+    vs = [vj.Variable(jnp.ones(())), vj.Variable(jnp.ones(()))]
+    total = vj.jit(lambda vs: sum(v.value for v in vs))
+    calls = _count_graphs(monkeypatch)
+    assert float(total(vs)) == 2.0 and float(total(vs)) == 2.0
+    assert len(calls) == 1
+    vs.append(vj.Variable(jnp.ones(())))
+    assert float(total(vs)) == 3.0
+    vs[0] = vj.Variable(jnp.zeros(()))
+    assert float(total(vs)) == 2.0
+    assert len(calls) == 3
+
+
+@jax.tree_util.register_pytree_node_class
+class _Holder:
+    """A user's pytree class: object mode cannot tell when its contents change."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def tree_flatten(self):
+        return (self.v,), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
+
+
+def test_an_argument_of_a_users_pytree_class_is_walked_on_every_call(monkeypatch):
+    h = _Holder(vj.Variable(jnp.ones(())))
+    read = vj.jit(lambda h: h.v.value)
+    calls = _count_graphs(monkeypatch)
+    read(h)
+    h.v = vj.Variable(jnp.full((), 2.0))
+    assert float(read(h)) == 2.0
+    assert len(calls) == 2

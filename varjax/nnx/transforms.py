@@ -29,8 +29,9 @@ from typing import Any, Callable, Sequence
 from varjax.ir import errors
 from varjax.ir.caches import LRU
 from varjax.nnx.config import resolve
-from varjax.nnx.graph import merge, split
+from varjax.nnx.graph import merge, split, state
 from varjax.nnx.graph_updates import carrying, finish
+from varjax.nnx.graphlib import flat_of
 from varjax.nnx.pytree import Pytree
 from varjax.nnx.statelib import State
 from varjax.nnx.transform_checks import as_decorator, refuse_options
@@ -135,12 +136,27 @@ def _object_grad(fn: Callable, graph: bool, updates: bool, has_aux: bool, argnum
         order = sorted(graphdefs)
 
         def inner(*a: Any) -> Any:
-            rest = dict(zip(order, a[count:]))
-            return loss(*(merge(graphdefs[i], a[i], rest[i]) if i in graphdefs else a[i]
-                          for i in range(count)))
+            rests = dict(zip(order, a[count:]))
+            merged = {i: merge(graphdefs[i], a[i], rests[i]) for i in order}
+            out = loss(*(merged.get(i, a[i]) for i in range(count)))
+            for i in order:
+                _streams_back(merged[i], rests[i])
+            return out
         found = _GRADS[key] = objects.value_and_grad(inner if defs else loss,
                                                      argnums=argnums, has_aux=True)
     return found
+
+
+def _streams_back(merged: Any, rest: Any) -> None:
+    """Writes the key and count of each RNG stream of ``merged`` into ``rest``'s
+    ``RngKey``/``RngCount`` (views of the caller's stream, which object mode writes back):
+    ``merge`` gives a stream the values of its key and count, so a Dropout's draws inside
+    the function would not otherwise advance the caller's stream, as flax.nnx's do."""
+    now = flat_of(state(merged))
+    for path, leaf in flat_of(rest).items():
+        mine = now.get(path)
+        if mine is not None and mine is not leaf:
+            leaf.value = mine.value
 
 
 def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
