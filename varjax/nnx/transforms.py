@@ -18,6 +18,13 @@ Variables through the discharge signature.  What NNX adds is desugared:
   Variable) and returns a gradient of the argument's type, as flax.nnx does, and a
   ``DiffState`` is refused with flax.nnx's ``ValueError``.
 
+A train step is called again and again on the same modules, so dispatch is object mode's
+kept graph (``varjax.objects.graph.ArgumentGraphs``): registered here, an NNX object's or
+``State``'s containers are watched by identity, and while they hold the same objects a call
+reads the Variables' values flat into one ``jax.jit`` instead of walking the modules.  An
+eager ``grad`` reuses one object-mode ``value_and_grad`` per function, options and split
+structure (``_object_grad``), so it is traced once, not per call.
+
 Options of flax.nnx's signatures that are not built raise ``NotProvidedError`` when given.
 """
 from __future__ import annotations

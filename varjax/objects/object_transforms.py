@@ -119,7 +119,9 @@ class _Pure:
                 args, _ = dealias(tuple(args), {}, layout.places)
                 out, result = run(self.fn, args, {}, graph=_copies(layout, args, {}),
                                   shared=shared)
-                return out, result.updates, result.created, result.captured
+                # No variable created (the usual step): no per-node dicts for JAX to build.
+                created = result.created if any(result.created) else ()
+                return out, result.updates, created, result.captured
             functools.update_wrapper(pure, self.fn)
             jitted = self._made[key] = make(pure)
 
