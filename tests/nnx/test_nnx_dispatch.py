@@ -191,3 +191,11 @@ def test_dropout_stream_count_advances_under_eager_grad_as_flax_nnx():
     assert int(ours.drop.rngs.count[...]) == int(theirs.drop.rngs.count[...]) == 3
     for g, fg in zip(ours_grads, their_grads):
         np.testing.assert_array_equal(g["lin"]["kernel"][...], fg["lin"]["kernel"][...])
+
+
+def test_a_module_passed_as_a_static_argument_is_not_flattened():
+    m = Linear(2, 2, rngs=Rngs(0))
+    x = jnp.ones((1, 2))
+    apply = jit(lambda m, x: m(x), static_argnums=0)
+    for _ in range(2):
+        np.testing.assert_array_equal(apply(m, x), m(x))

@@ -162,13 +162,17 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
     def make(p: Callable) -> Callable:
         return jax.jit(p, static_argnums=static_argnums, donate_argnums=donate_argnums)
 
+    statics = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+
     def call(*args: Any, **kwargs: Any) -> Any:
         graph = pure.originals(args, kwargs)
         if graph.node_args is not None:
             flat = graph.memo.get("jit")
-            if flat is None:
-                flat = graph.memo["jit"] = pure.flat(graph, make)
-            return flat(args)
+            if flat is None:     # a static object argument is hashed whole: no flat call
+                static = {i % len(args) for i in statics} & set(graph.node_args)
+                flat = graph.memo["jit"] = False if static else pure.flat(graph, make)
+            if flat:
+                return flat(args)
         out, result = pure.get(graph, make)(*args, **kwargs)
         graph.write_back(result.updates, result.created)
         return out
