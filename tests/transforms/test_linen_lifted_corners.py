@@ -385,3 +385,56 @@ def test_class_transform_with_per_method_options(transform):
 def test_per_method_options_need_a_module_class():
     with pytest.raises(TypeError, match="needs a Module class"):
         vj_nn.scan(lambda mdl, c, x: (c, x), methods={"__call__": {}})
+
+
+def test_a_transformed_method_sees_the_submodule_names_its_caller_reserved():
+    """A jitted method creating a submodule under a name its (jitted) caller already used
+    raises, as in Linen; under a fresh name it works."""
+    def make(nn, name):
+        class Foo(nn.Module):
+            @nn.jit
+            def helper(self, x, m):
+                nn.Dense(2, name=name)
+                return m(x)
+
+            @nn.jit
+            @nn.compact
+            def __call__(self, x):
+                return self.helper(x, nn.Dense(2, name="a"))
+        return Foo()
+    from varjax import errors
+    with pytest.raises(errors.NameInUseError, match="'a'"):
+        make(vj_nn, "a").init(jax.random.key(0), X)
+    with pytest.raises(Exception):
+        make(flax_nn, "a").init(jax.random.key(0), X)
+    assert jax.tree.map(jnp.shape, make(vj_nn, "b").init(jax.random.key(0), X)) == \
+        jax.tree.map(jnp.shape, make(flax_nn, "b").init(jax.random.key(0), X))
+
+
+@pytest.mark.parametrize("transform", ["jit", "remat"])
+def test_a_variable_handle_passed_to_a_transformed_method_is_written_in_its_owner(transform):
+    """``self.variable(...)``'s handle given to a jitted (or rematted) method: its writes
+    reach the variable, as in Linen (it was flattened to a copy of its value before, and
+    the write was silently lost)."""
+    def make(nn):
+        lift = getattr(nn, transform)
+
+        class Test(nn.Module):
+            @lift
+            @nn.compact
+            def __call__(self, x):
+                baz = self.variable("test", "baz", jnp.zeros, x.shape)
+                return self.add(x, baz)
+
+            @lift
+            def add(self, x, baz):
+                baz.value += x
+                return baz.value
+        return Test()
+    x = jnp.ones((1,))
+    for nn in (flax_nn, vj_nn):
+        variables = make(nn).init(jax.random.key(0), x)
+        np.testing.assert_array_equal(variables["test"]["baz"], [1.0])
+        y, variables = make(nn).apply(variables, x, mutable=["test"])
+        np.testing.assert_array_equal(variables["test"]["baz"], [2.0])
+        np.testing.assert_array_equal(y, [2.0])

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from varjax.trace.variable import Variable
 from varjax.trace.variable_dicts import unflatten_variables, variable_values
 
 Group = dict  # {(collection, path): value}
@@ -19,6 +20,11 @@ Group = dict  # {(collection, path): value}
 
 def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def is_handle(x: Any) -> bool:
+    """A handle on a variable of a trace (not a Variable holding its own value)."""
+    return isinstance(x, Variable) and x.path is not None
 
 
 def group_to_variables(group: Group, path: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -52,8 +58,13 @@ def set_aside(groups: Sequence[Group], fits: Callable[[int, Any], bool]
 def partition(args: tuple) -> tuple[list[Any], Callable[[Sequence[Any]], tuple]]:
     """Split ``args`` into its array leaves and a function rebuilding ``args`` from new
     ones: transforms that only take arrays (``jax.checkpoint``, ``lax.cond``) pass the
-    arrays through and close over everything else (Python scalars, modules, None)."""
-    leaves, tree = jax.tree.flatten(args)
+    arrays through and close over everything else (Python scalars, modules, None).
+
+    A handle on a variable of the running trace (``Module.variable``'s result) is kept
+    whole, not flattened to its value: inside the body it reads and writes the variable
+    through the body's own trace, so a write reaches the variable's owner, as Linen's
+    lifted transforms write an ``nn.Variable`` argument in its owner's scope."""
+    leaves, tree = jax.tree.flatten(args, is_leaf=is_handle)
     at = [i for i, x in enumerate(leaves) if is_array(x)]
 
     def rebuild(arrays: Sequence[Any]) -> tuple:

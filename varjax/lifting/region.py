@@ -75,7 +75,7 @@ from varjax.lifting.body import (
     lifted_as,
     with_counts_moved,
 )
-from varjax.lifting.groups import Group, is_array
+from varjax.lifting.groups import Group, is_array, is_handle
 from varjax.passes.framework.analysis import traffic as _traffic
 from varjax.passes.framework.pipeline import parse_entries
 from varjax.trace import variable_api
@@ -356,7 +356,7 @@ class _LiftedCall:
                      for key, vt in sorted(types.items())]
         streams = [(i, s, aval) for i, avals in enumerate(self.stream_avals)
                    for s, aval in avals.items()]
-        leaves, arg_tree = jax.tree.flatten((args, kwargs))
+        leaves, arg_tree = jax.tree.flatten((args, kwargs), is_leaf=is_handle)  # ``partition``
         traced_at = [j for j, x in enumerate(leaves) if is_array(x)]
         result: dict[str, Any] = {}
 

@@ -66,6 +66,7 @@ class Module(VariableAPI, LiftHooks, Tabulation):
             object.__setattr__(self, "parent", parent)
         if isinstance(parent, (TraceRoot, BoundRoot)):
             object.__setattr__(self, "scope", Scope(parent, ()))
+            self._adopt_fields()
         elif isinstance(parent, Module):
             pstate = parent._state
             if pstate.in_setup:

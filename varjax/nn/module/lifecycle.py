@@ -126,11 +126,7 @@ class Lifecycle(Naming):
         stack = module_stack()
         stack.append(self)
         try:
-            for name in type(self)._varjax_adoptable_fields:
-                value = getattr(self, name)
-                adopted = adopt_submodules(value, self._adopt, name)
-                if adopted is not value:
-                    object.__setattr__(self, name, adopted)
+            self._adopt_fields()
             if not self._has_setup():
                 return                # nothing to run: no scope to enter for it
             # Errors name this module while its setup runs (also when a parent's attribute
@@ -218,6 +214,9 @@ class Lifecycle(Naming):
         stack = module_stack()
         stack.append(self)
         state.compact_depth += is_compact
+        # a transformed method: the lift it calls keeps its caller's submodule names
+        # (``LiftHooks._varjax_bodies`` reads and clears this)
+        state.method_lift = getattr(fn, "varjax_lifted", False)
         label = self._scope_name() if fn.__name__ == "__call__" else f"{self._scope_name()}.{fn.__name__}"
         try:
             with scope(label):
@@ -225,6 +224,7 @@ class Lifecycle(Naming):
         finally:
             stack.pop()
             state.compact_depth -= is_compact
+            state.method_lift = False       # a call that lifted nothing leaves it set
             ctx.module = previous_module
         capture = sc.root.capture
         if capture is not None and capture(self, fn.__name__):

@@ -32,6 +32,11 @@ class ModuleState:
     setup_attrs: list[str] = dataclasses.field(default_factory=list)
     # Lifted classes (``_varjax_lift_class``) whose transform is running on this instance.
     lifting: set[type] = dataclasses.field(default_factory=set)
+    # Set by a transformed method (``nn.jit`` on a method) for the lift it is about to
+    # call, which reads and clears it: unlike a direct transform's bodies (``nn.cond``'s
+    # functions, run on Linen's clone with its own names), a transformed method keeps the
+    # submodule names its caller reserved.
+    method_lift: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

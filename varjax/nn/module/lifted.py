@@ -36,7 +36,10 @@ class LiftHooks(Lifecycle):
         Each body starts by running setup, under a version of the root no module has been
         set up in, as a method call on Linen's clone of the module inside the transform
         does: setup's variables exist even when the body touches no attribute, and they
-        have their lifted shapes.  Names reserved inside start from setup's.  When the body
+        have their lifted shapes.  Names reserved inside start from setup's, and, for a
+        transformed method called from a method of the module, from the submodule names
+        that call reserved (a name the caller used is taken inside, as in Linen; a direct
+        transform's bodies, which Linen runs on a clone, may use it again).  When the body
         ends, every module that ran setup inside it gets back the attributes, reserved
         names and version it had before (no value traced in the body stays behind), and
         this module gets back the caller's reservations.
@@ -52,11 +55,16 @@ class LiftHooks(Lifecycle):
         state = self._state
         first: list[tuple] = []
         declares = state.in_setup or state.compact_depth > 0
+        method_lift, state.method_lift = state.method_lift, False
 
         def bind(body: Callable) -> Callable:
             def run(*args: Any, **kwargs: Any) -> Any:
                 in_setup = state.in_setup      # a lifted call inside setup shares its names
                 caller = (set(state.call_names), set(state.call_vars))
+                # a transformed method called from a method of this module: the submodule
+                # names that call reserved stay reserved inside, as in Linen (a direct
+                # transform's bodies, like its variables, may declare them again)
+                inside_call = method_lift and state.compact_depth > 0
                 late = int(declares and not (in_setup or state.compact_depth))
                 if first:
                     cursor, names = first[0]
@@ -77,6 +85,8 @@ class LiftHooks(Lifecycle):
                         self._try_setup()
                         state.call_names = set(state.setup_names)
                         state.call_vars = set(state.setup_vars)
+                        if inside_call:
+                            state.call_names |= caller[0]
                     return body(self, *args, **kwargs)
                 finally:
                     for module, snap in reversed(list(root.lifted_bodies.pop().values())):

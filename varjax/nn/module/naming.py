@@ -85,6 +85,23 @@ class Naming:
             state.setup_names.add(name)
         object.__setattr__(child, "name", name)
         object.__setattr__(child, "scope", Scope(self.scope.root, self._path(name)))
+        child._adopt_fields()
+
+    def _adopt_fields(self) -> None:
+        """Binds the modules this module's fields hold, as soon as it is bound, as Linen
+        does: ``self.bar.baz(x)`` reaches a bound ``baz`` before ``bar`` runs setup, and a
+        module held by two fields (or two siblings' fields) belongs to the first one in
+        declaration order, whichever method runs first."""
+        state = self._state
+        was, state.in_setup = state.in_setup, True    # the clones register as setup's do
+        try:
+            for name in type(self)._varjax_adoptable_fields:
+                value = getattr(self, name)
+                adopted = adopt_submodules(value, self._adopt, name)
+                if adopted is not value:
+                    object.__setattr__(self, name, adopted)
+        finally:
+            state.in_setup = was
 
     def _reserve_variable(self, what: str, collection: str, name: str, anywhere: bool = False) -> None:
         """Takes variable ``name`` of ``collection`` for this call, as Linen's reservations do:
@@ -154,7 +171,14 @@ def adopt_submodules(value: Any, adopt: Callable[[Naming, str], Naming], name: s
         items = [adopt_submodules(x, adopt, f"{name}_{i}") for i, x in enumerate(value)]
         return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
     if isinstance(value, dict):
-        return {k: adopt_submodules(x, adopt, f"{name}_{k}") for k, x in value.items()}
+        # adopted in key order, as Linen walks a dict (a module held under two keys
+        # belongs to the first key in that order); the dict keeps its own order
+        try:
+            order = sorted(value)
+        except TypeError:       # keys that do not compare: their own order
+            order = list(value)
+        adopted = {k: adopt_submodules(value[k], adopt, f"{name}_{k}") for k in order}
+        return {k: adopted[k] for k in value}
     return value
 
 
