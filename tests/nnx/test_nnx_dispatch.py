@@ -199,3 +199,11 @@ def test_a_module_passed_as_a_static_argument_is_not_flattened():
     apply = jit(lambda m, x: m(x), static_argnums=0)
     for _ in range(2):
         np.testing.assert_array_equal(apply(m, x), m(x))
+
+
+def test_an_array_attribute_is_read_anew_when_replaced_between_calls():
+    m = Bag()
+    m.arr = jnp.ones(2)                  # a data attribute that is not a Variable
+    assert float(TOTAL(m)) == 3.0
+    m.arr = jnp.full(2, 2.0)
+    assert float(TOTAL(m)) == 5.0
