@@ -438,3 +438,23 @@ def test_a_variable_handle_passed_to_a_transformed_method_is_written_in_its_owne
         y, variables = make(nn).apply(variables, x, mutable=["test"])
         np.testing.assert_array_equal(variables["test"]["baz"], [2.0])
         np.testing.assert_array_equal(y, [2.0])
+
+
+def test_linen_autodiff_direct_forms_take_bound_methods():
+    """``nn.jvp``/``nn.vjp``/``nn.value_and_grad`` given ``self.method`` call it with the
+    module first, as Linen unwraps it."""
+    def make(nn):
+        class Model(nn.Module):
+            def setup(self):
+                self.dense = nn.Dense(2)
+
+            def loss(self, x):
+                return jnp.sum(self.dense(x) ** 2)
+
+            def __call__(self, x):
+                value, _ = nn.value_and_grad(self.loss, self, x)
+                out, vjp_fn = nn.vjp(self.loss, self, x)
+                primal, tangent = nn.jvp(self.loss, self, (x,), (jnp.ones_like(x),), {})
+                return value + out + primal + tangent + vjp_fn(jnp.ones(()))[1].sum()
+        return Model()
+    check_like_linen(make, X)

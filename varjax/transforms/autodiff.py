@@ -22,7 +22,7 @@ from varjax.lifting.groups import group_to_variables, is_array, partition, varia
 from varjax.lifting.region import lift
 from varjax.objects import object_transforms as objects
 from varjax.objects.custom_vjp import custom_vjp as object_custom_vjp
-from varjax.transforms.common import NO_INIT, call_direct, object_options, reject
+from varjax.transforms.common import NO_INIT, call_direct, object_options, reject, unbound
 
 
 def _zero_tangent(x: Any) -> Any:
@@ -59,7 +59,7 @@ def jvp(fn: Callable, mdl: Any, primals: tuple, tangents: tuple,
         (out, gs_out), (out_t, _) = jax.jvp(f, (d, *primals), (d_t, *tangents))
         return (out, out_t), gs_out
 
-    lifted = lift(transform, fn, variables=(diff, variables), rngs=(rngs,), name="jvp")
+    lifted = lift(transform, unbound(fn), variables=(diff, variables), rngs=(rngs,), name="jvp")
     return call_direct(lifted, mdl, tuple(primals), tuple(tangents), dict(variable_tangents))
 
 
@@ -91,7 +91,7 @@ def vjp(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axe
         back = jax.tree_util.Partial(functools.partial(_vjp_back, path=region.path), vjp_fn)
         return ((out, back, aux) if has_aux else (out, back)), gs_out
 
-    lifted = lift(transform, fn, variables=(vjp_variables, variables), rngs=(rngs,), name="vjp")
+    lifted = lift(transform, unbound(fn), variables=(vjp_variables, variables), rngs=(rngs,), name="vjp")
     return call_direct(lifted, mdl, *primals)
 
 
@@ -123,7 +123,7 @@ def value_and_grad(fn: Callable, mdl: Any = NO_INIT, *primals: Any, has_aux: boo
             f, argnums=tuple(range(len(primals))), has_aux=True)(*primals)
         return (((value, aux), grads) if has_aux else (value, grads)), gs_out
 
-    lifted = lift(transform, fn, variables=(variables,), rngs=(rngs,), name="value_and_grad")
+    lifted = lift(transform, unbound(fn), variables=(variables,), rngs=(rngs,), name="value_and_grad")
     return call_direct(lifted, mdl, *primals)
 
 
@@ -228,7 +228,8 @@ def custom_vjp(fn: Callable, forward_fn: Callable | None = None,
                 return (d_grad, *rest_ks_zero, *leaf_grads)
             f.defvjp(f_fwd, f_bwd)
             return f(*groups, rngs_, *leaves)
-        return lift(transform, fn, forward_fn, variables=(grad_vars, True), name="custom_vjp")
+        return lift(transform, unbound(fn), unbound(forward_fn), variables=(grad_vars, True),
+                    name="custom_vjp")
 
     return _per_nondiff(make, nondiff_argnums, "custom_vjp")
 
