@@ -235,29 +235,17 @@ def _stream_cells(stream: RngStream, name: str | None) -> list[Cell]:
                  set_count)]
 
 
-class RngsKind:
-    """A ``vj.Rngs``: a key and a count per stream, collection ``rngs`` (as ``init`` keeps
-    RNG state: ``rngs:dropout/count``)."""
-
-    def accepts_type(self, t: type) -> bool:
-        return t is Rngs
+class _RngStateKind:
+    """What the two kinds of RNG state share: cells in collection ``rngs`` below the
+    node's own path, no passes, no explicit streams, written back cell by cell."""
 
     def accepts(self, x: Any) -> bool:
         return True
 
-    def cells(self, node: Rngs) -> list[Cell]:
-        return [c for name in node for c in _stream_cells(node[name], name)]
-
-    def mutable(self, node: Rngs) -> Any:
+    def mutable(self, node: Any) -> Any:
         return streams.STATE
 
-    def watch(self, node: Rngs) -> Callable[[], Hashable] | None:
-        return None      # its streams are fixed when it is made (vj.reseed makes a new one)
-
-    def reader(self, node: Rngs) -> Callable[[], tuple]:
-        return lambda: node.tree_flatten()[0]
-
-    def trace_key(self, node: Rngs, cell: Cell, prefix: Path) -> Key:
+    def trace_key(self, node: Any, cell: Cell, prefix: Path) -> Key:
         return (cell.collection, prefix + cell.path)
 
     def explicit_rngs(self, node: Any) -> dict[str, Any]:
@@ -268,6 +256,26 @@ class RngsKind:
 
     def passes_path(self, node: Any) -> Path:
         return ()
+
+    def writer(self, node: Any) -> Callable[[list[Any]], None]:
+        return cell_writer(self.cells(node))
+
+
+class RngsKind(_RngStateKind):
+    """A ``vj.Rngs``: a key and a count per stream, collection ``rngs`` (as ``init`` keeps
+    RNG state: ``rngs:dropout/count``)."""
+
+    def accepts_type(self, t: type) -> bool:
+        return t is Rngs
+
+    def cells(self, node: Rngs) -> list[Cell]:
+        return [c for name in node for c in _stream_cells(node[name], name)]
+
+    def watch(self, node: Rngs) -> Callable[[], Hashable] | None:
+        return None      # its streams are fixed when it is made (vj.reseed makes a new one)
+
+    def reader(self, node: Rngs) -> Callable[[], tuple]:
+        return lambda: node.tree_flatten()[0]
 
     def bind(self, node: Rngs, prefix: Path, ctx: TraceContext) -> Rngs:
         def var(name: str, part: str) -> Variable:
@@ -280,11 +288,8 @@ class RngsKind:
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("an Rngs gains no variables")
 
-    def writer(self, node: Rngs) -> Callable[[list[Any]], None]:
-        return cell_writer(self.cells(node))
 
-
-class RngStreamKind:
+class RngStreamKind(_RngStateKind):
     """A bare ``vj.RngStream`` (NNX's ``Dropout`` holds one): its key and count, collection
     ``rngs`` at ``key`` and ``count`` below the node's own path, so that a draw inside a
     transform advances the caller's stream as a draw from an ``Rngs``'s stream does.  A
@@ -293,32 +298,14 @@ class RngStreamKind:
     def accepts_type(self, t: type) -> bool:
         return issubclass(t, RngStream)
 
-    def accepts(self, x: Any) -> bool:
-        return True
-
     def cells(self, node: RngStream) -> list[Cell]:
         return _stream_cells(node, None)
-
-    def mutable(self, node: RngStream) -> Any:
-        return streams.STATE
 
     def watch(self, node: RngStream) -> Callable[[], Hashable] | None:
         return None      # always its own key and count
 
     def reader(self, node: RngStream) -> Callable[[], tuple]:
         return lambda: (node.key, node.count)
-
-    def trace_key(self, node: RngStream, cell: Cell, prefix: Path) -> Key:
-        return (cell.collection, prefix + cell.path)
-
-    def explicit_rngs(self, node: Any) -> dict[str, Any]:
-        return {}
-
-    def passes(self, node: Any) -> tuple | None:
-        return None
-
-    def passes_path(self, node: Any) -> Path:
-        return ()
 
     def bind(self, node: RngStream, prefix: Path, ctx: TraceContext) -> RngStream:
         def var(part: str) -> Variable:
@@ -327,9 +314,6 @@ class RngStreamKind:
 
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("an RngStream gains no variables")
-
-    def writer(self, node: RngStream) -> Callable[[list[Any]], None]:
-        return cell_writer(self.cells(node))
 
 
 register_kind(VariableKind())
