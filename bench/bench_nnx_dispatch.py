@@ -9,7 +9,7 @@ interleaved ones after a warm-up), written as NNX code once and run with
 varjax row is checked against the flax.nnx row of the same form before it is timed (the
 same losses over ``CHECK_STEPS`` steps from the same seed).
 
-``python -m bench.nnx_dispatch`` prints the table.
+``python -m bench nnx_dispatch`` prints the table.
 """
 from __future__ import annotations
 
