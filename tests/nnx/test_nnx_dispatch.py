@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx as flax_nnx
 
 from varjax import nnx
@@ -207,3 +208,27 @@ def test_an_array_attribute_is_read_anew_when_replaced_between_calls():
     assert float(TOTAL(m)) == 3.0
     m.arr = jnp.full(2, 2.0)
     assert float(TOTAL(m)) == 5.0
+
+
+@pytest.mark.parametrize("outer", ["jit", "vmap"])
+def test_dropout_under_a_grad_nested_in_jit_or_vmap_draws_and_counts_as_flax_nnx(outer):
+    """A grad inside jit/vmap splits a module whose stream is bound to the outer trace:
+    the rebuilt stream is a plain one, and only its count is written back (fuzz finding:
+    an AttributeError, then a refused key write)."""
+    def run(lib):
+        class Model(lib.Module):
+            def __init__(self, rngs):
+                self.drop = lib.Dropout(0.5, rngs=rngs)
+                self.lin = lib.Linear(3, 3, rngs=rngs)
+
+            def __call__(self, x):
+                return self.lin(self.drop(x))
+        m, x = Model(lib.Rngs(0)), jnp.ones((2, 3))
+
+        def step(m, x):
+            return lib.value_and_grad(lambda m: jnp.sum(m(x)))(m)[0]
+        f = lib.jit(step) if outer == "jit" else lib.vmap(step, in_axes=(None, 0))
+        return f(m, x), m.drop.rngs.count[...]
+    (ours, our_count), (theirs, their_count) = run(nnx), run(flax_nnx)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert int(our_count) == int(their_count)

@@ -15,7 +15,7 @@ from varjax.nnx import module_helpers as mh
 from varjax.nnx import spmd
 from varjax.nnx.normalization import BatchNorm
 from varjax.nnx.stochastic import Dropout
-from varjax.nnx.variables import Intermediate, Perturbation
+from varjax.nnx.variablelib import Intermediate, Perturbation
 
 X = jnp.arange(6.0).reshape(2, 3) / 5
 LAYERS = {nnx: (Dropout, BatchNorm), fnnx: (fnnx.Dropout, fnnx.BatchNorm)}

@@ -36,3 +36,8 @@ def test_a_submodule_named_as_an_unbuilt_name_still_imports():
 def test_a_name_flax_nnx_does_not_have_is_an_attribute_error():
     with pytest.raises(AttributeError):
         nnx.no_such_name
+
+
+def test_nnx_variables_is_state_as_in_flax_nnx_and_variablelib_the_variable_module():
+    assert nnx.variables is nnx.state
+    assert nnx.variablelib.Variable is nnx.Variable

@@ -8,7 +8,7 @@ from flax import nnx as fnnx
 
 import varjax as vj
 from varjax import errors, nnx
-from varjax.nnx.variables import (
+from varjax.nnx.variablelib import (
     VariableMetadata,
     register_variable_name,
     var_defaults,

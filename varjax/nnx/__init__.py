@@ -144,7 +144,7 @@ from varjax.nnx.statelib import FlatState, State
 from varjax.nnx.stochastic import Dropout
 from varjax.nnx.training import TrainState
 from varjax.nnx.transforms import DiffState, grad, jit, remat, value_and_grad
-from varjax.nnx.variables import (
+from varjax.nnx.variablelib import (
     A,
     BatchStat,
     Cache,
@@ -166,6 +166,9 @@ from varjax.nnx.variables import (
 )
 from varjax.trace.rngs import Rngs, RngStream
 
+# flax.nnx's other name for ``state`` (its Variable module is ``variablelib``, as here)
+variables = state
+
 __all__ = [
     "unpack", "GraphState", "PureState", "flatten", "unflatten", "recursive_map", "as_pure",
     "pure", "with_vars", "vars_as", "split_context", "merge_context", "update_context",
@@ -180,7 +183,7 @@ __all__ = [
     "register_variable_name", "A", "M", "view", "view_info", "with_attributes", "display",
     "iter_module_children", "set_metadata", "tabulate", "PARTITION_NAME", "get_partition_spec",
     "get_named_sharding", "with_partitioning", "logical_axis_rules", "Initializer", "spmd",
-    "module", "variables",
+    "module", "variables", "variablelib",
     "rnglib", "split_rngs", "fork_rngs", "restore_rngs", "reseed",
     "pop", "to_flat_state", "from_flat_state", "merge_state", "map_state", "split_state",
     "filter_state", "iter_graph", "find_duplicates", "map", "restore_int_paths", "FlatState",

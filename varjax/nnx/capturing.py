@@ -27,7 +27,7 @@ from varjax.nnx.module import CAPTURES, Captured, Module, iter_modules
 from varjax.nnx.pytree import data
 from varjax.nnx.state_ops import split_state
 from varjax.nnx.statelib import State
-from varjax.nnx.variables import Variable
+from varjax.nnx.variablelib import Variable
 
 __all__ = ["capture"]
 

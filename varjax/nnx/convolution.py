@@ -22,7 +22,7 @@ from varjax.nnx.linear import default_kernel_init
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
-from varjax.nnx.variables import Param
+from varjax.nnx.variablelib import Param
 from varjax.trace.rngs import Rngs
 
 __all__ = ["Conv"]

@@ -17,7 +17,7 @@ from varjax.functional.embedding import attend, embed
 from varjax.nnx.call_options import no_out_sharding
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
-from varjax.nnx.variables import Param
+from varjax.nnx.variablelib import Param
 from varjax.trace.rngs import Rngs
 
 __all__ = ["Embed"]

@@ -193,7 +193,10 @@ def flatten_graph(node: Any, graph: bool | None = None, *, refs: RefMap | None =
         pairs, treedef = flatten_node(x)
         kids = tuple((k, walk(child, (*path, k))) for k, child in in_order(pairs))
         del open_[id(x)]
-        return NodeDef(type(x), index, outer.get(id(x)), treedef, tuple(k for k, _ in pairs),
+        # a stream is rebuilt as a plain ``RngStream`` holding values, whatever kind it was
+        # (one bound inside an object-mode body reads its fields from the trace)
+        kind = RngStream if isinstance(x, RngStream) else type(x)
+        return NodeDef(kind, index, outer.get(id(x)), treedef, tuple(k for k, _ in pairs),
                        kids)
 
     root = walk(node, ())

@@ -15,7 +15,7 @@ from varjax.functional import dtypes, initializers
 from varjax.functional.linear import dense
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
-from varjax.nnx.variables import Param
+from varjax.nnx.variablelib import Param
 from varjax.trace.rngs import Rngs
 
 __all__ = ["Linear"]

@@ -22,7 +22,7 @@ import numpy as np
 from varjax.ir import errors
 from varjax.nnx.graph import split
 from varjax.nnx.pytree import Pytree
-from varjax.nnx.variables import Variable
+from varjax.nnx.variablelib import Variable
 
 __all__ = ["MetricState", "Metric", "Average", "Accuracy", "Welford", "Statistics",
            "MultiMetric"]

@@ -19,7 +19,7 @@ from varjax.ir import errors
 from varjax.nnx.config import resolve
 from varjax.nnx.pytree import Dict, List, Pytree, children, is_node
 from varjax.nnx.state_ops import iter_graph
-from varjax.nnx.variables import Perturbation, Variable, variable_type_from_name
+from varjax.nnx.variablelib import Perturbation, Variable, variable_type_from_name
 from varjax.trace.rngs import Rngs, RngStream
 
 __all__ = ["Module", "iter_modules", "iter_children", "CAPTURES", "Captured"]

@@ -18,7 +18,7 @@ from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graph import state
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import Dict, List, Pytree, children, flatten_node, is_node
-from varjax.nnx.variables import Variable
+from varjax.nnx.variablelib import Variable
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.unprovided import not_provided
 

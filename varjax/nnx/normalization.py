@@ -21,7 +21,7 @@ from varjax.nnx.call_options import first_from
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
-from varjax.nnx.variables import BatchStat, Param
+from varjax.nnx.variablelib import BatchStat, Param
 from varjax.trace.rngs import Rngs
 
 __all__ = ["LayerNorm", "BatchNorm"]

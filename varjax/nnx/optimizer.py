@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from varjax.ir import errors
 from varjax.nnx.graph import state, update
 from varjax.nnx.pytree import Pytree, data
-from varjax.nnx.variables import OptState, Param
+from varjax.nnx.variablelib import OptState, Param
 from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from varjax.nnx.variables import RngCount, RngKey
+from varjax.nnx.variablelib import RngCount, RngKey
 from varjax.trace.rngs import RngStream
 from varjax.trace.variable import Variable, collection_of, held
 

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from varjax.ir import errors
 from varjax.ir.axis_metadata import PARTITION_NAME, get_logical_axis_rules, logical_axis_rules
-from varjax.nnx.variables import with_metadata
+from varjax.nnx.variablelib import with_metadata
 from varjax.trace.variable import Variable, held
 
 __all__ = ["PARTITION_NAME", "logical_axis_rules", "with_partitioning", "get_partition_spec",

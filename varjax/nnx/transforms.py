@@ -42,7 +42,7 @@ from varjax.nnx.graphlib import flat_of
 from varjax.nnx.pytree import Pytree
 from varjax.nnx.statelib import State
 from varjax.nnx.transform_checks import as_decorator, refuse_options
-from varjax.nnx.variables import Param
+from varjax.nnx.variablelib import Param, RngCount
 from varjax.objects import object_transforms as objects
 from varjax.objects.graph import register_mutable
 
@@ -155,14 +155,15 @@ def _object_grad(fn: Callable, graph: bool, updates: bool, has_aux: bool, argnum
 
 
 def _streams_back(merged: Any, rest: Any) -> None:
-    """Writes the key and count of each RNG stream of ``merged`` into ``rest``'s
-    ``RngKey``/``RngCount`` (views of the caller's stream, which object mode writes back):
+    """Writes the count of each RNG stream of ``merged`` into ``rest``'s ``RngCount`` (a
+    view of the caller's stream, which object mode writes back):
     ``merge`` gives a stream the values of its key and count, so a Dropout's draws inside
     the function would not otherwise advance the caller's stream, as flax.nnx's do."""
     now = flat_of(state(merged))
     for path, leaf in flat_of(rest).items():
         mine = now.get(path)
-        if mine is not None and mine is not leaf:
+        # a draw moves a stream's count only (its key is fixed inside a transform)
+        if isinstance(leaf, RngCount) and mine is not None and mine is not leaf:
             leaf.value = mine.value
 
 

@@ -19,9 +19,9 @@ _PARTS = {
     "shard_map": ("prefix", "StateSharding"),
     "the bridge between varjax.nn and varjax.nnx modules (issue 36, item 5)": ("bridge",),
     "one of flax.nnx's internal submodules; varjax.nnx keeps the same roles in its own "
-    "modules (pytree, module, variables, graphlib, training) and has no trace-level checks, "
+    "modules (pytree, module, variablelib, graphlib, training) and has no trace-level checks, "
     "deprecation shims, summary tables or notebook visualisation": (
-        "object", "pytreelib", "variablelib", "reprlib", "tracers", "helpers", "summary",
+        "object", "pytreelib", "reprlib", "tracers", "helpers", "summary",
         "visualization", "deprecations", "wrappers"),
 }
 
