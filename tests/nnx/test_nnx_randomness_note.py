@@ -4,9 +4,8 @@ the same seeds: keys, counts, parameters and dropout masks compared bitwise, out
 1e-6.  ``nnx.display(...)`` lines are replaced by comparing what they would show: the
 object's state.
 
-Two examples of the guide are not here, as varjax.nnx does not run them yet: "Forking
-implicit random state" and "Transforming implicit state" both pass an ``nnx.StateAxes`` to
-``nnx.vmap``/``nnx.scan`` (not built).
+One example of the guide is not here, as varjax.nnx does not run it yet: "Transforming
+implicit state" passes an ``nnx.StateAxes`` to ``nnx.scan`` (built for ``nnx.vmap`` only).
 """
 from __future__ import annotations
 
@@ -194,4 +193,20 @@ def test_note_filtering_random_state_by_type_and_stream_name_matches_flax():
         assert tags == {"dropout"}
         states = (rng_state, key_state, count_state, rng_dropout_state)
         return tuple(nnx.to_pure_dict(s) for s in states), ()
+    _both(example)
+
+
+def test_note_forking_implicit_random_state_with_state_axes_matches_flax():
+    def example(nnx):
+        model = _implicit_model(nnx)(nnx.Rngs(params=0, dropout=1))
+        x = jnp.ones((1, 20))
+        rng_axes = nnx.StateAxes({"dropout": 0, ...: None})
+
+        @nnx.fork_rngs(split={"dropout": 5})
+        @nnx.vmap(in_axes=(rng_axes, None), out_axes=0)
+        def sample_from_model(model, x):
+            return model(x)
+        y = sample_from_model(model, x)
+        assert y.shape == (5, 1, 10)
+        return (_model_state(nnx, model), y == 0), (y,)
     _both(example)
