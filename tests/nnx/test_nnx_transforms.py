@@ -95,3 +95,51 @@ def test_remat_computes_what_the_plain_call_does():
     want = jnp.tanh(model.lin(X))
     np.testing.assert_allclose(nnx.remat(lambda m, x: m(x))(model, X), want, rtol=1e-6)
     assert float(model.calls[...]) == 1.0
+
+
+def _passes_mlp():
+    import optax
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(3, 4, rngs=rngs)
+            self.l2 = nnx.Linear(4, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(nnx.relu(self.l1(x)))
+    model = MLP(nnx.Rngs(0))
+    return model, nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+
+def _train_step(model, optimizer, x, y):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+    optimizer.update(model, grads)
+    return loss
+
+
+def test_jit_passes_run_on_an_nnx_train_step_stop_gradient_freezes_the_params():
+    """``nnx.jit(step, passes=...)`` (beyond flax.nnx): the passes see every Variable of the
+    step's objects, as ``apply(passes=...)`` sees a Linen model's."""
+    x, y = jnp.ones((4, 3)), jnp.zeros((4, 2))
+    model, optimizer = _passes_mlp()
+    before = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    step = nnx.jit(_train_step, passes="stop-gradient{collection=params}")
+    losses = [float(step(model, optimizer, x, y)) for _ in range(2)]
+    assert losses[0] == losses[1]
+    jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+                 before)
+    assert int(optimizer.step[...]) == 2            # the rest of the step still ran
+    free_model, free_opt = _passes_mlp()
+    free = nnx.jit(_train_step)
+    assert [float(free(free_model, free_opt, x, y)) for _ in range(2)][1] < losses[1]
+
+
+def test_jit_passes_fake_quant_quantizes_the_kernels_an_nnx_step_reads():
+    layer = nnx.Linear(3, 2, use_bias=False, rngs=nnx.Rngs(0))
+    probe = jnp.eye(3)                                # the output is the kernel as read
+    read = nnx.jit(lambda m, x: m(x), passes="fake-quant{bits=2}")(layer, probe)
+    kernel = layer.kernel[...]
+    assert not np.allclose(read, kernel)
+    for column in np.asarray(read).T:               # 2 bits: at most 4 levels per channel
+        assert len(np.unique(column)) <= 4
+    np.testing.assert_allclose(read, kernel, atol=float(jnp.abs(kernel).max()) / 2)

@@ -68,13 +68,15 @@ def get_axis_names(axes_metadata: Any) -> NoReturn:
 def scan_with_axes(target: Any, *args: Any, **kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
     not_provided("nn.partitioning.scan_with_axes", _WHY,
-                 "nn.scan(..., metadata_params={nn.PARTITION_NAME: 'layers'}) over boxed variables", by="varjax.nn")
+                 "nn.scan(..., metadata_params={nn.PARTITION_NAME: 'layers'}) over boxed variables",
+                 by="varjax.nn")
 
 
 def vmap_with_axes(target: Any, *args: Any, **kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
     not_provided("nn.partitioning.vmap_with_axes", _WHY,
-                 "nn.vmap(..., metadata_params={nn.PARTITION_NAME: 'name'}) over boxed variables", by="varjax.nn")
+                 "nn.vmap(..., metadata_params={nn.PARTITION_NAME: 'name'}) over boxed variables",
+                 by="varjax.nn")
 
 
 def core_remat_static(fn: Any, *args: Any, **kwargs: Any) -> NoReturn:

@@ -73,9 +73,12 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings:
         static_argnums: int | Sequence[int] | None = None, static_argnames: Any = None,
         donate_argnums: int | Sequence[int] | None = None, donate_argnames: Any = None,
         keep_unused: bool = False, device: Any = None, backend: Any = None,
-        inline: bool = False, graph: bool | None = None, graph_updates: bool | None = None
-        ) -> Any:
-    """``jax.jit`` over NNX objects: Variable updates come back to the caller's objects."""
+        inline: bool = False, graph: bool | None = None, graph_updates: bool | None = None,
+        passes: Any = ()) -> Any:
+    """``jax.jit`` over NNX objects: Variable updates come back to the caller's objects.
+    ``passes`` (beyond flax.nnx: pass instances or pipeline strings) run on the step's IR,
+    every Variable of its objects a variable of it, as ``apply(passes=...)`` runs them on a
+    Linen model: ``stop-gradient{collection=params}`` freezes the Params of a train step."""
     refuse_options("jit", in_shardings=(in_shardings, None),
                    out_shardings=(out_shardings, None), static_argnames=(static_argnames, None),
                    donate_argnames=(donate_argnames, None), keep_unused=(keep_unused, False),
@@ -85,7 +88,8 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings:
     def build(f: Callable) -> Callable:
         jitted = objects.jit(carrying(f, "jit", *modes),
                              static_argnums=() if static_argnums is None else static_argnums,
-                             donate_argnums=() if donate_argnums is None else donate_argnums)
+                             donate_argnums=() if donate_argnums is None else donate_argnums,
+                             passes=passes)
 
         @functools.wraps(f)
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -26,6 +26,7 @@ from varjax.ir import errors
 from varjax.objects.graph import ArgumentGraphs, Graph, Layout
 from varjax.objects.nodes import is_node
 from varjax.objects.run import Result, arg_names, graph_of, run
+from varjax.passes.framework.pipeline import parse_entries
 
 
 def dealias(args: tuple, kwargs: dict, places: tuple[int, ...]) -> tuple[tuple, dict]:
@@ -60,8 +61,8 @@ class _Pure:
     one per argument structure (``key``: the graph's ``places``, its ``shared`` cells, then
     what the transform adds), cached so JAX's caches see the same function."""
 
-    def __init__(self, fn: Callable, names: Sequence[str]):
-        self.fn, self.names = fn, tuple(names)
+    def __init__(self, fn: Callable, names: Sequence[str], passes: tuple = ()):
+        self.fn, self.names, self.passes = fn, tuple(names), passes
         self._made: dict[Any, Callable] = {}
         self.graphs = ArgumentGraphs()
 
@@ -84,7 +85,7 @@ class _Pure:
             def pure(*args: Any, **kwargs: Any) -> tuple[Any, Result]:
                 args, kwargs = dealias(args, kwargs, places)
                 return run(self.fn, args, kwargs, graph=_copies(layout, args, kwargs),
-                           shared=shared, sources=sources)
+                           shared=shared, sources=sources, passes=self.passes)
             functools.update_wrapper(pure, self.fn)
             found = self._made[key] = make(pure)
         return found
@@ -118,7 +119,7 @@ class _Pure:
                     args[i] = outer.unflatten([d.unflatten(c) for d, c in zip(inner, args[i])])
                 args, _ = dealias(tuple(args), {}, layout.places)
                 out, result = run(self.fn, args, {}, graph=_copies(layout, args, {}),
-                                  shared=shared)
+                                  shared=shared, passes=self.passes)
                 # No variable created (the usual step): no per-node dicts for JAX to build.
                 created = result.created if any(result.created) else ()
                 return out, result.updates, created, result.captured
@@ -155,9 +156,12 @@ def wrapper(fn: Callable, call: Callable[..., Any]) -> Callable:
 # --- jit, remat ---------------------------------------------------------------------------
 
 def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
-        donate_argnums: int | Sequence[int] = ()) -> Callable:
-    """``jax.jit`` over objects: their variables are traced inputs; updates come back."""
-    pure = _Pure(fn, arg_names(fn))
+        donate_argnums: int | Sequence[int] = (), passes: Any = ()) -> Callable:
+    """``jax.jit`` over objects: their variables are traced inputs; updates come back.
+    ``passes`` (instances or pipeline strings) run on the call's IR, on every variable of
+    its objects, as ``apply(passes=...)`` runs them on a model's: an NNX train step with
+    ``stop-gradient{collection=params}`` or ``fake-quant``."""
+    pure = _Pure(fn, arg_names(fn), parse_entries(passes))
 
     def make(p: Callable) -> Callable:
         return jax.jit(p, static_argnums=static_argnums, donate_argnums=donate_argnums)

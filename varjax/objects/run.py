@@ -282,7 +282,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
         capture: Any = False, given: Mapping[Key, Any] | None = None,
         capture_root: Path = (), graph: Graph | None = None,
         shared: Sequence[int] | None = None,
-        sources: Sequence[int] | None = None) -> tuple[Any, Result]:
+        sources: Sequence[int] | None = None, passes: tuple = ()) -> tuple[Any, Result]:
     """``fn(*args, **kwargs)`` through the IR (see the module docstring).
 
     ``capture``: a collection filter whose variables start empty and whose writes are
@@ -293,7 +293,9 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     (``Graph.shared`` of the objects the caller was given: ``args`` are JAX's copies, which
     share nothing), the cells past its end standing for themselves; None: ``graph``'s own.
     A shared variable gets one key, one input, and its update is the standing cell's;
-    ``sources`` (as ``shared``; ``Graph.sources``) says which cell's value that input is."""
+    ``sources`` (as ``shared``; ``Graph.sources``) says which cell's value that input is;
+    ``passes``: parsed passes of the call itself (``vj.jit(fn, passes=...)``), run after
+    those of the bound modules, on every variable of the call."""
     graph = graph if graph is not None else graph_of(args, kwargs, names)
     what = f"vj.{getattr(fn, '__name__', 'fn')}"
     cells = graph.cells
@@ -335,7 +337,7 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     rngs: dict[str, Any] = _handed_keys(enclosing, flat) if enclosing is not None else {}
     rngs.update(_explicit_rngs(graph, what))
 
-    passes = _passes(graph, enclosing)
+    passes = _passes(graph, enclosing) + passes
     functionalized, holder = _functionalized(fn, capture, passes)
     slots = {id(n.obj): _Slot(i, static) for i, (n, static)
              in enumerate(zip(graph.nodes, graph.layout().statics))}

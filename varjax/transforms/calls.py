@@ -130,9 +130,8 @@ def jit(target: Any, variables: Any = True, rngs: Any = True, static_argnums: An
         name="jit", fork_rngs=True, passes=passes), fn, static_argnums, static_argnames), methods,
         object_options(
             "jit", lambda fn: objects.jit(fn, static_argnums=static_argnums,
-                                         donate_argnums=donate_argnums),
-            variables=(variables, True), rngs=(rngs, True), static_argnames=(static_argnames, ()),
-            passes=(passes, ())))
+                                         donate_argnums=donate_argnums, passes=passes),
+            variables=(variables, True), rngs=(rngs, True), static_argnames=(static_argnames, ())))
 
 
 def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: bool = False,
