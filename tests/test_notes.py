@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTES = ("architecture.md", "nnx.md", "ir.md", "writing-passes.md", "modules.md", "inspecting.md", "lifting.md",
-         "transforms.md", "randomness.md", "object-mode.md", "linen-parity.md", "scale-out.md",
+NOTES = ("architecture.md", "nnx.md", "ir.md", "writing-passes.md", "modules.md", "inspecting.md",
+         "lifting.md", "transforms.md", "randomness.md", "object-mode.md", "linen-parity.md", "scale-out.md",
          "pass-library.md",
          "../README.md")
 _FENCE = re.compile(r"^( *)```(\w*)\s*$")
