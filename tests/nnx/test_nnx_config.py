@@ -53,3 +53,9 @@ def test_environment_variables_set_the_process_default():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_an_environment_value_that_is_not_a_boolean_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv("NNX_GRAPH_MODE", "maybe")
+    with pytest.raises(errors.TransformError, match="NNX_GRAPH_MODE='maybe' is not a boolean"):
+        set_graph_mode.current_value()

@@ -458,3 +458,8 @@ def test_linen_autodiff_direct_forms_take_bound_methods():
                 return value + out + primal + tangent + vjp_fn(jnp.ones(()))[1].sum()
         return Model()
     check_like_linen(make, X)
+
+
+def test_per_method_options_must_be_a_dict_per_method():
+    with pytest.raises(TypeError, match=r"methods\['method_0'\] must be a dict"):
+        vj_nn.scan(_two_methods(vj_nn), methods={"method_0": 3})
