@@ -17,7 +17,7 @@ from varjax.lifting.groups import group_to_variables, is_array, partition, varia
 from varjax.lifting.region import is_module, lift
 from varjax.objects import object_transforms as objects
 from varjax.trace.variable_api import is_initializing
-from varjax.transforms.common import apply_to, object_options, reject
+from varjax.transforms.common import apply_to, object_options, reject, traced_numbers
 
 
 def _positions(args: tuple, argnums: Sequence[int] | int, shift: int) -> tuple[int, ...]:
@@ -65,14 +65,6 @@ def _unwrapping(fn: Callable) -> Callable:
     return body
 
 
-def _traced(value: Any) -> Any:
-    """A Python number as the array JAX would trace it as (weakly typed), so the body sees
-    a tracer, as Linen's ``remat`` gives it; anything else as it is."""
-    if isinstance(value, (bool, int, float, complex)):
-        return jax.numpy.asarray(value)
-    return value
-
-
 def _with_static(transform: str, make: Callable[[int, Callable], Callable], fn: Callable,
                  static_argnums: Any, static_argnames: Any, trace_numbers: bool = False
                  ) -> Callable:
@@ -90,8 +82,8 @@ def _with_static(transform: str, make: Callable[[int, Callable], Callable], fn: 
         head, args = args[:shift], list(args[shift:])
         static = _positions(tuple(args), static_argnums, shift)
         if trace_numbers:
-            args = [a if i in static else _traced(a) for i, a in enumerate(args)]
-            kwargs = {k: v if k in names else _traced(v) for k, v in kwargs.items()}
+            args = [a if i in static else traced_numbers(a) for i, a in enumerate(args)]
+            kwargs = {k: v if k in names else traced_numbers(v) for k, v in kwargs.items()}
         for i in static:
             args[i] = _static(transform, args[i], f"argument {i + shift}")
         kwargs = {k: _static(transform, v, f"argument '{k}'") if k in names else v

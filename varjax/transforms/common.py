@@ -143,6 +143,15 @@ def marked_lifted(fn: Callable, target: Callable) -> Callable:
     return fn
 
 
+def traced_numbers(tree: Any) -> Any:
+    """``tree`` with its Python numbers made (weakly typed) JAX values, as a JAX transform
+    traces them: ``lax.scan``'s carry, Linen ``remat``'s arguments not marked static.
+    Modules and object nodes are left whole (flattening a bound one would read it)."""
+    return jax.tree.map(lambda x: jax.numpy.asarray(x)
+                        if isinstance(x, (bool, int, float, complex)) else x, tree,
+                        is_leaf=lambda x: is_module(x) or is_node(x))
+
+
 def unbound(fn: Callable) -> Callable:
     """A module's bound method as its function: Linen's direct forms (``cond``,
     ``while_loop``, ...) call each function with the module first, so

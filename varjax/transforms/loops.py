@@ -37,6 +37,7 @@ from varjax.transforms.common import (
     object_options,
     reject,
     rng_groups,
+    traced_numbers,
     unbound,
 )
 
@@ -87,7 +88,7 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
     rng_filters, split = rng_groups(split_rngs)
 
     def transform(region: Callable, groups: tuple, rngs: tuple, carry: Any, *xs: Any) -> Any:
-        carry = _jax_scalars(carry)
+        carry = traced_numbers(carry)  # every step sees the carry the loop sees
         xs_axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(xs)
         scanned_xs = [_move(x, ax, 0) if ax is not broadcast else None
                       for x, ax in zip(xs, xs_axes)]
@@ -159,14 +160,6 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
             variable_carry=(variable_carry, False), split_rngs=(split_rngs, None),
             in_axes=(in_axes, 0), out_axes=(out_axes, 0), metadata_params=(metadata_params, None),
             passes=(passes, ())))
-
-
-def _jax_scalars(carry: Any) -> Any:
-    """``carry`` with its Python numbers made (weakly typed) JAX values, as ``lax.scan``
-    makes them: every step, the peeled and pre-loop ones included, sees the carry the loop
-    sees, not a static number that the next step would see traced."""
-    return jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, (bool, int, float, complex))
-                        else x, carry)
 
 
 def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, length: int,
