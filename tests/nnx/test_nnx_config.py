@@ -56,6 +56,8 @@ def test_environment_variables_set_the_process_default():
 
 
 def test_an_environment_value_that_is_not_a_boolean_is_an_error_naming_it(monkeypatch):
+    from varjax.nnx import config
+    monkeypatch.setattr(config._STACKS, "graph", [])   # no value set: the default is read
     monkeypatch.setenv("NNX_GRAPH_MODE", "maybe")
     with pytest.raises(errors.TransformError, match="NNX_GRAPH_MODE='maybe' is not a boolean"):
         set_graph_mode.current_value()
