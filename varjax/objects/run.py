@@ -282,7 +282,8 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
         capture: Any = False, given: Mapping[Key, Any] | None = None,
         capture_root: Path = (), graph: Graph | None = None,
         shared: Sequence[int] | None = None,
-        sources: Sequence[int] | None = None, passes: tuple = ()) -> tuple[Any, Result]:
+        sources: Sequence[int] | None = None, passes: tuple = (),
+        inspect: Callable[[Functionalized, tuple], Any] | None = None) -> Any:
     """``fn(*args, **kwargs)`` through the IR (see the module docstring).
 
     ``capture``: a collection filter whose variables start empty and whose writes are
@@ -295,7 +296,9 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     A shared variable gets one key, one input, and its update is the standing cell's;
     ``sources`` (as ``shared``; ``Graph.sources``) says which cell's value that input is;
     ``passes``: parsed passes of the call itself (``vj.jit(fn, passes=...)``), run after
-    those of the bound modules, on every variable of the call."""
+    those of the bound modules, on every variable of the call; ``inspect``: called with the
+    call's ``Functionalized`` and the arguments of its ``_call`` instead of running it, its
+    result returned (``varjax.objects.inspection``: the IR of a step, for ``vj.dump``)."""
     graph = graph if graph is not None else graph_of(args, kwargs, names)
     what = f"vj.{getattr(fn, '__name__', 'fn')}"
     cells = graph.cells
@@ -346,8 +349,11 @@ def run(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, names: Sequence
     holder.update(graph=graph, fn=fn)
     # A collection is immutable here because a bound module's bind(mutable=) left it out.
     bound = any(n.kind.passes(n.obj) is not None for n in graph.nodes)
+    call = (flat, (stripped,), {}, rngs, mutable, False)
     with errors.mutability_given_by("bind" if bound else "apply"):
-        out, written, _ = functionalized._call(flat, (stripped,), {}, rngs, mutable, False)
+        if inspect is not None:
+            return inspect(functionalized, call)
+        out, written, _ = functionalized._call(*call)
     out = jax.tree.map(lambda x: x.held(written) if isinstance(x, _Made) else x, out,
                        is_leaf=lambda x: isinstance(x, _Made))
     if functionalized.static_outputs.seen:
