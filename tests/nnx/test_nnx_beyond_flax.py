@@ -1,0 +1,233 @@
+"""Where varjax.nnx goes beyond flax.nnx 0.12.8 (issue 35, "Where varjax goes beyond NNX"):
+things flax.nnx's own hijax/Ref Variables fail at, each checked against the pure-JAX
+computation written by hand, against flax.nnx's default Variables where they give an answer,
+and with flax.nnx's hijax/Ref failure asserted.
+
+* Variables as scan carries: a module carried by ``nnx.scan``/``vj.scan`` and written each
+  step gives the unrolled loop's values (hijax and Ref Variables cannot be carried).
+* ``nnx.grad`` through a module whose Variables are updated (BatchNorm statistics and a
+  counter): ``jax.grad`` of the pure function, the updates written back once (hijax: no jvp
+  of a Variable read; Ref: a Ref cotangent).
+* ``nnx.remat`` with a state write under ``nnx.grad``: the write happens once (a Ref under
+  ``jax.checkpoint`` under ``jax.grad`` runs it twice; hijax refuses the effect).
+* ``nnx.eval_shape`` keeps a Variable's sharding metadata (flax#5110).
+* Batch-statistic writes inside ``nnx.custom_vjp`` under ``nnx.grad`` (flax#4847) are
+  ``tests/nnx/test_nnx_differentiation.py``,
+  ``test_batchnorm_statistics_updated_inside_custom_vjp_under_grad_match_flax``.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx as flax_nnx
+
+import varjax as vj
+from varjax import nnx
+
+XS = jnp.arange(12.0).reshape(3, 2, 2) / 7      # 3 steps of a (2, 2) batch
+X = XS[1]
+EPS, MOMENTUM = 1e-5, 0.99
+
+
+def _close(a, b):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+# --- Variables as scan carries -------------------------------------------------------------
+
+def _cell(lib):
+    """A recurrent cell whose state is Variables: ``h`` and a step counter, both written
+    every call."""
+    class Cell(lib.Module):
+        def __init__(self, rngs):
+            self.lin = lib.Linear(2, 2, rngs=rngs)
+            self.h = lib.Variable(jnp.zeros((2, 2)))
+            self.steps = lib.Variable(jnp.array(0))
+
+        def __call__(self, x):
+            self.h[...] = jnp.tanh(self.lin(x) + self.h[...])
+            self.steps[...] += 1
+            return self.h[...] * 2
+    return Cell(lib.Rngs(0))
+
+
+def _cell_by_hand(kernel, bias, xs):
+    """The cell's loop in pure JAX: ``(h, steps), ys``."""
+    def body(carry, x):
+        h, steps = carry
+        h = jnp.tanh(x @ kernel + bias[None] + h)
+        return (h, steps + 1), h * 2
+    return jax.lax.scan(body, (jnp.zeros((2, 2)), jnp.array(0)), xs)
+
+
+def _step(cell, x):
+    return cell, cell(x)
+
+
+@pytest.mark.parametrize("scan", ["nnx.scan", "vj.scan"])
+def test_a_module_carried_by_scan_has_its_variables_written_each_step_as_an_unrolled_loop(scan):
+    cell = _cell(nnx)
+    kernel, bias = cell.lin.kernel[...], cell.lin.bias[...]
+    out, ys = (nnx.scan(_step) if scan == "nnx.scan" else vj.scan(_step))(cell, XS)
+    (h, steps), want = _cell_by_hand(kernel, bias, XS)
+    assert out is cell if scan == "nnx.scan" else type(out) is type(cell)  # vj: JAX's copy
+    _close(ys, want)
+    _close(cell.h[...], h)
+    assert int(cell.steps[...]) == int(steps) == 3
+    unrolled = _cell(nnx)
+    _close(jnp.stack([unrolled(x) for x in XS]), ys)
+    _close(unrolled.h[...], cell.h[...])
+
+
+def test_flax_carries_default_variables_through_nnx_scan_as_varjax_but_not_hijax_or_refs():
+    theirs = _cell(flax_nnx)
+    _, ys = flax_nnx.scan(_step)(theirs, XS)
+    ours = _cell(nnx)
+    _close(nnx.scan(_step)(ours, XS)[1], ys)
+    _close(ours.h[...], theirs.h[...])
+    with flax_nnx.var_defaults(hijax=True):
+        with pytest.raises(AttributeError, match="treedef"):
+            flax_nnx.scan(_step)(_cell(flax_nnx), XS)
+    with flax_nnx.var_defaults(ref=True):
+        with pytest.raises(TypeError, match="same pytree structure"):
+            flax_nnx.scan(_step)(_cell(flax_nnx), XS)
+
+
+# --- grad through a module whose Variables are updated ------------------------------------
+
+def _normed(lib):
+    """BatchNorm in training mode (its statistics updated on every call), then Linear, and
+    a counter."""
+    class Normed(lib.Module):
+        def __init__(self, rngs):
+            self.lin = lib.Linear(2, 2, rngs=rngs)
+            self.bn = lib.BatchNorm(2, momentum=MOMENTUM, epsilon=EPS, rngs=rngs)
+            self.calls = lib.BatchStat(jnp.array(0))
+
+        def __call__(self, x):
+            self.calls[...] += 1
+            return self.lin(self.bn(x))
+    return Normed(lib.Rngs(0))
+
+
+def _loss(m, x):
+    return jnp.mean(jnp.sin(m(x)) ** 2)
+
+
+def _normed_by_hand(params, stats, x):
+    """``_loss`` of the model as a pure function: ``(loss, new statistics)``."""
+    mean = jnp.mean(x, axis=0)
+    var = jnp.mean(x * x, axis=0) - mean * mean
+    y = (x - mean[None]) * jax.lax.rsqrt(var + EPS)[None] * params["scale"][None] \
+        + params["offset"][None]
+    y = y @ params["kernel"] + params["bias"][None]
+    new = {"mean": MOMENTUM * stats["mean"] + (1 - MOMENTUM) * mean,
+           "var": MOMENTUM * stats["var"] + (1 - MOMENTUM) * var}
+    return jnp.mean(jnp.sin(y) ** 2), new
+
+
+def _params_and_stats(m):
+    return ({"kernel": m.lin.kernel[...], "bias": m.lin.bias[...], "scale": m.bn.scale[...],
+             "offset": m.bn.bias[...]}, {"mean": m.bn.mean[...], "var": m.bn.var[...]})
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_grad_through_batchnorm_and_a_counter_is_jax_grad_of_the_pure_function(jitted):
+    ours = _normed(nnx)
+    params, stats = _params_and_stats(ours)
+    g = (nnx.jit(nnx.grad(_loss)) if jitted else nnx.grad(_loss))(ours, X)
+    want, new = jax.grad(_normed_by_hand, has_aux=True)(params, stats, X)
+    _close(g["lin"]["kernel"][...], want["kernel"])
+    _close(g["lin"]["bias"][...], want["bias"])
+    _close(g["bn"]["scale"][...], want["scale"])
+    _close(g["bn"]["bias"][...], want["offset"])
+    _close(ours.bn.mean[...], new["mean"])
+    _close(ours.bn.var[...], new["var"])
+    assert int(ours.calls[...]) == 1                         # written back once
+
+
+def test_flax_gives_the_same_grad_with_default_variables_but_not_with_hijax_or_refs():
+    ours, theirs = _normed(nnx), _normed(flax_nnx)
+    g, fg = nnx.grad(_loss)(ours, X), flax_nnx.grad(_loss)(theirs, X)
+    jax.tree.map(_close, nnx.to_pure_dict(g), flax_nnx.to_pure_dict(fg))
+    jax.tree.map(_close, nnx.to_pure_dict(nnx.state(ours)),
+                 flax_nnx.to_pure_dict(flax_nnx.state(theirs)))
+    with flax_nnx.var_defaults(hijax=True):
+        with pytest.raises(NotImplementedError, match="jvp not implemented"):
+            jax.grad(_loss)(_normed(flax_nnx), X)
+    with flax_nnx.var_defaults(ref=True):
+        with pytest.raises(ValueError, match="cotangent type Ref"):
+            flax_nnx.grad(_loss)(_normed(flax_nnx), X)
+
+
+# --- remat with a state write under grad --------------------------------------------------
+
+def _counted(lib):
+    class Counted(lib.Module):
+        def __init__(self):
+            self.w = lib.Param(jnp.array([0.5, -1.5]))
+            self.calls = lib.BatchStat(jnp.array(0))
+            self.last = lib.BatchStat(jnp.zeros(2))
+
+        def __call__(self, x):
+            self.calls[...] += 1
+            y = jnp.sin(self.w[...] * x)
+            self.last[...] = y
+            return jnp.sum(y ** 2)
+    return Counted()
+
+
+W, XW = jnp.array([0.5, -1.5]), jnp.array([1.0, 2.0])
+
+
+def _remat_loss(m, x):
+    return nnx.remat(lambda m, x: m(x))(m, x)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_remat_writes_state_once_under_grad_with_jax_grad_of_checkpoint_values(jitted):
+    m = _counted(nnx)
+    g = (nnx.jit(nnx.grad(_remat_loss)) if jitted else nnx.grad(_remat_loss))(m, XW)
+    want = jax.grad(jax.checkpoint(lambda w, x: jnp.sum(jnp.sin(w * x) ** 2)))(W, XW)
+    _close(g["w"][...], want)
+    assert int(m.calls[...]) == 1
+    _close(m.last[...], jnp.sin(W * XW))
+
+
+def test_a_jax_ref_under_checkpoint_under_grad_writes_twice_where_nnx_remat_writes_once():
+    with flax_nnx.var_defaults(ref=True):
+        theirs = _counted(flax_nnx)
+        jax.grad(jax.checkpoint(lambda w: theirs(XW) + 0 * jnp.sum(w)))(W)
+        assert int(theirs.calls[...]) == 2                    # the write ran twice
+        with pytest.raises(ValueError, match="cotangent type Ref"):
+            flax_nnx.grad(lambda m: flax_nnx.remat(lambda m: m(XW))(m))(_counted(flax_nnx))
+    with flax_nnx.var_defaults(hijax=True):
+        with pytest.raises(NotImplementedError):
+            flax_nnx.grad(lambda m: flax_nnx.remat(lambda m: m(XW))(m))(_counted(flax_nnx))
+    ours = _counted(nnx)
+    nnx.grad(lambda m: nnx.remat(lambda m: m(XW))(m))(ours)
+    assert int(ours.calls[...]) == 1
+
+
+# --- eval_shape keeps sharding metadata (flax#5110) ---------------------------------------
+
+def _sharded(lib):
+    def make():
+        return lib.Linear(2, 4, rngs=lib.Rngs(0), kernel_init=lib.with_partitioning(
+            lib.initializers.lecun_normal(), (None, "model")),
+            bias_init=lib.with_partitioning(lib.initializers.zeros_init(), ("model",)))
+    return make
+
+
+def test_eval_shape_keeps_out_sharding_metadata_as_flax():
+    ours = nnx.eval_shape(_sharded(nnx))
+    with flax_nnx.use_eager_sharding(False):       # no mesh: flax would place it eagerly
+        theirs = flax_nnx.eval_shape(_sharded(flax_nnx))
+    for name in ("kernel", "bias"):
+        v, fv = getattr(ours, name), getattr(theirs, name)
+        assert isinstance(v[...], jax.ShapeDtypeStruct) and v.shape == fv.shape
+        assert v.out_sharding == fv.out_sharding
+        assert v.get_metadata()["out_sharding"] == fv.get_metadata()["out_sharding"]
+    assert ours.kernel.out_sharding == (None, "model") and ours.bias.out_sharding == ("model",)
+    spec = nnx.get_partition_spec(nnx.state(ours))
+    assert spec["kernel"][...] == jax.sharding.PartitionSpec(None, "model")
