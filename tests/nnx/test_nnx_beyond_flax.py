@@ -5,6 +5,13 @@ and with flax.nnx's hijax/Ref failure asserted.
 
 * Variables as scan carries: a module carried by ``nnx.scan``/``vj.scan`` and written each
   step gives the unrolled loop's values (hijax and Ref Variables cannot be carried).
+* A Variable closed over by ``nnx.vmap`` (not passed) and written inside: refused with a
+  ``TransformError`` naming its collection and the line (``varjax/trace/raw_writes.py``),
+  the Variable left as it was, where it used to keep a leaked tracer; passing the module with
+  ``in_axes=None`` writes the update back once.  JAX's own Refs and flax.nnx's default
+  Variables refuse it too; flax.nnx's hijax Variables write an update that does not depend
+  on the batch (once) and fail on one that does: not matched yet (a closed-over Variable
+  would have to become an input of the object-mode trace).
 * ``nnx.grad`` through a module whose Variables are updated (BatchNorm statistics and a
   counter): ``jax.grad`` of the pure function, the updates written back once (hijax: no jvp
   of a Variable read; Ref: a Ref cotangent).
@@ -15,6 +22,7 @@ and with flax.nnx's hijax/Ref failure asserted.
   ``tests/nnx/test_nnx_differentiation.py``,
   ``test_batchnorm_statistics_updated_inside_custom_vjp_under_grad_match_flax``.
 """
+import flax.errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +35,7 @@ from varjax import nnx
 XS = jnp.arange(12.0).reshape(3, 2, 2) / 7      # 3 steps of a (2, 2) batch
 X = XS[1]
 EPS, MOMENTUM = 1e-5, 0.99
+W, XW = jnp.array([0.5, -1.5]), jnp.array([1.0, 2.0])
 
 
 def _close(a, b):
@@ -91,6 +100,54 @@ def test_flax_carries_default_variables_through_nnx_scan_as_varjax_but_not_hijax
     with flax_nnx.var_defaults(ref=True):
         with pytest.raises(TypeError, match="same pytree structure"):
             flax_nnx.scan(_step)(_cell(flax_nnx), XS)
+
+
+# --- a Variable closed over by vmap and written inside -----------------------------------
+
+def _tally(lib):
+    class Tally(lib.Module):
+        def __init__(self):
+            self.n = lib.BatchStat(jnp.array(1.0))
+    return Tally()
+
+
+def _bump(m, x):
+    m.n[...] = m.n[...] + 1
+    return x * m.n[...]
+
+
+def test_a_variable_closed_over_by_nnx_vmap_and_written_is_refused_and_left_as_it_was():
+    ours = _tally(nnx)
+    with pytest.raises(vj.errors.TransformError, match="'batch_stats' was written inside a JAX "
+                       "transformation it was not passed to") as info:
+        nnx.vmap(lambda x: _bump(ours, x))(XW)
+    assert "test_nnx_beyond_flax.py" in str(info.value)      # the line that wrote it
+    assert float(ours.n[...]) == 1.0
+    np.testing.assert_array_equal(nnx.vmap(_bump, in_axes=(None, 0))(ours, XW), XW * 2)
+    assert float(ours.n[...]) == 2.0                          # passed: written back once
+
+
+def test_a_closed_over_write_under_vmap_is_refused_by_jax_refs_and_flax_default_variables():
+    ref = jax.new_ref(jnp.array(1.0))
+
+    def bump(x):
+        ref[...] = ref[...] + 1
+        return x
+    with pytest.raises(Exception, match="unbatched array reference"):
+        jax.vmap(bump)(XW)
+    theirs = _tally(flax_nnx)
+    with pytest.raises(flax.errors.TraceContextError):
+        flax_nnx.vmap(lambda x: _bump(theirs, x))(XW)
+    with flax_nnx.var_defaults(hijax=True):      # hijax: once if unbatched, else it fails
+        theirs = _tally(flax_nnx)
+        np.testing.assert_array_equal(flax_nnx.vmap(lambda x: _bump(theirs, x))(XW), XW * 2)
+        assert float(theirs.n[...]) == 2.0
+
+        def add(x):
+            theirs.n[...] = theirs.n[...] + x
+            return x
+        with pytest.raises(NotImplementedError, match="Batching rule"):
+            flax_nnx.vmap(add)(XW)
 
 
 # --- grad through a module whose Variables are updated ------------------------------------
@@ -176,8 +233,6 @@ def _counted(lib):
             return jnp.sum(y ** 2)
     return Counted()
 
-
-W, XW = jnp.array([0.5, -1.5]), jnp.array([1.0, 2.0])
 
 
 def _remat_loss(m, x):
