@@ -14,6 +14,10 @@ reads and writes are ``var_get``/``var_set``, discharged by the pass pipeline) i
 ``jax.make_jaxpr``/``checkify.checkify``.  ``make_jaxpr`` returns the pure jaxpr from the
 Variables' values and the arguments to the outputs, as flax.nnx's does, and
 ``vj.pretty`` prints it; ``checkify`` writes the updates back and returns ``(error, out)``.
+``make_jaxpr(f, effectful=True)`` (beyond flax.nnx) returns instead the trace before the
+passes (``varjax.objects.inspection``): each Variable read and write a ``var_get``/``var_set``
+at its module path, what ``vj.pretty`` shows of a step's effects (``vj.dump`` shows it and the
+IR after each pass).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from varjax.nnx.transform_checks import (
     refuse_bound_method,
     refuse_options,
 )
+from varjax.objects import inspection
 from varjax.objects import object_transforms as objects
 from varjax.objects.nodes import is_node
 from varjax.objects.run import arg_names
@@ -137,10 +142,22 @@ def _pure_call(fn: Callable, args: tuple, kwargs: dict, pure: Any,
 
 def make_jaxpr(f: Callable | None = None, *, graph: bool | None = None,
                graph_updates: bool | None = None,
-               static_argnums: int | Sequence[int] = ()) -> Any:
+               static_argnums: int | Sequence[int] = (), effectful: bool = False) -> Any:
     """``jax.make_jaxpr`` over NNX objects: the pure jaxpr of ``f``'s call, from its
     arguments' leaves (Variable values in flax.nnx's order) to its outputs; Variable updates
-    are not kept, as in flax.nnx.  Only without graph updates, as in flax.nnx."""
+    are not kept, as in flax.nnx.  Only without graph updates, as in flax.nnx.
+
+    ``effectful=True`` (beyond flax.nnx): the IR of the call before the passes, its
+    Variable reads and writes ``var_get``/``var_set`` at their paths in the arguments
+    (``params:model/linear/kernel``); an update is a ``var_set`` there, so this is the IR
+    in every mode, and non-array arguments are static in it without ``static_argnums``."""
+    if effectful:
+        if static_argnums != ():
+            raise errors.ConfigError(
+                "nnx.make_jaxpr(effectful=True) takes no static_argnums: the effectful IR "
+                "keeps every non-array argument static.", **errors.where(),
+                fix="leave static_argnums out")
+        return as_decorator(f, _effectful)
     if resolve(graph, graph_updates)[1]:
         raise errors.ConfigError(
             "nnx.make_jaxpr does not carry graph updates; it needs graph_updates=False.",
@@ -159,6 +176,15 @@ def make_jaxpr(f: Callable | None = None, *, graph: bool | None = None,
             return jaxpr
         return objects.wrapper(fn, call)
     return as_decorator(f, build)
+
+
+def _effectful(fn: Callable) -> Callable:
+    """``make_jaxpr(fn, effectful=True)``: the traced IR of each call (nothing runs)."""
+    refuse_bound_method(fn, "make_jaxpr")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return inspection.effectful_jaxpr(fn, args, kwargs)
+    return objects.wrapper(fn, call)
 
 
 def checkify(f: Callable, errors: Any = checkify_lib.user_checks, graph: bool | None = None,

@@ -39,20 +39,25 @@ __all__ = ["cond", "switch", "while_loop", "fori_loop", "eval_shape"]
 
 
 def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any,
-         graph: bool | None = None, graph_updates: bool | None = None) -> Any:
-    """``jax.lax.cond`` over NNX objects: a Variable either branch writes is updated."""
+         graph: bool | None = None, graph_updates: bool | None = None,
+         passes: Any = ()) -> Any:
+    """``jax.lax.cond`` over NNX objects: a Variable either branch writes is updated.
+    ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run on each branch's IR."""
     modes = resolve(graph, graph_updates)
     out, changes = control_flow.cond(pred, carrying(true_fun, "cond", *modes),
-                                     carrying(false_fun, "cond", *modes), *operands)
+                                     carrying(false_fun, "cond", *modes), *operands,
+                                     passes=passes)
     return finish(operands, {}, out, changes)
 
 
 def switch(index: Any, branches: Sequence[Callable], *operands: Any,
-           graph: bool | None = None, graph_updates: bool | None = None) -> Any:
-    """``jax.lax.switch`` over NNX objects: a Variable any branch writes is updated."""
+           graph: bool | None = None, graph_updates: bool | None = None,
+           passes: Any = ()) -> Any:
+    """``jax.lax.switch`` over NNX objects: a Variable any branch writes is updated
+    (``passes`` as ``cond``'s)."""
     modes = resolve(graph, graph_updates)
     out, changes = control_flow.switch(
-        index, [carrying(f, "switch", *modes) for f in branches], *operands)
+        index, [carrying(f, "switch", *modes) for f in branches], *operands, passes=passes)
     return finish(operands, {}, out, changes)
 
 
@@ -81,22 +86,27 @@ def _fori_carry(what: str, body: Callable, args: tuple, out: Any) -> None:
 
 
 def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *,
-               graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+               graph: bool | None = None, graph_updates: bool | None = None,
+               passes: Any = ()) -> Any:
     """``jax.lax.while_loop`` over NNX objects in the carry: the body's Variable updates are
     carried and written back, and the carry returned holds the caller's objects (without
-    graph updates: new objects holding the caller's Variables)."""
+    graph updates: new objects holding the caller's Variables).  ``passes`` (as ``cond``'s)
+    run on the IR of ``cond_fun`` and of ``body_fun``."""
     final = control_flow.while_loop(
-        cond_fun, checked(body_fun, "while_loop", _while_carry, loop=True), init_val)
+        cond_fun, checked(body_fun, "while_loop", _while_carry, loop=True), init_val,
+        passes=passes)
     return as_given(init_val, final, resolve(graph, graph_updates)[1])
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any, *,
               unroll: int | bool | None = None, graph: bool | None = None,
-              graph_updates: bool | None = None) -> Any:
-    """``jax.lax.fori_loop`` over NNX objects in the carry (see ``while_loop``)."""
+              graph_updates: bool | None = None, passes: Any = ()) -> Any:
+    """``jax.lax.fori_loop`` over NNX objects in the carry (see ``while_loop``; ``passes``
+    run on the body's IR)."""
     refuse_options("fori_loop", unroll=(unroll, None))
     final = control_flow.fori_loop(
-        lower, upper, checked(body_fun, "fori_loop", _fori_carry, loop=True), init_val)
+        lower, upper, checked(body_fun, "fori_loop", _fori_carry, loop=True), init_val,
+        passes=passes)
     return as_given(init_val, final, resolve(graph, graph_updates)[1])
 
 

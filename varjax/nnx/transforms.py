@@ -43,8 +43,10 @@ from varjax.nnx.pytree import Pytree
 from varjax.nnx.statelib import State
 from varjax.nnx.transform_checks import as_decorator, refuse_options
 from varjax.nnx.variablelib import Param, RngCount
+from varjax.objects import inspection
 from varjax.objects import object_transforms as objects
 from varjax.objects.graph import register_mutable
+from varjax.passes.framework.pipeline import parse_entries
 
 __all__ = ["jit", "grad", "value_and_grad", "remat", "DiffState"]
 
@@ -94,7 +96,7 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings:
         @functools.wraps(f)
         def call(*args: Any, **kwargs: Any) -> Any:
             return finish(args, kwargs, *jitted(*args, **kwargs))
-        return call
+        return inspection.mark(call, *inspection.marked_step(jitted))
     return as_decorator(fun, build)
 
 
@@ -124,18 +126,19 @@ def _diff_states(argnums: Any, updates: bool) -> tuple[tuple[DiffState, ...], bo
                  for a in items), many
 
 
-_GRADS = LRU()    # (fn, graph, updates, has_aux, argnums, defs, count) -> object-mode grad
+_GRADS = LRU()    # (fn, graph, updates, has_aux, argnums, defs, count, passes) -> object grad
 
 
 def _object_grad(fn: Callable, graph: bool, updates: bool, has_aux: bool, argnums: Any,
-                 defs: tuple, count: int) -> Callable:
+                 defs: tuple, count: int, passes: tuple) -> Callable:
     """The object-mode ``value_and_grad`` of ``fn`` through ``carrying`` (its aux and the
     changes come out as the aux), over arguments split by ``defs`` (per split argument
     its ``GraphDef``; ``count`` arguments in all) or, with no ``defs``, over the whole
     arguments.  One per function, options and split structure, so that an eager
     ``nnx.grad(f)(model)`` called again (a new ``nnx.grad`` each time, as in a loop
-    body) reuses its functionalized trace instead of tracing ``f`` again."""
-    key = (fn, graph, updates, has_aux, argnums, defs, count)
+    body) reuses its functionalized trace instead of tracing ``f`` again.  ``passes``:
+    parsed, run on ``fn``'s IR before it is differentiated."""
+    key = (fn, graph, updates, has_aux, argnums, defs, count, passes)
     found = _GRADS.get(key)
     if found is None:
         carried = carrying(fn, "grad", graph, updates)
@@ -154,7 +157,8 @@ def _object_grad(fn: Callable, graph: bool, updates: bool, has_aux: bool, argnum
                 _streams_back(merged[i], rests[i])
             return out
         found = _GRADS[key] = objects.value_and_grad(inner if defs else loss,
-                                                     argnums=argnums, has_aux=True)
+                                                     argnums=argnums, has_aux=True,
+                                                     passes=passes)
     return found
 
 
@@ -173,19 +177,23 @@ def _streams_back(merged: Any, rest: Any) -> None:
 
 def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
                    holomorphic: bool = False, allow_int: bool = False, reduce_axes: Any = (),
-                   graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+                   graph: bool | None = None, graph_updates: bool | None = None,
+                   passes: Any = ()) -> Any:
     """``jax.value_and_grad`` over NNX objects: a module argument's gradient is the ``State``
     of its ``nnx.Param``s (or of a ``DiffState``'s filter); the rest of its Variables keep
-    the updates the function made."""
+    the updates the function made.  ``passes`` (beyond flax.nnx, as ``jit``'s) run on the
+    function's IR before it is differentiated: ``stop-gradient{collection=params}`` makes
+    the Params' gradient zero while the rest of the step runs."""
     refuse_options("value_and_grad", holomorphic=(holomorphic, False),
                    allow_int=(allow_int, False), reduce_axes=(reduce_axes, ()))
+    parsed = parse_entries(passes)
     graph, updates = resolve(graph, graph_updates)
     diffs, many = _diff_states(argnums, updates)
     jax_argnums = tuple(d.argnum for d in diffs) if many else diffs[0].argnum
 
     def build(fn: Callable) -> Callable:
         def differentiated(defs: tuple = (), count: int = 0) -> Callable:
-            return _object_grad(fn, graph, updates, has_aux, jax_argnums, defs, count)
+            return _object_grad(fn, graph, updates, has_aux, jax_argnums, defs, count, parsed)
 
         @functools.wraps(fn)
         def call(*args: Any) -> Any:
@@ -214,12 +222,13 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
 
 def grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
          holomorphic: bool = False, allow_int: bool = False, reduce_axes: Any = (),
-         graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+         graph: bool | None = None, graph_updates: bool | None = None,
+         passes: Any = ()) -> Any:
     """``value_and_grad`` without the value (with ``has_aux``: ``(grads, aux)``)."""
     def build(fn: Callable) -> Callable:
         vg = value_and_grad(fn, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic,
                             allow_int=allow_int, reduce_axes=reduce_axes, graph=graph,
-                            graph_updates=graph_updates)
+                            graph_updates=graph_updates, passes=passes)
 
         @functools.wraps(fn)
         def call(*args: Any) -> Any:
@@ -231,13 +240,15 @@ def grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
 
 def remat(f: Callable | None = None, *, prevent_cse: bool = True,
           static_argnums: int | Sequence[int] = (), policy: Callable | None = None,
-          graph: bool | None = None, graph_updates: bool | None = None) -> Any:
-    """``jax.checkpoint`` over NNX objects (graph updates as ``jit``)."""
+          graph: bool | None = None, graph_updates: bool | None = None,
+          passes: Any = ()) -> Any:
+    """``jax.checkpoint`` over NNX objects (graph updates and ``passes`` as ``jit``'s)."""
     modes = resolve(graph, graph_updates)
 
     def build(fn: Callable) -> Callable:
         checkpointed = objects.remat(carrying(fn, "remat", *modes), prevent_cse=prevent_cse,
-                                     static_argnums=static_argnums, policy=policy)
+                                     static_argnums=static_argnums, policy=policy,
+                                     passes=passes)
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -24,6 +24,7 @@ from varjax.objects.graph import Graph
 from varjax.objects.nodes import is_node, kind_of
 from varjax.objects.object_transforms import dealias, wrapper
 from varjax.objects.run import Result, arg_names, graph_of, run
+from varjax.passes.framework.pipeline import parse_entries
 from varjax.trace.type_checks import branch_types_error
 
 # --- control flow -------------------------------------------------------------------------
@@ -42,13 +43,14 @@ def _where_defined(fn: Callable) -> dict[str, Any]:
     return found
 
 
-def _run_branch(fn: Callable, args: tuple, shared: tuple[int, ...]) -> tuple[Any, Graph, Result]:
+def _run_branch(fn: Callable, args: tuple, shared: tuple[int, ...],
+                passes: tuple) -> tuple[Any, Graph, Result]:
     """``fn(*args)`` through the IR, its updates kept on the (copied) argument objects:
     the output, the graph of ``args`` and what the call changed (``shared``: the originals'
-    ``Graph.shared``, as the copies share nothing)."""
+    ``Graph.shared``, as the copies share nothing; ``passes``: the transform's, parsed)."""
     names = arg_names(fn)
     graph = graph_of(args, {}, names)
-    out, result = run(fn, args, {}, names=names, graph=graph, shared=shared)
+    out, result = run(fn, args, {}, names=names, graph=graph, shared=shared, passes=passes)
     _no_creation(fn, result)
     graph.write_back(result.updates, result.created)
     return out, graph, result
@@ -65,21 +67,24 @@ def _no_creation(fn: Callable, result: Result) -> None:
 
 
 @errors.api_boundary
-def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any) -> Any:
-    """``jax.lax.cond`` over objects: a variable written in either branch is updated."""
+def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any,
+         passes: Any = ()) -> Any:
+    """``jax.lax.cond`` over objects: a variable written in either branch is updated.
+    ``passes`` (instances or pipeline strings, as ``vj.jit``'s) run on each branch's IR."""
     return _switch("vj.cond", jnp.asarray(pred, jnp.int32), [false_fun, true_fun],
-                   ["false_fun", "true_fun"], operands)
+                   ["false_fun", "true_fun"], operands, parse_entries(passes))
 
 
 @errors.api_boundary
-def switch(index: Any, branches: Sequence[Callable], *operands: Any) -> Any:
-    """``jax.lax.switch`` over objects (see ``_switch``)."""
+def switch(index: Any, branches: Sequence[Callable], *operands: Any, passes: Any = ()) -> Any:
+    """``jax.lax.switch`` over objects (see ``_switch``; ``passes`` as ``cond``'s)."""
     return _switch("vj.switch", index, list(branches),
-                   [f"branch {i}" for i in range(len(branches))], operands)
+                   [f"branch {i}" for i in range(len(branches))], operands,
+                   parse_entries(passes))
 
 
 def _switch(what: str, index: Any, fns: list[Callable], labels: list[str],
-            operands: tuple) -> Any:
+            operands: tuple, passes: tuple) -> Any:
     """Each branch returns its output and the operands' objects as it left them, so JAX
     sees the same structure from every branch; a variable the branches leave with
     different types is a ``VariableStructureError`` naming it and the branches."""
@@ -89,7 +94,7 @@ def _switch(what: str, index: Any, fns: list[Callable], labels: list[str],
     def branch(fn: Callable, label: str) -> Callable:
         def run_branch(*ops: Any) -> Any:
             ops = dealias(ops, {}, tuple(graph.places))[0]
-            out, inside, result = _run_branch(fn, ops, graph.shared())
+            out, inside, result = _run_branch(fn, ops, graph.shared(), passes)
             written.update(i for i, v in enumerate(result.updates) if v is not None)
             if first:
                 _same_types(what, graph, first[0], (f"{label} ({_name(fn)})", inside))
@@ -172,8 +177,9 @@ class _Carried:
     ``>= len(moves)``).  After ``trips`` steps each original object is written the values
     of the place it ends in, only the variables some step wrote while it passed."""
 
-    def __init__(self, what: str, fn: Callable, init: Any, trips: int | None, arg: int):
-        self.what, self.fn, self.trips, self.arg = what, fn, trips, arg
+    def __init__(self, what: str, fn: Callable, init: Any, trips: int | None, arg: int,
+                 passes: tuple):
+        self.what, self.fn, self.trips, self.arg, self.passes = what, fn, trips, arg, passes
         self.names, self.tracked = arg_names(fn), _tracked(fn, arg, what == "vj.scan")
         self.graph = Graph.of((init, {}))
         self.places = tuple(self.graph.places)
@@ -187,7 +193,8 @@ class _Carried:
             + args[self.arg + 1:]
         inside = graph_of(args, {}, self.names)
         (out, order), result = run(self.tracked, args, {}, names=self.names, graph=inside,
-                                   shared=self.graph.shared())   # the carry's nodes come first
+                                   shared=self.graph.shared(),   # the carry's nodes come first
+                                   passes=self.passes)
         _no_creation(self.fn, result)
         start = 0
         for node, written in zip(inside.nodes, self.written):
@@ -281,14 +288,17 @@ def _trip_count(lower: Any, upper: Any) -> int | None:
 
 
 @errors.api_boundary
-def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
+def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *,
+               passes: Any = ()) -> Any:
     """``jax.lax.while_loop`` over objects in the carry: the body's updates are carried;
-    ``cond_fun`` may read them only (JAX keeps nothing it writes)."""
-    carried = _Carried("vj.while_loop", body_fun, init_val, None, 0)
+    ``cond_fun`` may read them only (JAX keeps nothing it writes).  ``passes`` (as
+    ``cond``'s) run on the IR of ``cond_fun`` and of ``body_fun``."""
+    parsed = parse_entries(passes)
+    carried = _Carried("vj.while_loop", body_fun, init_val, None, 0, parsed)
 
     def cond(v: Any) -> Any:
         out, inside, result = _run_branch(cond_fun, (dealias((v,), {}, carried.places)[0][0],),
-                                          carried.graph.shared())
+                                          carried.graph.shared(), parsed)
         for (node, cell), value in zip(inside.cells, result.updates):
             if value is not None:
                 path = node.prefix + cell.path
@@ -305,21 +315,26 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
 
 
 @errors.api_boundary
-def fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any) -> Any:
-    """``jax.lax.fori_loop`` over objects in the carry."""
-    carried = _Carried("vj.fori_loop", body_fun, init_val, _trip_count(lower, upper), 1)
+def fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any, *,
+              passes: Any = ()) -> Any:
+    """``jax.lax.fori_loop`` over objects in the carry (``passes`` run on the body's IR)."""
+    carried = _Carried("vj.fori_loop", body_fun, init_val, _trip_count(lower, upper), 1,
+                       parse_entries(passes))
     final = jax.lax.fori_loop(lower, upper, lambda i, v: carried.step((i, v))[0], init_val)
     carried.write_back(final)
     return final
 
 
 def scan(fn: Callable, *, length: int | None = None, reverse: bool = False,
-         unroll: int | bool = 1) -> Callable:
+         unroll: int | bool = 1, passes: Any = ()) -> Callable:
     """``jax.lax.scan`` over objects, as ``(carry, xs) -> (carry, ys)``: objects in the carry
     are carried (updated every step, followed by object: ``_Carried``), objects in ``xs``
-    are sliced per step and their updates stacked along axis 0."""
+    are sliced per step and their updates stacked along axis 0.  ``passes`` (as ``cond``'s)
+    run on the body's IR."""
+    parsed = parse_entries(passes)
+
     def call(init: Any, xs: Any) -> Any:
-        carried = _Carried("vj.scan", fn, init, _scan_length(length, xs), 0)
+        carried = _Carried("vj.scan", fn, init, _scan_length(length, xs), 0, parsed)
         xs_graph = Graph.of((xs, {}))
         n_carry = len(carried.graph.cells)
 

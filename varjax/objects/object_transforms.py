@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from varjax.ir import errors
+from varjax.objects import inspection
 from varjax.objects.graph import ArgumentGraphs, Graph, Layout
 from varjax.objects.nodes import is_node
 from varjax.objects.run import Result, arg_names, graph_of, run
@@ -160,8 +161,10 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
     """``jax.jit`` over objects: their variables are traced inputs; updates come back.
     ``passes`` (instances or pipeline strings) run on the call's IR, on every variable of
     its objects, as ``apply(passes=...)`` runs them on a model's: an NNX train step with
-    ``stop-gradient{collection=params}`` or ``fake-quant``."""
-    pure = _Pure(fn, arg_names(fn), parse_entries(passes))
+    ``stop-gradient{collection=params}`` or ``fake-quant``.  The call returned is marked
+    (``inspection.mark``), so ``vj.dump`` of it shows the IR it runs."""
+    parsed = parse_entries(passes)
+    pure = _Pure(fn, arg_names(fn), parsed)
 
     def make(p: Callable) -> Callable:
         return jax.jit(p, static_argnums=static_argnums, donate_argnums=donate_argnums)
@@ -180,13 +183,13 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
         out, result = pure.get(graph, make)(*args, **kwargs)
         graph.write_back(result.updates, result.created)
         return out
-    return wrapper(fn, call)
+    return inspection.mark(wrapper(fn, call), fn, parsed)
 
 
 def remat(fn: Callable, *, prevent_cse: bool = True, static_argnums: int | Sequence[int] = (),
-          policy: Callable | None = None) -> Callable:
-    """``jax.checkpoint`` over objects."""
-    pure = _Pure(fn, arg_names(fn))
+          policy: Callable | None = None, passes: Any = ()) -> Callable:
+    """``jax.checkpoint`` over objects (``passes`` as ``jit``'s)."""
+    pure = _Pure(fn, arg_names(fn), parse_entries(passes))
 
     def call(*args: Any, **kwargs: Any) -> Any:
         graph = pure.originals(args, kwargs)
@@ -246,12 +249,13 @@ def _cell_axes(graph: Graph, axes: list[Any], what: str) -> list[Any]:
 
 
 def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
-         axis_size: int | None = None, axis_name: Any = None) -> Any:
-    """``jax.vmap`` over objects; an update is stacked along its object's axis."""
+         axis_size: int | None = None, axis_name: Any = None, passes: Any = ()) -> Any:
+    """``jax.vmap`` over objects; an update is stacked along its object's axis.  ``passes``
+    (as ``jit``'s) run on the body's IR, once, before JAX batches it."""
     if fn is None:
         return functools.partial(vmap, in_axes=in_axes, out_axes=out_axes,
-                                 axis_size=axis_size, axis_name=axis_name)
-    pure = _Pure(fn, arg_names(fn))
+                                 axis_size=axis_size, axis_name=axis_name, passes=passes)
+    pure = _Pure(fn, arg_names(fn), parse_entries(passes))
 
     def call(*args: Any, **kwargs: Any) -> Any:
         graph = pure.originals(args, kwargs)
@@ -281,11 +285,13 @@ def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
 # --- grad ---------------------------------------------------------------------------------
 
 def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
-                   has_aux: bool = False) -> Callable:
+                   has_aux: bool = False, passes: Any = ()) -> Callable:
     """``jax.value_and_grad`` over objects: every float variable of the ``argnums``
     arguments is differentiated (integer ones get ``float0`` zeros), and the gradient has
-    the argument's type (a bound module of cotangents for a bound module)."""
-    pure = _Pure(fn, arg_names(fn))
+    the argument's type (a bound module of cotangents for a bound module).  ``passes`` (as
+    ``jit``'s) run on the function's IR before JAX differentiates it: with
+    ``stop-gradient{collection=params}`` the params' gradient is zero."""
+    pure = _Pure(fn, arg_names(fn), parse_entries(passes))
 
     def call(*args: Any, **kwargs: Any) -> Any:
         graph = pure.originals(args, kwargs)
@@ -319,9 +325,10 @@ def _nodes_of(args: tuple, graph: Graph, argnums: int | Sequence[int]) -> tuple[
     return tuple(found)
 
 
-def grad(fn: Callable, *, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+def grad(fn: Callable, *, argnums: int | Sequence[int] = 0, has_aux: bool = False,
+         passes: Any = ()) -> Callable:
     """``jax.grad`` over objects (see ``value_and_grad``)."""
-    both = value_and_grad(fn, argnums=argnums, has_aux=has_aux)
+    both = value_and_grad(fn, argnums=argnums, has_aux=has_aux, passes=passes)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         out, grads = both(*args, **kwargs)

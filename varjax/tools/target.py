@@ -31,6 +31,12 @@ def as_functionalized(target: Any) -> Functionalized:
                     "or a method of a Module")
 
 
+def is_linen_target(target: Any) -> bool:
+    """Whether ``target`` is a ``Functionalized`` or calls a ``Module`` (``as_functionalized``
+    takes it as one), rather than a plain function."""
+    return isinstance(target, Functionalized) or _module_call(target) is not None
+
+
 def _module_call(target: Any) -> tuple[Module, Callable[..., Any] | None] | None:
     """``(module, method)`` when ``target`` calls a module: the method as ``apply``'s
     ``method=`` takes it (None: ``__call__``).  A partial's arguments go into the method,

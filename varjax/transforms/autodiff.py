@@ -97,17 +97,19 @@ def vjp(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axe
 
 def value_and_grad(fn: Callable, mdl: Any = NO_INIT, *primals: Any, has_aux: bool = False,
                    reduce_axes: Any = (), variables: Any = True, rngs: Any = True,
-                   argnums: Any = 0) -> Any:
+                   argnums: Any = 0, passes: Any = ()) -> Any:
     """Lifted ``jax.value_and_grad`` with respect to every primal (not the variables):
     ``(value, grads)``, or ``((value, aux), grads)``; ``fn`` returns a scalar.
 
     ``vj.value_and_grad(fn, argnums=..., has_aux=...)`` (no module): the object-mode form,
-    a function differentiating every float variable of its ``argnums`` arguments."""
+    a function differentiating every float variable of its ``argnums`` arguments.
+    ``passes``: passes run on ``fn``'s IR before it is differentiated (``vj.lift``; in
+    object mode, as ``vj.jit``'s)."""
     _no_reduce_axes("value_and_grad", reduce_axes)
     if mdl is NO_INIT:
         object_options("value_and_grad", lambda f: f, variables=(variables, True),
                        rngs=(rngs, True))(fn)
-        return objects.value_and_grad(fn, argnums=argnums, has_aux=has_aux)
+        return objects.value_and_grad(fn, argnums=argnums, has_aux=has_aux, passes=passes)
     reject(argnums != 0, "value_and_grad", "argnums= is for the object-mode form; the lifted "
            "form differentiates every primal.", "drop argnums, or call vj.value_and_grad(fn, "
            "argnums=...) without the module")
@@ -123,20 +125,23 @@ def value_and_grad(fn: Callable, mdl: Any = NO_INIT, *primals: Any, has_aux: boo
             f, argnums=tuple(range(len(primals))), has_aux=True)(*primals)
         return (((value, aux), grads) if has_aux else (value, grads)), gs_out
 
-    lifted = lift(transform, unbound(fn), variables=(variables,), rngs=(rngs,), name="value_and_grad")
+    lifted = lift(transform, unbound(fn), variables=(variables,), rngs=(rngs,),
+                  name="value_and_grad", passes=passes)
     return call_direct(lifted, mdl, *primals)
 
 
 def grad(fn: Callable, mdl: Any = NO_INIT, *primals: Any, has_aux: bool = False,
-         reduce_axes: Any = (), variables: Any = True, rngs: Any = True, argnums: Any = 0) -> Any:
+         reduce_axes: Any = (), variables: Any = True, rngs: Any = True, argnums: Any = 0,
+         passes: Any = ()) -> Any:
     """Lifted ``jax.grad`` with respect to every primal: ``grads``, or ``(grads, aux)``.
-    Without a module, the object-mode ``vj.grad(fn, argnums=..., has_aux=...)``."""
+    Without a module, the object-mode ``vj.grad(fn, argnums=..., has_aux=...)``.
+    ``passes``: as ``value_and_grad``'s."""
     if mdl is NO_INIT:
         _no_reduce_axes("grad", reduce_axes)
         object_options("grad", lambda f: f, variables=(variables, True), rngs=(rngs, True))(fn)
-        return objects.grad(fn, argnums=argnums, has_aux=has_aux)
+        return objects.grad(fn, argnums=argnums, has_aux=has_aux, passes=passes)
     out = value_and_grad(fn, mdl, *primals, has_aux=has_aux, reduce_axes=reduce_axes,
-                         variables=variables, rngs=rngs, argnums=argnums)
+                         variables=variables, rngs=rngs, argnums=argnums, passes=passes)
     (_, aux), grads = out if has_aux else ((None, None), out[1])
     return (grads, aux) if has_aux else grads
 

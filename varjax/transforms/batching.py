@@ -104,10 +104,10 @@ def vmap(target: Any = None, variable_axes: Mapping[Any, int | None] | None = No
         transform, fn, variables=tuple(f for f, _ in axes), rngs=rng_filters, name="vmap",
         fix=_AXES_FIX, passes=passes), methods, object_options(
             "vmap", lambda fn: objects.vmap(fn, in_axes=in_axes, out_axes=out_axes,
-                                           axis_size=axis_size, axis_name=axis_name),
+                                           axis_size=axis_size, axis_name=axis_name,
+                                           passes=passes),
             variable_axes=(variable_axes, None), split_rngs=(split_rngs, None),
-            spmd_axis_name=(spmd_axis_name, None), metadata_params=(metadata_params, None),
-            passes=(passes, ())))
+            spmd_axis_name=(spmd_axis_name, None), metadata_params=(metadata_params, None)))
 
 
 def _shared_write(e: ValueError, region: Any, var_filters: list, var_axes: tuple) -> Any:

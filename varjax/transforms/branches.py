@@ -34,8 +34,8 @@ def cond(pred: Any, true_fun: Callable, false_fun: Callable, mdl: Any, *operands
     (``object_call``) JAX's ``cond(pred, true_fun, false_fun, *operands)``.  ``passes``:
     passes run on the branches' IR (``vj.lift``)."""
     if object_call("cond", (mdl, *operands), {}):
-        _object_options("cond", variables, rngs, passes)
-        return objects.cond(pred, true_fun, false_fun, mdl, *operands)
+        _object_options("cond", variables, rngs)
+        return objects.cond(pred, true_fun, false_fun, mdl, *operands, passes=passes)
     index = jnp.asarray(pred).astype(jnp.int32)
     return _branches("cond", index, [false_fun, true_fun], ["false_fun", "true_fun"], mdl,
                      operands, variables, rngs, passes)
@@ -47,15 +47,14 @@ def switch(index: Any, branches: Sequence[Callable], mdl: Any, *operands: Any,
     """Lifted ``jax.lax.switch``: ``branches[index](mdl, *operands)``; in object mode JAX's
     ``switch(index, branches, *operands)``.  ``passes``: as for ``cond``."""
     if object_call("switch", (mdl, *operands), {}):
-        _object_options("switch", variables, rngs, passes)
-        return objects.switch(index, branches, mdl, *operands)
+        _object_options("switch", variables, rngs)
+        return objects.switch(index, branches, mdl, *operands, passes=passes)
     return _branches("switch", index, list(branches), [f"branch {i}" for i in range(len(branches))],
                      mdl, operands, variables, rngs, passes)
 
 
-def _object_options(name: str, variables: Any, rngs: Any, passes: Any) -> None:
-    object_options(name, lambda f: f, variables=(variables, True), rngs=(rngs, True),
-                   passes=(passes, ()))(None)
+def _object_options(name: str, variables: Any, rngs: Any) -> None:
+    object_options(name, lambda f: f, variables=(variables, True), rngs=(rngs, True))(None)
 
 
 def _check_creations(name: str, labels: list[str], created: list[set]) -> None:

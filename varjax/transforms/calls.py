@@ -153,8 +153,9 @@ def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: b
         trace_numbers=True),
         methods,
         object_options("remat", lambda fn: objects.remat(
-            fn, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy),
-            variables=(variables, True), rngs=(rngs, True), passes=(passes, ())))
+            fn, prevent_cse=prevent_cse, static_argnums=static_argnums, policy=policy,
+            passes=passes),
+            variables=(variables, True), rngs=(rngs, True)))
 
 
 remat = checkpoint

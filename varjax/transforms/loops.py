@@ -155,11 +155,11 @@ def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
         transform, fn, variables=var_filters, rngs=rng_filters, name="scan", passes=passes,
         fix="add '{collection}' to variable_axes, variable_broadcast or variable_carry"),
         methods, object_options(
-            "scan", lambda fn: objects.scan(fn, length=length, reverse=reverse, unroll=unroll),
+            "scan", lambda fn: objects.scan(fn, length=length, reverse=reverse, unroll=unroll,
+                                           passes=passes),
             variable_axes=(variable_axes, None), variable_broadcast=(variable_broadcast, False),
             variable_carry=(variable_carry, False), split_rngs=(split_rngs, None),
-            in_axes=(in_axes, 0), out_axes=(out_axes, 0), metadata_params=(metadata_params, None),
-            passes=(passes, ())))
+            in_axes=(in_axes, 0), out_axes=(out_axes, 0), metadata_params=(metadata_params, None)))
 
 
 def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, length: int,
@@ -246,8 +246,8 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any = NO_IN
     if init is NO_INIT:
         object_options("while_loop", lambda f: f, carry_variables=(carry_variables, False),
                        broadcast_variables=(broadcast_variables, True),
-                       split_rngs=(split_rngs, None), passes=(passes, ()))(cond_fn)
-        return objects.while_loop(cond_fn, body_fn, mdl)
+                       split_rngs=(split_rngs, None))(cond_fn)
+        return objects.while_loop(cond_fn, body_fn, mdl, passes=passes)
     rng_filters, split = rng_groups(split_rngs)
     var_filters = (filters.freeze(carry_variables), filters.freeze(broadcast_variables))
 
@@ -314,8 +314,8 @@ def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any = N
     if init is NO_INIT:
         object_options("fori_loop", lambda f: f, carry_variables=(carry_variables, False),
                        broadcast_variables=(broadcast_variables, True),
-                       split_rngs=(split_rngs, None), passes=(passes, ()))(body_fn)
-        return objects.fori_loop(lower, upper, body_fn, mdl)
+                       split_rngs=(split_rngs, None))(body_fn)
+        return objects.fori_loop(lower, upper, body_fn, mdl, passes=passes)
     # The bounds travel in the loop state, not in closures: a traced ``upper`` is an
     # array of the enclosing trace, and the bodies are traced on their own.
     def cond(*a: Any) -> Any:
