@@ -18,7 +18,6 @@ import pytest
 
 import varjax as vj
 from varjax import errors, nnx
-from varjax.nnx.batching import vmap
 
 X = jnp.arange(8.0).reshape(4, 2) / 7 - 0.5
 FAKE_QUANT = "fake-quant{bits=2}"
@@ -116,15 +115,21 @@ def test_remat_passes_run_on_the_checkpointed_function():
     np.testing.assert_allclose(out, _by_hand(layer, X), rtol=1e-6)
 
 
-def test_vmap_passes_run_on_the_body_once_for_every_member():
-    """``nnx.vmap(..., passes=)``: the lines the lead adds to ``nnx/batching.py``; skipped
-    until they are there."""
-    try:
-        mapped = vmap(lambda m, x: m(x), in_axes=(None, 0), passes=FAKE_QUANT)
-    except TypeError:
-        pytest.skip("nnx.vmap takes no passes= yet (nnx/batching.py: see the S2 report)")
+def test_jvp_and_vjp_passes_run_before_jax_differentiates():
+    """Without graph updates, as flax.nnx runs them: the output is the quantized layer's,
+    and the tangent (cotangent) of ``x`` goes through the quantized kernel."""
     layer = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
-    np.testing.assert_allclose(mapped(layer, X), _by_hand(layer, X), rtol=1e-6)
+    kernel_q = _quantized(np.asarray(layer.kernel[...]))
+    ones = jnp.ones_like(X)
+    still = jax.tree.map(jnp.zeros_like, layer)        # the layer's tangent: none
+    out, tangent = nnx.jvp(lambda m, x: m(x), (layer, X), (still, ones), graph_updates=False,
+                           passes=FAKE_QUANT)
+    np.testing.assert_allclose(out, _by_hand(layer, X), rtol=1e-6)
+    np.testing.assert_allclose(tangent, ones @ kernel_q, rtol=1e-6)
+    out, back = nnx.vjp(lambda m, x: m(x), layer, X, graph_updates=False, passes=FAKE_QUANT)
+    np.testing.assert_allclose(out, _by_hand(layer, X), rtol=1e-6)
+    _, cotangent = back(jnp.ones_like(out))
+    np.testing.assert_allclose(cotangent, jnp.ones_like(out) @ kernel_q.T, rtol=1e-6)
 
 
 def test_a_pass_option_matching_nothing_raises_pipeline_error():
@@ -181,7 +186,7 @@ def test_dump_of_an_object_mode_step_over_vj_variables():
         count.value = count.value + 1
         return x @ w.value
 
-    effectful = dict(vj.dump(vj.jit(step), w, count, X, source=False))["effectful"]
+    effectful = dict(vj.dump(step, w, count, X, source=False))["effectful"]
     assert "var_get[params:w]" in effectful and "var_set[counts:count]" in effectful
     assert float(count.value) == 0.0
 

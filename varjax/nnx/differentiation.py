@@ -48,6 +48,7 @@ from varjax.nnx.transforms import DiffState
 from varjax.objects import object_transforms as objects
 from varjax.objects.custom_vjp import custom_vjp as object_custom_vjp
 from varjax.objects.run import arg_names
+from varjax.passes.framework.pipeline import parse_entries
 from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
 
@@ -66,7 +67,8 @@ def _modes(what: str, graph: bool | None, graph_updates: bool | None) -> None:
                                   f"nnx.{what}. Set graph=False or graph_updates=False.")
 
 
-def _traced(what: str, f: Callable, primals: tuple, has_aux: bool) -> tuple[Callable, Any]:
+def _traced(what: str, f: Callable, primals: tuple, has_aux: bool,
+            passes: Any) -> tuple[Callable, Any]:
     """``f`` as object mode runs it (``object_transforms._Pure``: one functionalized trace
     over JAX's copies of the primals, its Variable accesses IR effects), returning its
     output and ``(aux, Result)`` for a JAX transform with ``has_aux``; and the primals'
@@ -78,7 +80,7 @@ def _traced(what: str, f: Callable, primals: tuple, has_aux: bool) -> tuple[Call
                          "its Variables would hold the transform's tracers.",
                          "return arrays", by="varjax.nnx")
         return out
-    pure = objects._Pure(checked, arg_names(f))
+    pure = objects._Pure(checked, arg_names(f), parse_entries(passes))
     graph = pure.originals(primals, {})
 
     def make(p: Callable) -> Callable:
@@ -92,18 +94,21 @@ def _traced(what: str, f: Callable, primals: tuple, has_aux: bool) -> tuple[Call
 
 def vjp(f: Callable | None = None, *primals: Any, has_aux: bool = False,
         reduce_axes: Sequence[Any] = (), graph: bool | None = None,
-        graph_updates: bool | None = None) -> Any:
+        graph_updates: bool | None = None, passes: Any = ()) -> Any:
     """``jax.vjp`` over NNX objects: ``(out, vjp_fn)`` (``(out, vjp_fn, aux)``), where
-    ``vjp_fn(g)`` returns one cotangent per primal, a module's a module of cotangents."""
+    ``vjp_fn(g)`` returns one cotangent per primal, a module's a module of cotangents.
+    ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run on ``f``'s IR before JAX
+    differentiates it."""
     _modes("vjp", graph, graph_updates)
     refuse_options("vjp", reduce_axes=(tuple(reduce_axes), ()))
     if f is None:
-        return functools.partial(vjp, has_aux=has_aux, graph=graph, graph_updates=graph_updates)
+        return functools.partial(vjp, has_aux=has_aux, graph=graph, graph_updates=graph_updates,
+                                 passes=passes)
     refuse_bound_method(f, "vjp")
     if not primals:
         return functools.partial(vjp, f, has_aux=has_aux, graph=graph,
-                                 graph_updates=graph_updates)
-    fn, graph = _traced("vjp", f, primals, has_aux)
+                                 graph_updates=graph_updates, passes=passes)
+    fn, graph = _traced("vjp", f, primals, has_aux, passes)
     out, vjp_fn, (aux, result) = jax.vjp(fn, *primals, has_aux=True)
     graph.write_back(result.updates, result.created)
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
@@ -111,17 +116,18 @@ def vjp(f: Callable | None = None, *primals: Any, has_aux: bool = False,
 
 def jvp(f: Callable | None = None, primals: tuple | None = None,
         tangents: tuple | None = None, *, has_aux: bool = False, graph: bool | None = None,
-        graph_updates: bool | None = None) -> Any:
+        graph_updates: bool | None = None, passes: Any = ()) -> Any:
     """``jax.jvp`` over NNX objects: a module's tangent is a module of tangents;
-    ``(out, tangent_out)`` (``(out, tangent_out, aux)``)."""
+    ``(out, tangent_out)`` (``(out, tangent_out, aux)``); ``passes`` as ``vjp``'s."""
     _modes("jvp", graph, graph_updates)
     if f is None:
-        return functools.partial(jvp, has_aux=has_aux, graph=graph, graph_updates=graph_updates)
+        return functools.partial(jvp, has_aux=has_aux, graph=graph, graph_updates=graph_updates,
+                                 passes=passes)
     refuse_bound_method(f, "jvp")
     if primals is None:
         return functools.partial(jvp, f, has_aux=has_aux, graph=graph,
-                                 graph_updates=graph_updates)
-    fn, graph = _traced("jvp", f, tuple(primals), has_aux)
+                                 graph_updates=graph_updates, passes=passes)
+    fn, graph = _traced("jvp", f, tuple(primals), has_aux, passes)
     out, tangent, (aux, result) = jax.jvp(fn, tuple(primals), tuple(tangents), has_aux=True)
     graph.write_back(result.updates, result.created)
     return (out, tangent, aux) if has_aux else (out, tangent)
