@@ -18,9 +18,10 @@ and with flax.nnx's hijax/Ref failure asserted.
 * ``nnx.remat`` with a state write under ``nnx.grad``: the write happens once (a Ref under
   ``jax.checkpoint`` under ``jax.grad`` runs it twice; hijax refuses the effect).
 * ``nnx.eval_shape`` keeps a Variable's sharding metadata (flax#5110).
-* Batch-statistic writes inside ``nnx.custom_vjp`` under ``nnx.grad`` (flax#4847) are
-  ``tests/nnx/test_nnx_differentiation.py``,
-  ``test_batchnorm_statistics_updated_inside_custom_vjp_under_grad_match_flax``.
+* Batch-statistic writes inside ``nnx.custom_vjp`` under ``nnx.grad`` (flax#4847): here
+  against pure JAX and flax.nnx's hijax/Ref failures; against flax.nnx's default Variables,
+  in both custom_vjp forms, ``tests/nnx/test_nnx_differentiation.py::
+  test_batchnorm_statistics_updated_inside_custom_vjp_under_grad_match_flax``.
 """
 import flax.errors
 import jax
@@ -286,3 +287,49 @@ def test_eval_shape_keeps_out_sharding_metadata_as_flax():
     assert ours.kernel.out_sharding == (None, "model") and ours.bias.out_sharding == ("model",)
     spec = nnx.get_partition_spec(nnx.state(ours))
     assert spec["kernel"][...] == jax.sharding.PartitionSpec(None, "model")
+
+
+# --- batch-statistic writes inside custom_vjp under grad (flax#4847) ----------------------
+
+def _normalized(lib):
+    """``sum(bn(x) * w)`` under ``custom_vjp`` (tree-mode form), bwd giving ``w`` its
+    cotangent: the BatchNorm's statistics are written inside, under ``grad``."""
+    class Net(lib.Module):
+        def __init__(self, rngs):
+            self.bn = lib.BatchNorm(2, momentum=MOMENTUM, epsilon=EPS, rngs=rngs)
+            self.w = lib.Param(jnp.array([1.0, -2.0]))
+
+    @lib.custom_vjp(graph_updates=False)
+    def f(net, x):
+        return jnp.sum(net.bn(x) * net.w[...][None])
+
+    def f_fwd(net, x):
+        y = net.bn(x)
+        return jnp.sum(y * net.w[...][None]), (y, net)
+
+    def f_bwd(res, g):
+        y, net = res
+        net_g = jax.tree.map(jnp.zeros_like, net)
+        net_g.w[...] = jnp.sum(y, axis=0) * g
+        return net_g, jnp.zeros_like(y)
+    f.defvjp(f_fwd, f_bwd)
+    return f, Net(lib.Rngs(0))
+
+
+def test_batch_stat_writes_inside_custom_vjp_under_grad_where_flax_hijax_and_refs_fail():
+    f, ours = _normalized(nnx)
+    g = nnx.grad(f, graph_updates=False)(ours, XS[2])
+    x = XS[2]
+    mean, var = jnp.mean(x, axis=0), jnp.var(x, axis=0)
+    y = (x - mean[None]) * jax.lax.rsqrt(var + EPS)[None]
+    _close(g.w[...], jnp.sum(y, axis=0))                      # bwd's rule
+    _close(ours.bn.mean[...], (1 - MOMENTUM) * mean)         # written back once
+    _close(ours.bn.var[...], MOMENTUM + (1 - MOMENTUM) * var)
+    with flax_nnx.var_defaults(hijax=True):
+        f, theirs = _normalized(flax_nnx)
+        with pytest.raises(NotImplementedError, match="jvp not implemented"):
+            flax_nnx.grad(f, graph_updates=False)(theirs, XS[2])
+    with flax_nnx.var_defaults(ref=True):
+        f, theirs = _normalized(flax_nnx)
+        with pytest.raises(TypeError, match="bwd rule must produce"):
+            flax_nnx.grad(f, graph_updates=False)(theirs, XS[2])
