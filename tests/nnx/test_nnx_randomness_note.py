@@ -3,9 +3,6 @@ each run as written with ``from varjax import nnx`` and with ``from flax import 
 the same seeds: keys, counts, parameters and dropout masks compared bitwise, outputs to
 1e-6.  ``nnx.display(...)`` lines are replaced by comparing what they would show: the
 object's state.
-
-One example of the guide is not here, as varjax.nnx does not run it yet: "Transforming
-implicit state" passes an ``nnx.StateAxes`` to ``nnx.scan`` (built for ``nnx.vmap`` only).
 """
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx as flax_nnx
 from jax import random
 
@@ -210,3 +208,72 @@ def test_note_forking_implicit_random_state_with_state_axes_matches_flax():
         assert y.shape == (5, 1, 10)
         return (_model_state(nnx, model), y == 0), (y,)
     _both(example)
+
+
+def _recurrent_dropout(nnx: Any) -> tuple[Any, Any]:
+    """The note's "Transforming implicit state" example as written: an RNNCell whose Dropout
+    draws from a ``recurrent_dropout`` stream, unrolled by ``nnx.scan`` inside ``nnx.jit``
+    with that stream broadcast (the same mask every step) and the rest of the cell carried
+    (its counter counts the steps)."""
+    class Count(nnx.Variable):
+        pass
+
+    class RNNCell(nnx.Module):
+      def __init__(self, din, dout, rngs):
+        self.linear = nnx.Linear(dout + din, dout, rngs=rngs)
+        self.drop = nnx.Dropout(0.1, rngs=rngs, rng_collection='recurrent_dropout')
+        self.dout = dout
+        self.count = Count(jnp.array(0, jnp.uint32))
+
+      def __call__(self, h, x) -> tuple[jax.Array, jax.Array]:
+        h = self.drop(h) # Recurrent dropout.
+        y = nnx.relu(self.linear(jnp.concatenate([h, x], axis=-1)))
+        self.count.value += 1
+        return y, y
+
+      def initial_state(self, batch_size: int):
+        return jnp.zeros((batch_size, self.dout))
+
+    cell = RNNCell(8, 16, nnx.Rngs(params=0, recurrent_dropout=1))
+
+    @nnx.jit
+    def rnn_forward(cell: RNNCell, x: jax.Array):
+      h = cell.initial_state(batch_size=x.shape[0])
+
+      # Broadcast the 'recurrent_dropout' PRNG state to have the same mask on every step.
+      state_axes = nnx.StateAxes({'recurrent_dropout': None, ...: nnx.Carry})
+      @nnx.scan(in_axes=(state_axes, nnx.Carry, 1), out_axes=(nnx.Carry, 1))
+      def unroll(cell: RNNCell, h, x) -> tuple[jax.Array, jax.Array]:
+        h, y = cell(h, x)
+        return h, y
+
+      h, y = unroll(cell, h, x)
+      return y
+
+    x = jnp.ones((4, 20, 8))
+    y = rnn_forward(cell, x)
+    assert y.shape == (4, 20, 16)
+    assert cell.count.value == 20 and cell.count.value.dtype == jnp.uint32
+    return cell, y
+
+
+def test_note_recurrent_dropout_scan_with_state_axes_matches_flax():
+    """y, the counter (20), the broadcast stream's count (its updates are not kept, so 0)
+    and every Variable of the cell after the call: flax.nnx's."""
+    def example(nnx):
+        cell, y = _recurrent_dropout(nnx)
+        assert int(cell.drop.rngs.count[...]) == 0
+        return _pure(nnx, cell), (y,)
+    _both(example)
+
+
+def test_note_recurrent_dropout_without_graph_updates_beyond_flax():
+    """With graph updates off the StateAxes keeps its meaning (flax.nnx refuses it there):
+    the same outputs and Variables as flax.nnx's default."""
+    with flax_nnx.set_graph_updates(False), pytest.raises(ValueError, match="StateAxes"):
+        _recurrent_dropout(flax_nnx)
+    with varjax_nnx.set_graph_updates(False):
+        cell, y = _recurrent_dropout(varjax_nnx)
+    theirs, fy = _recurrent_dropout(flax_nnx)
+    _bitwise(_pure(varjax_nnx, cell), _pure(flax_nnx, theirs))
+    _close(y, fy)

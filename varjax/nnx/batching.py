@@ -15,10 +15,11 @@ them only Variable values come back.
 
 An argument's ``in_axes`` entry may be a ``StateAxes`` (graph mode, with or without graph
 updates): the module is split into a state per filter, each mapped along its axis, and
-merged again inside (``state_axes``).
+merged again inside (``state_axes``).  An ``out_axes`` entry may be one too: a module made
+inside comes back with each state stacked along its filter's axis (``state_axes.restacked``).
 
-Not built, refused with ``NotProvidedError`` by name: ``StateAxes`` in ``out_axes`` or
-nested in an argument's prefix, ``transform_metadata``, ``spmd_axis_name``.
+Not built, refused with ``NotProvidedError`` by name: a ``StateAxes`` nested in a prefix, an
+``out_axes`` ``StateAxes`` with a ``None`` axis, ``transform_metadata``, ``spmd_axis_name``.
 """
 from __future__ import annotations
 
@@ -29,7 +30,15 @@ import jax
 
 from varjax.nnx.config import resolve
 from varjax.nnx.graph_updates import carrying, finish
-from varjax.nnx.state_axes import StateAxes, merged, split_by
+from varjax.nnx.state_axes import (
+    StateAxes,
+    check_state_axes,
+    merged,
+    on_objects_only,
+    restacked,
+    split_by,
+    zeros,
+)
 from varjax.nnx.transform_checks import (
     as_decorator,
     positional,
@@ -42,19 +51,22 @@ from varjax.trace.unprovided import not_provided
 __all__ = ["vmap"]
 
 
-def _int_axes(name: str, axes: Any) -> None:
-    """``in_axes``/``out_axes`` are a prefix of ints and Nones (``StateAxes`` entries, of
-    ints and Nones, only per argument of ``in_axes``); anything else there is not built."""
-    if name == "in_axes" and isinstance(axes, tuple):
-        axes = tuple(a.axes if isinstance(a, StateAxes) else a for a in axes)
-    for leaf in jax.tree.leaves(axes):
+def _int_axes(name: str, axes: Any, graph: bool) -> None:
+    """``in_axes``/``out_axes`` are a prefix of ints and Nones, or per argument (output) a
+    ``StateAxes`` of those (of ints in ``out_axes``); anything else there is not built."""
+    check_state_axes("vmap", name, axes, graph, (int, type(None)))
+    for leaf in jax.tree.leaves(zeros(axes)):
         if not isinstance(leaf, int) or isinstance(leaf, bool):
             not_provided(f"nnx.vmap({name}={type(leaf).__name__}(...))",
-                         f"an {name} entry other than an int, None or (per argument of "
-                         "in_axes) a StateAxes is not built yet.",
-                         f"give an int or None per argument in {name}; to map part of a "
-                         "module's state, split it (nnx.split) and pass the states with "
-                         "their own axes", by="varjax.nnx")
+                         f"an {name} entry other than an int, None or a StateAxes is not "
+                         "built yet.", f"give an int, None or a StateAxes per argument in "
+                         f"{name}", by="varjax.nnx")
+    for entry in jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, StateAxes)):
+        if name == "out_axes" and isinstance(entry, StateAxes) and None in entry.axes:
+            not_provided("nnx.vmap(out_axes=StateAxes({...: None}))",
+                         "a state of an output module is stacked along an axis; one the "
+                         "same for every member is not built.",
+                         "give each filter of an out_axes StateAxes an int", by="varjax.nnx")
 
 
 def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
@@ -66,20 +78,17 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
     refuse_options("vmap", spmd_axis_name=(spmd_axis_name, None))
     modes = resolve(graph, graph_updates)
     by_state = isinstance(in_axes, tuple) and any(isinstance(a, StateAxes) for a in in_axes)
-    if by_state and not modes[0]:
-        raise ValueError("`in_axes` cannot contain `StateAxes` objects when `graph=False`: "
-                         "split the module (nnx.split(model, filter, ...)) and pass the "
-                         "states with their own axes, or pass graph=True.")
     if transform_metadata:
         not_provided("nnx.vmap(transform_metadata=...)", "this option is not built yet.",
                      "call nnx.vmap without transform_metadata", by="varjax.nnx")
-    _int_axes("in_axes", in_axes)
-    _int_axes("out_axes", out_axes)
+    _int_axes("in_axes", in_axes, modes[0])
+    _int_axes("out_axes", out_axes, modes[0])
+    stacked = zeros(out_axes)
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "vmap")
         mapped = None if by_state else objects.vmap(
-            carrying(fn, "vmap", *modes), in_axes=in_axes, out_axes=(out_axes, 0),
+            carrying(fn, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
             axis_size=axis_size, axis_name=axis_name)
         made: dict[tuple, Callable] = {}     # per GraphDefs of the split arguments
 
@@ -91,12 +100,15 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
                 carried = carrying(fn, "vmap", *modes)
                 found = made[key] = objects.vmap(
                     lambda *a: carried(*merged(defs, a)), in_axes=axes,
-                    out_axes=(out_axes, 0), axis_size=axis_size, axis_name=axis_name)
+                    out_axes=(stacked, 0), axis_size=axis_size, axis_name=axis_name)
             return found(*given)
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             args = positional(fn, args, kwargs)
-            return finish(args, {}, *(by_states(args) if by_state else mapped(*args)))
+            if by_state:
+                on_objects_only("vmap", args, in_axes)
+            out = finish(args, {}, *(by_states(args) if by_state else mapped(*args)))
+            return restacked(out, out_axes)
         return call
     return as_decorator(f, build)

@@ -1,24 +1,32 @@
 """NNX's ``scan`` (and its ``Carry`` marker) in graph mode, on varjax's object-mode ``scan``.
 
 ``nnx.scan`` describes each positional argument by an ``in_axes`` entry: ``Carry`` (at most
-one, the loop carry), an int (the axis it is scanned along) or ``None`` (the same every
-step); ``out_axes`` says the same of what the function returns.  That desugars onto
-``vj.scan``'s ``(carry, xs) -> (carry, ys)`` as flax.nnx's own graph-mode scan does:
+one, the loop carry), an int (the axis it is scanned along), ``None`` (the same every step)
+or a ``StateAxes`` giving each state of a module one of those; ``out_axes`` says the same of
+what the function returns.  That desugars onto ``vj.scan``'s ``(carry, xs) -> (carry, ys)``
+as flax.nnx's own graph-mode scan does:
 
-* the carry is the ``Carry`` argument *and* the broadcast (``None``) arguments: a broadcast
-  module's Variable updates are carried from step to step, and afterwards its Variables get
-  their values from before the scan back, as flax.nnx's graph mode keeps none of them;
-* the scanned arguments, their axis moved to 0, are the ``xs``: a stack of layers made with
+* a ``StateAxes`` argument is split into one state per filter (``state_axes.split_by``),
+  each state a part with its own axis, and merged again inside every step;
+* the carry is the ``Carry`` argument, the states at ``Carry`` (their updates carried from
+  step to step and kept) and the broadcast (``None``) parts.  With graph updates a
+  broadcast object's Variables get their values back at the end of every step, so each
+  step sees the values it was given and none of its updates is kept (an RNG stream there
+  draws the same key every step: recurrent dropout's one mask); without them a broadcast
+  argument's updates are carried and kept, as flax.nnx's tree-style scan keeps them, while
+  a ``StateAxes`` state at ``None`` keeps its meaning (flax.nnx refuses ``StateAxes`` there);
+* the scanned parts, their axis moved to 0, are the ``xs``: a stack of layers made with
   ``nnx.vmap`` is applied one layer per step, and its Variables' updates come back stacked;
-* the outputs at int axes are the ``ys``, stacked along that axis.
+* the outputs at int axes are the ``ys``, stacked along that axis; a module made inside and
+  returned at a ``StateAxes`` entry has each state stacked along its filter's axis.
 
 The carry returned holds the caller's objects (their Variables hold the final values), as in
 flax.nnx, when the function returns each carry object in the place it came in (without graph
 updates, new objects holding the caller's Variables, as flax.nnx returns them then); a
 structural change inside is a ``TransformError``, as flax.nnx refuses it too; elsewhere
 ``transform_checks`` refuses what object mode cannot keep (an argument's object returned
-as an output).  ``StateAxes`` prefixes, a module scanned along
-an axis other than 0, ``transform_metadata`` and ``_split_transpose`` are refused by name.
+as an output).  A module (or state) scanned along an axis other than 0, a ``StateAxes``
+nested in a prefix, ``transform_metadata`` and ``_split_transpose`` are refused by name.
 """
 from __future__ import annotations
 
@@ -29,6 +37,15 @@ import jax
 import jax.numpy as jnp
 
 from varjax.nnx.config import resolve
+from varjax.nnx.graph import merge
+from varjax.nnx.state_axes import (
+    StateAxes,
+    check_state_axes,
+    on_objects_only,
+    restacked,
+    split_by,
+    zeros,
+)
 from varjax.nnx.transform_checks import (
     as_decorator,
     as_given,
@@ -55,10 +72,10 @@ def _is_axis(x: Any) -> bool:
     return x is None or x is Carry
 
 
-def _axes_leaves(name: str, axes: Any) -> list[tuple[Any, Any]]:
+def _axes_leaves(name: str, axes: Any, graph: bool) -> list[tuple[Any, Any]]:
     """``(path, entry)`` of ``axes``, checked as flax.nnx checks them: ``Carry`` only at the
-    top level and once; every entry an int, ``None`` or ``Carry`` (``StateAxes`` is not
-    built)."""
+    top level and once; every entry an int, ``None``, ``Carry`` or (per argument, in graph
+    mode) a ``StateAxes`` of those."""
     leaves = jax.tree_util.tree_leaves_with_path(
         axes, is_leaf=lambda x: _is_axis(x) or not isinstance(x, (tuple, list, dict)))
     carries = [p for p, x in leaves if x is Carry]
@@ -68,24 +85,28 @@ def _axes_leaves(name: str, axes: Any) -> list[tuple[Any, Any]]:
                              f"Found Carry inside {name} at path {jax.tree_util.keystr(path)}")
     if len(carries) > 1:
         raise ValueError(f"Found multiple Carry definitions in {name}")
+    check_state_axes("scan", name, axes, graph, (int, type(None), type(Carry)))
     for _, x in leaves:
-        if not (_is_axis(x) or isinstance(x, int) and not isinstance(x, bool)):
+        if not (_is_axis(x) or isinstance(x, (int, StateAxes)) and not isinstance(x, bool)):
             not_provided(f"nnx.scan({name}={type(x).__name__}(...))",
-                         f"an {name} entry other than an int, None or nnx.Carry (a StateAxes "
-                         "prefix: an axis per filter of a module's state) is not built yet.",
-                         f"give an int, None or nnx.Carry per argument in {name}; to scan "
-                         "part of a module's state, split it (nnx.split) and pass the states "
-                         "with their own axes", by="varjax.nnx")
+                         f"an {name} entry other than an int, None, nnx.Carry or (per "
+                         "argument) a StateAxes is not built yet.",
+                         f"give an int, None, nnx.Carry or StateAxes per argument in {name}",
+                         by="varjax.nnx")
     return leaves
 
 
-def _check_axes(in_axes: Any, out_axes: Any) -> None:
-    outs = _axes_leaves("out_axes", out_axes)
+def _check_axes(in_axes: Any, out_axes: Any, graph: bool) -> None:
+    outs = _axes_leaves("out_axes", out_axes, graph)
     for path, x in outs:
+        at = f"out_axes{jax.tree_util.keystr(path)}"
         if x is None:
-            raise ValueError(f"Cannot broadcast output state. Got out_axes=None at: "
-                             f"out_axes{jax.tree_util.keystr(path)}")
-    ins = _axes_leaves("in_axes", in_axes)
+            raise ValueError(f"Cannot broadcast output state. Got out_axes=None at: {at}")
+        for f, axis in x.items() if isinstance(x, StateAxes) else ():
+            if axis is None or axis is Carry:
+                raise ValueError(f"Cannot {'broadcast' if axis is None else 'carry'} output "
+                                 f"state. Got StateAxes({{{f}: {axis}}}) at: {at}")
+    ins = _axes_leaves("in_axes", in_axes, graph)
     if any(x is Carry for _, x in ins) != any(x is Carry for _, x in outs):
         raise ValueError("If one of in_axes or out_axes has Carry, the other must also have "
                          f"Carry. Got in_axes={in_axes!r}, out_axes={out_axes!r}")
@@ -107,18 +128,55 @@ def _move(tree: Any, axes: Any, to_front: bool, what: str) -> Any:
     return jax.tree.map(one, axes, tree, is_leaf=_is_axis)
 
 
-def _places(axes: tuple) -> tuple[int | None, tuple[int, ...], tuple[int, ...]]:
-    """Where the carry, the broadcast and the scanned arguments are."""
-    return (next((i for i, a in enumerate(axes) if a is Carry), None),
-            tuple(i for i, a in enumerate(axes) if a is None),
-            tuple(i for i, a in enumerate(axes) if a is not None and a is not Carry))
+class _Layout:
+    """Where each part of a call's arguments goes.  An argument at a ``StateAxes`` entry is
+    split into one state per filter (``state_axes.split_by``), each state a part with its
+    own axis; any other argument is one part.  Parts at ``Carry`` are carried (the
+    top-level ``Carry`` argument is the carry ``fn`` returns; a state at ``Carry`` comes
+    back as it went in, its Variables updated), parts at ``None`` are broadcast, parts at
+    an int are scanned."""
+
+    def __init__(self, args: tuple, axes: tuple):
+        given, part_axes, self.defs = split_by(args, axes)
+        self.parts: list[Any] = []
+        self.axes: list[Any] = []
+        self.spans: list[tuple[int, int]] = []
+        for i, (a, ax) in enumerate(zip(given, part_axes)):
+            many = i in self.defs
+            self.spans.append((len(self.parts), len(self.parts) + (len(a) if many else 1)))
+            self.parts.extend(a if many else (a,))
+            self.axes.extend(ax if many else (ax,))
+        self.carry_at = next((self.spans[i][0] for i, a in enumerate(axes) if a is Carry), None)
+        self.carried = tuple(k for k, a in enumerate(self.axes) if a is Carry
+                             and k != self.carry_at)
+        self.fixed = tuple(k for k, a in enumerate(self.axes) if a is None)
+        self.scanned = tuple(k for k, a in enumerate(self.axes) if a is not None
+                             and a is not Carry)
+        of_split = {k for i in self.defs for k in range(*self.spans[i])}
+        self.split_fixed = tuple(k for k in self.fixed if k in of_split)
+
+    def key(self) -> tuple:
+        """What a traced step depends on: the places and the split arguments' GraphDefs."""
+        return (len(self.parts), tuple(self.spans), tuple(sorted(self.defs.items())),
+                self.carry_at, self.carried, self.fixed, self.scanned, self.split_fixed)
 
 
-def _carry_kept(what: str, step: Callable, args: tuple, out: Any) -> None:
-    """The step returns the carry's objects in their places, and no argument's object
-    among its outputs."""
-    same_carry_objects(what, step, args[0], out[0], _moved)
-    no_argument_returned(what, step, args, out[1])
+def _arguments(key: tuple, parts: list[Any]) -> tuple:
+    """The function's arguments from its parts: each split one merged from its states (their
+    Variables, so their updates are the caller's)."""
+    _, spans, defs, *_ = key
+    defs = dict(defs)
+    return tuple(merge(defs[i], *parts[a:b]) if i in defs else parts[a]
+                 for i, (a, b) in enumerate(spans))
+
+
+def _without_keys(state: Any) -> Any:
+    """``state`` less its RNG keys: a stream's key is fixed inside a transform (only its count
+    moves), and writing it, even with its own value, is refused there."""
+    if not isinstance(state, dict):
+        return state
+    return {k: _without_keys(v) for k, v in state.items()
+            if not jax.dtypes.issubdtype(getattr(v, "dtype", None), jax.dtypes.prng_key)}
 
 
 def _per_arg(in_axes: Any, n: int) -> tuple:
@@ -129,39 +187,52 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
          unroll: int | bool = 1, _split_transpose: bool = False, in_axes: Any = (Carry, 0),
          out_axes: Any = (Carry, 0), transform_metadata: Mapping[str, Any] | None = None,
          graph: bool | None = None, graph_updates: bool | None = None) -> Any:
-    """``jax.lax.scan`` over NNX objects: the ``Carry`` argument and the broadcast ones are
-    carried (their Variable updates written back), the others scanned along their axis."""
+    """``jax.lax.scan`` over NNX objects: the ``Carry`` argument is carried, the others
+    scanned along their axis or broadcast; a ``StateAxes`` entry gives each state of a
+    module its own (``Carry``, ``None`` or an int)."""
     refuse_options("scan", _split_transpose=(_split_transpose, False))
-    updates = resolve(graph, graph_updates)[1]
+    modes = resolve(graph, graph_updates)
     if transform_metadata:
         not_provided("nnx.scan(transform_metadata=...)", "this option is not built yet.",
                      "call nnx.scan without transform_metadata", by="varjax.nnx")
-    _check_axes(in_axes, out_axes)
+    _check_axes(in_axes, out_axes, modes[0])
     out_carry = next((i for i, x in enumerate(out_axes) if x is Carry), None) \
         if isinstance(out_axes, tuple) else (Carry if out_axes is Carry else None)
+    ys_axes = out_axes if out_carry is None or out_carry is Carry else \
+        out_axes[:out_carry] + out_axes[out_carry + 1:]
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "scan")
 
         @functools.cache
-        def steps(n: int, carry_at: int | None, fixed: tuple[int, ...],
-                  scanned: tuple[int, ...]) -> Callable:
-            """The ``(carry, xs)`` step calling ``fn`` with its ``n`` arguments in place,
-            one per argument layout, so ``checked`` keeps one per layout too."""
+        def steps(key: tuple, arg_carry: int | None) -> Callable:
+            """The ``(carry, xs)`` step calling ``fn`` with its arguments made of the parts,
+            one per layout (``_Layout.key``), so ``checked`` keeps one per layout too.  With
+            graph updates a broadcast object's Variables are given back their values at the
+            end of every step, so each step sees the same ones (flax.nnx's graph mode passes
+            every step the states it was given)."""
+            n, _, _, carry_at, carried, fixed, scanned, split_fixed = key
+            restored = fixed if modes[1] else split_fixed
+            body = checked(fn, "scan", _carry_kept(arg_carry, out_carry), loop=True)
+
             def step(c: Any, x: Any) -> Any:
-                full: list[Any] = [None] * n
+                parts: list[Any] = [None] * n
                 if carry_at is not None:
-                    full[carry_at] = c[0]
-                for i, a in zip(fixed + scanned, c[1] + x):
-                    full[i] = a
-                out = fn(*full)
+                    parts[carry_at] = c[0]
+                for k, a in zip(carried + fixed + scanned, c[1] + c[2] + x):
+                    parts[k] = a
+                kept = [(a, _without_keys(split_merge.state(a))) for k, a in zip(fixed, c[2])
+                        if k in restored and objects_in(a)]
+                out = body(*_arguments(key, parts))
+                for a, before in kept:
+                    split_merge.update(a, before)
                 if out_carry is None:
-                    return (None, c[1]), out
+                    return (None, c[1], c[2]), out
                 if out_carry is Carry:
-                    return (out, c[1]), None
-                return (out[out_carry], c[1]), out[:out_carry] + out[out_carry + 1:]
+                    return (out, c[1], c[2]), None
+                return (out[out_carry], c[1], c[2]), out[:out_carry] + out[out_carry + 1:]
             step.__name__ = getattr(fn, "__name__", "the function")
-            return checked(step, "scan", _carry_kept, loop=True)
+            return step
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -173,26 +244,39 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
             if len(axes) != len(args):
                 raise ValueError(f"nnx.scan: in_axes has {len(axes)} entries and the "
                                  f"function was given {len(args)} arguments.")
-            carry_at, fixed, scanned = _places(axes)
-            init = (args[carry_at] if carry_at is not None else None,
-                    tuple(args[i] for i in fixed))
-            xs = tuple(_move(args[i], axes[i], True, "in_axes") for i in scanned)
-            run = control_flow.scan(steps(len(args), carry_at, fixed, scanned), length=length,
+            on_objects_only("scan", args, axes)
+            lay = _Layout(args, axes)
+            arg_carry = next((i for i, a in enumerate(axes) if a is Carry), None)
+            init = (lay.parts[lay.carry_at] if lay.carry_at is not None else None,
+                    tuple(lay.parts[k] for k in lay.carried),
+                    tuple(lay.parts[k] for k in lay.fixed))
+            xs = tuple(_move(lay.parts[k], lay.axes[k], True, "in_axes") for k in lay.scanned)
+            run = control_flow.scan(steps(lay.key(), arg_carry), length=length,
                                     reverse=reverse, unroll=unroll)
-            kept = [(a, split_merge.state(a)) for a in init[1] if objects_in(a)]
-            (carry, _), ys = run(init, xs)
-            for a, before in kept:      # flax.nnx keeps none of their updates
-                split_merge.update(a, before)
-            carry = as_given(init[0], carry, updates)
+            (carry, _, _), ys = run(init, xs)
+            carry = as_given(init[0], carry, modes[1])
             if out_carry is Carry:
                 return carry
-            ys = _move(ys, out_axes if out_carry is None else
-                       out_axes[:out_carry] + out_axes[out_carry + 1:], False, "out_axes")
+            ys = restacked(_move(ys, zeros(ys_axes), False, "out_axes"), ys_axes)
             if out_carry is None:
                 return ys
             return ys[:out_carry] + (carry,) + ys[out_carry:]
         return call
     return as_decorator(f, build)
+
+
+def _carry_kept(arg_carry: int | None, out_carry: Any) -> Callable:
+    """The check of what ``fn`` returns: the carry's objects in their places, and no
+    argument's object among the other outputs."""
+    def check(what: str, fn: Callable, args: tuple, out: Any) -> None:
+        if out_carry is Carry:
+            same_carry_objects(what, fn, args[arg_carry], out, _moved)
+            return
+        if out_carry is not None:
+            same_carry_objects(what, fn, args[arg_carry], out[out_carry], _moved)
+            out = out[:out_carry] + out[out_carry + 1:]
+        no_argument_returned(what, fn, args, out)
+    return check
 
 
 def _moved() -> None:
