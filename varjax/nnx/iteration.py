@@ -38,6 +38,8 @@ import jax.numpy as jnp
 
 from varjax.nnx.config import resolve
 from varjax.nnx.graph import merge
+from varjax.nnx.prefixes import PrefixAxes, axes_by_path
+from varjax.nnx.pytree import Pytree
 from varjax.nnx.state_axes import (
     StateAxes,
     check_state_axes,
@@ -77,7 +79,7 @@ def _axes_leaves(name: str, axes: Any, graph: bool) -> list[tuple[Any, Any]]:
     top level and once; every entry an int, ``None``, ``Carry`` or (per argument, in graph
     mode) a ``StateAxes`` of those."""
     leaves = jax.tree_util.tree_leaves_with_path(
-        axes, is_leaf=lambda x: _is_axis(x) or not isinstance(x, (tuple, list, dict)))
+        axes, is_leaf=lambda x: _is_axis(x) or not isinstance(x, (tuple, list, dict, Pytree)))
     carries = [p for p, x in leaves if x is Carry]
     for path in carries:
         if len(path) > isinstance(axes, tuple):
@@ -152,7 +154,8 @@ class _Layout:
         self.fixed = tuple(k for k, a in enumerate(self.axes) if a is None)
         self.scanned = tuple(k for k, a in enumerate(self.axes) if a is not None
                              and a is not Carry)
-        of_split = {k for i in self.defs for k in range(*self.spans[i])}
+        of_split = {k for i in self.defs if not isinstance(axes[i], PrefixAxes)
+                    for k in range(*self.spans[i])}
         self.split_fixed = tuple(k for k in self.fixed if k in of_split)
 
     def key(self) -> tuple:
@@ -168,6 +171,15 @@ def _arguments(key: tuple, parts: list[Any]) -> tuple:
     defs = dict(defs)
     return tuple(merge(defs[i], *parts[a:b]) if i in defs else parts[a]
                  for i, (a, b) in enumerate(spans))
+
+
+def _by_path(arg: Any, entry: Any) -> Any:
+    """An argument's entry, a prefix tree over its objects (``nnx.prefix``) made one filter
+    per path (``prefixes.axes_by_path``), so each Variable is scanned, carried or broadcast
+    by its own axis."""
+    if _is_axis(entry) or isinstance(entry, (int, StateAxes)) or not objects_in(arg):
+        return entry
+    return axes_by_path(entry, _is_axis)
 
 
 def _without_keys(state: Any) -> Any:
@@ -245,7 +257,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
                 raise ValueError(f"nnx.scan: in_axes has {len(axes)} entries and the "
                                  f"function was given {len(args)} arguments.")
             on_objects_only("scan", args, axes)
-            lay = _Layout(args, axes)
+            lay = _Layout(args, tuple(_by_path(a, e) for a, e in zip(args, axes)))
             arg_carry = next((i for i, a in enumerate(axes) if a is Carry), None)
             init = (lay.parts[lay.carry_at] if lay.carry_at is not None else None,
                     tuple(lay.parts[k] for k in lay.carried),

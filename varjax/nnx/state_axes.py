@@ -56,6 +56,13 @@ class StateAxes(Mapping):
     def __repr__(self) -> str:
         return f"StateAxes({dict(self.items())})"
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StateAxes) and (self.filters, self.axes) == (other.filters,
+                                                                              other.axes)
+
+    def __hash__(self) -> int:
+        return hash((self.filters, self.axes))
+
 
 def split_by(args: tuple, in_axes: tuple) -> tuple[tuple, tuple, dict[int, Any]]:
     """``args`` with each argument at a ``StateAxes`` entry split into its states (a tuple,
