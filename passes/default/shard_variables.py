@@ -15,7 +15,10 @@ batch statistics and caches without the user threading a ``PartitionSpec`` anywh
 An object-mode ``vj.Variable(value, out_sharding=('data', None))`` (or a subclass) rides the
 same way: the call gives its value to the trace in a ``Partitioned`` box of those mesh axes
 (``varjax.trace.variable.boxed``), and a Variable made inside the call is stored in one, so
-this pass places arguments and a sharded init (``vj.jit(make_model)()``) alike.
+this pass places arguments and a sharded init (``vj.jit(make_model)()``) alike.  On a mesh of
+Explicit axes (``jax.make_mesh``'s default) a Variable made inside the call is placed with
+``jax.sharding.reshard``, as flax.nnx places a new Variable; elsewhere the constraint of an
+Explicit axis is JAX's assert.
 
 Linen applies the same constraint when a module unboxes a parameter (``param(...,
 unbox=True)``); varjax's modules unbox without it and leave the job to this pass, so a
@@ -94,6 +97,18 @@ def _on_mesh(eqn: _jax.JaxprEqn, box: Any, sharding: NamedSharding | PartitionSp
     return NamedSharding(mesh, spec) if named else spec
 
 
+def _made_on_explicit_mesh(eqn: _jax.JaxprEqn, sharding: NamedSharding | PartitionSpec) -> bool:
+    """Whether ``eqn`` writes a Variable made inside the call on a mesh of Explicit axes.
+    There a sharding is part of an array's type, so ``with_sharding_constraint`` only
+    asserts it; a new Variable's value has the initializer's sharding, and flax.nnx places
+    it with ``jax.sharding.reshard`` when it is made.  So does this pass (a sharded init
+    under ``nnx.jit`` or ``nnx.eval_shape`` on ``jax.make_mesh``'s default mesh); a variable
+    handed to the call keeps the assert: it is placed before the call."""
+    mesh = sharding.mesh if isinstance(sharding, NamedSharding) else axis_metadata.global_mesh()
+    return (eqn.primitive is var_set_p and eqn.params["collection"] == CREATED
+            and mesh is not None and mesh.are_all_axes_explicit)
+
+
 def constrain(eqn: _jax.JaxprEqn, leaves: list[Any]) -> list[Any]:
     """``leaves`` of ``eqn``'s variable, each box's value constrained as Linen's
     ``Partitioned.unbox()`` constrains it, logical names read as ``_on_mesh`` says."""
@@ -102,6 +117,8 @@ def constrain(eqn: _jax.JaxprEqn, leaves: list[Any]) -> list[Any]:
         if sharding is None:
             return box
         sharding = _on_mesh(eqn, box, sharding)
+        if _made_on_explicit_mesh(eqn, sharding):
+            return box.replace_boxed(jax.sharding.reshard(box.value, sharding))
         try:
             return box.replace_boxed(jax.lax.with_sharding_constraint(box.value, sharding))
         except AssertionError as e:   # JAX's check under Explicit mesh axes

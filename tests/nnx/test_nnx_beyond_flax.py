@@ -289,6 +289,36 @@ def test_eval_shape_keeps_out_sharding_metadata_as_flax():
     assert spec["kernel"][...] == jax.sharding.PartitionSpec(None, "model")
 
 
+EXPLICIT = jax.make_mesh((1,), ("model",))          # jax.make_mesh's default: Explicit axes
+
+
+def _spec(x):
+    return x.sharding.spec if x.sharding is not None else None
+
+
+def test_eval_shape_under_an_explicit_mesh_gives_the_abstract_kernel_its_sharding_as_flax():
+    with jax.set_mesh(EXPLICIT):
+        ours = nnx.eval_shape(_sharded(nnx))
+        theirs = flax_nnx.eval_shape(_sharded(flax_nnx))
+    for name in ("kernel", "bias"):
+        v, fv = getattr(ours, name)[...], getattr(theirs, name).get_value()
+        assert isinstance(v, jax.ShapeDtypeStruct) and v.shape == fv.shape
+        assert _spec(v) == _spec(fv)
+    assert _spec(ours.kernel[...]) == jax.sharding.PartitionSpec(None, "model")
+    assert ours.kernel.out_sharding == (None, "model")
+
+
+def test_a_sharded_init_under_nnx_jit_on_an_explicit_mesh_places_the_params_as_flax():
+    with jax.set_mesh(EXPLICIT):
+        ours = nnx.jit(_sharded(nnx))()
+        theirs = _sharded(flax_nnx)()                        # flax places it when made
+    for name in ("kernel", "bias"):
+        v, fv = getattr(ours, name)[...], getattr(theirs, name)[...]
+        assert v.sharding.spec == fv.sharding.spec
+        np.testing.assert_array_equal(v, fv)
+    assert ours.kernel[...].sharding.spec == jax.sharding.PartitionSpec(None, "model")
+
+
 # --- batch-statistic writes inside custom_vjp under grad (flax#4847) ----------------------
 
 def _normalized(lib):
