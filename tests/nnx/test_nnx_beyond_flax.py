@@ -17,7 +17,9 @@ and with flax.nnx's hijax/Ref failure asserted.
   of a Variable read; Ref: a Ref cotangent).
 * ``nnx.remat`` with a state write under ``nnx.grad``: the write happens once (a Ref under
   ``jax.checkpoint`` under ``jax.grad`` runs it twice; hijax refuses the effect).
-* ``nnx.eval_shape`` keeps a Variable's sharding metadata (flax#5110).
+* ``nnx.eval_shape`` keeps a Variable's sharding metadata (flax#5110); on an Explicit mesh
+  (``jax.make_mesh``'s default) its abstract value carries the ``NamedSharding`` and a
+  sharded init under ``nnx.jit`` places the params, as flax.nnx's.
 * Batch-statistic writes inside ``nnx.custom_vjp`` under ``nnx.grad`` (flax#4847): here
   against pure JAX and flax.nnx's hijax/Ref failures; against flax.nnx's default Variables,
   in both custom_vjp forms, ``tests/nnx/test_nnx_differentiation.py::
