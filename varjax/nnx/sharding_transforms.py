@@ -14,10 +14,14 @@ A Variable made inside comes back with its module's spec; one the function retur
 NNX's signature: placed inside ``nnx.vmap``/``nnx.scan``, it adds the partition name to
 the ``out_sharding`` of the Variables crossing it, at their axis.
 
+An argument's ``in_specs`` entry may be a ``StateSharding`` (graph mode, with or without
+graph updates; tree mode refuses it, as flax.nnx does): it is made the argument's prefix tree
+of specs (``nnx.prefix`` by its filters), so each Variable is split by its filter's spec.
+
 As in the other ``varjax.nnx`` transforms, a structural change inside, or returning an
 argument's object, is refused with ``NotProvidedError`` (``transform_checks``); options not
-built (``StateSharding``/``StateAxes`` prefixes, donation, static arguments of ``pmap``)
-raise it by name.
+built (a ``StateSharding`` in ``out_specs`` or nested in a prefix, ``StateAxes`` in
+``pmap``, donation, static arguments of ``pmap``) raise it by name.
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ from typing import Any, Callable
 import jax
 from jax.sharding import PartitionSpec
 
+from varjax.nnx.config import resolve
+from varjax.nnx.filter_maps import FilterMap, StateSharding
+from varjax.nnx.prefixes import prefix
 from varjax.nnx.transform_checks import (
     as_decorator,
     checked,
@@ -40,60 +47,88 @@ from varjax.objects import object_transforms as objects
 from varjax.objects.run import Result, arg_names
 from varjax.trace.unprovided import not_provided
 
-__all__ = ["shard_map", "pmap", "transform_metadata"]
+__all__ = ["shard_map", "pmap", "transform_metadata", "StateSharding"]
 
 
-def _plain_prefix(what: str, name: str, prefix: Any, leaf: type, label: str) -> None:
-    """``NotProvidedError`` for a prefix entry other than a ``leaf`` or None: flax.nnx
-    takes a ``StateSharding``/``StateAxes`` there (an entry per filter of a module's
-    state), which is not built."""
-    for entry in jax.tree.leaves(prefix, is_leaf=lambda x: isinstance(x, leaf)):
+def _plain_prefix(what: str, name: str, prefix: Any, leaf: type, label: str,
+                  by_filter: type | None = None) -> None:
+    """``NotProvidedError`` for a prefix entry other than a ``leaf``, None or (per argument,
+    where ``by_filter`` is given) a ``by_filter`` map: flax.nnx takes a ``StateSharding``/
+    ``StateAxes`` anywhere in a prefix; here one is built as an argument's whole entry."""
+    entries = prefix if isinstance(prefix, tuple) else (prefix,)
+    for entry in jax.tree.leaves(prefix, is_leaf=lambda x: isinstance(x, (leaf, FilterMap))):
+        if by_filter is not None and isinstance(entry, by_filter) and \
+                any(entry is e for e in entries):
+            continue
         if not isinstance(entry, leaf) or isinstance(entry, bool):
             not_provided(f"nnx.{what}({name}=... {type(entry).__name__} ...)",
-                         f"an {name} entry other than a {label} or None (a "
-                         "StateSharding/StateAxes: an entry per filter of a module's state) is "
-                         "not built yet.",
+                         f"an {name} entry other than a {label}, None"
+                         + (f" or (per argument) a {by_filter.__name__}" if by_filter else "")
+                         + " is not built yet.",
                          f"give a {label} or None per argument in {name}; to treat "
                          "part of a module's state apart, split it (nnx.split) and pass the "
                          "states with their own entries", by="varjax.nnx")
 
 
-def _mapped(fn: Callable, what: str, prefix: Any, unmapped: Any,
-            make: Callable[[Callable, Result], Callable]) -> Callable:
-    """``fn`` under a mapping JAX transform (``make(pure, result_prefix)``): each Variable's
-    update, and each Variable made under a module, comes back along its module's entry of
-    ``prefix``; what a ``capture`` collected, along ``unmapped``."""
+def _mapped(fn: Callable, what: str, prefix_of: Callable[[tuple], Any], unmapped: Any,
+            make: Callable[[Callable, Result, Any], Callable]) -> Callable:
+    """``fn`` under a mapping JAX transform (``make(pure, result_prefix, prefix)``): each
+    Variable's update, and each Variable made under a module, comes back along its module's
+    entry of the call's prefix (``prefix_of(args)``); what a ``capture`` collected, along
+    ``unmapped``."""
     refuse_bound_method(fn, what)
     pure = objects._Pure(checked(fn, what, no_argument_returned), arg_names(fn))
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        prefix = prefix_of(args)
         graph = pure.originals(args, kwargs)
         nodes = objects._node_axes(prefix, args, kwargs, graph, f"nnx.{what}")
         cells = objects._cell_axes(graph, nodes, f"nnx.{what}")
         result = Result(cells, nodes, unmapped)
-        out, result = pure.get(graph, lambda p: make(p, result), (tuple(cells),))(*args, **kwargs)
+        out, result = pure.get(graph, lambda p: make(p, result, prefix),
+                               (tuple(cells),))(*args, **kwargs)
         graph.write_back(result.updates, result.created)
         return out
     return objects.wrapper(fn, call)
+
+
+def _specs_of(in_specs: Any) -> Callable[[tuple], Any]:
+    """The call's ``in_specs``: a ``StateSharding`` entry made the argument's prefix tree of
+    specs (``nnx.prefix`` by its filters), a JAX prefix ``shard_map`` takes."""
+    specs = tuple(in_specs) if isinstance(in_specs, list) else in_specs
+
+    def of(args: tuple) -> Any:
+        entries = specs if isinstance(specs, tuple) else (specs,) * len(args)
+        if not any(isinstance(e, StateSharding) for e in entries):
+            return specs
+        return tuple(prefix(a, e.map_prefix) if isinstance(e, StateSharding) else e
+                     for a, e in zip(args, entries))
+    return of
 
 
 def shard_map(f: Callable | None = None, *, mesh: Any, in_specs: Any, out_specs: Any,
               axis_names: Any = frozenset(), check_vma: bool = True,
               graph: bool | None = None, graph_updates: bool | None = None) -> Any:
     """``jax.shard_map`` over NNX objects: a module argument's Variables are split by its
-    ``in_specs`` entry (``P()``: replicated) and their updates come back with it."""
-    _plain_prefix("shard_map", "in_specs", in_specs, PartitionSpec, "PartitionSpec")
+    ``in_specs`` entry (``P()``: replicated; a ``StateSharding``: a spec per filter of its
+    state) and their updates come back with it."""
+    _plain_prefix("shard_map", "in_specs", in_specs, PartitionSpec, "PartitionSpec",
+                  StateSharding)
     _plain_prefix("shard_map", "out_specs", out_specs, PartitionSpec, "PartitionSpec")
-    specs = tuple(in_specs) if isinstance(in_specs, list) else in_specs
+    if not resolve(graph)[0] and any(isinstance(e, StateSharding) for e in jax.tree.leaves(
+            in_specs, is_leaf=lambda x: isinstance(x, StateSharding))):
+        raise ValueError("`in_specs` cannot contain `StateSharding` objects when "
+                         "`graph=False`: split the module (nnx.split(model, filter, ...)) "
+                         "and pass the states with their own specs, or pass graph=True.")
 
     def build(fn: Callable) -> Callable:
-        def make(p: Callable, result: Result) -> Callable:
+        def make(p: Callable, result: Result, specs: Any) -> Callable:
             return jax.shard_map(p, mesh=mesh, in_specs=specs, out_specs=(out_specs, result),
                                  axis_names=axis_names, check_vma=check_vma)
 
         def positional_only(*args: Any) -> Any:
             return mapped(*args)
-        mapped = _mapped(fn, "shard_map", specs, PartitionSpec(), make)
+        mapped = _mapped(fn, "shard_map", _specs_of(in_specs), PartitionSpec(), make)
         return functools.wraps(fn)(positional_only)
     return as_decorator(f, build)
 
@@ -117,10 +152,10 @@ def pmap(f: Callable | None = None, *, axis_name: Any = None, in_axes: Any = 0,
     axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
 
     def build(fn: Callable) -> Callable:
-        def make(p: Callable, result: Result) -> Callable:
-            return jax.pmap(p, axis_name=axis_name, in_axes=axes, out_axes=(out_axes, result),
-                            devices=devices, axis_size=axis_size)
-        return _mapped(fn, "pmap", axes, 0, make)
+        def make(p: Callable, result: Result, in_axes: Any) -> Callable:
+            return jax.pmap(p, axis_name=axis_name, in_axes=in_axes,
+                            out_axes=(out_axes, result), devices=devices, axis_size=axis_size)
+        return _mapped(fn, "pmap", lambda args: axes, 0, make)
     return as_decorator(f, build)
 
 

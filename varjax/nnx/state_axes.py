@@ -10,11 +10,12 @@ module again from the states (their Variables, so their updates come back to the
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 
+from varjax.nnx.filter_maps import FilterMap
 from varjax.nnx.graph import merge, split
 from varjax.nnx.transform_checks import objects_in
 from varjax.trace.unprovided import not_provided
@@ -23,45 +24,17 @@ from varjax.trace.variable import Variable
 __all__ = ["StateAxes"]
 
 
-class StateAxes(Mapping):
+class StateAxes(FilterMap):
     """Per filter of a module's state, the axis its Variables are mapped along (``None``:
-    broadcast): ``StateAxes({nnx.Param: 0, ...: None})``; the first filter that matches a
-    Variable gives its axis, and every Variable must match one."""
+    broadcast; in ``nnx.scan`` also ``nnx.Carry``): ``StateAxes({nnx.Param: 0, ...: None})``;
+    the first filter that matches a Variable gives its axis, and every Variable must match
+    one."""
 
-    def __init__(self, filter_axes: Mapping[Any, Any] | Iterable[tuple[Any, Any]], /):
-        pairs = tuple(filter_axes.items() if isinstance(filter_axes, Mapping) else filter_axes)
-        self._filters = tuple(f for f, _ in pairs)
-        self._axes = tuple(a for _, a in pairs)
-
-    @property
-    def filters(self) -> tuple[Any, ...]:
-        return self._filters
+    _name = "StateAxes"
 
     @property
     def axes(self) -> tuple[Any, ...]:
-        return self._axes
-
-    def items(self) -> Any:
-        return zip(self._filters, self._axes)
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._axes[self._filters.index(key)]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._filters)
-
-    def __len__(self) -> int:
-        return len(self._filters)
-
-    def __repr__(self) -> str:
-        return f"StateAxes({dict(self.items())})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, StateAxes) and (self.filters, self.axes) == (other.filters,
-                                                                              other.axes)
-
-    def __hash__(self) -> int:
-        return hash((self.filters, self.axes))
+        return self._values
 
 
 def split_by(args: tuple, in_axes: tuple) -> tuple[tuple, tuple, dict[int, Any]]:
