@@ -40,11 +40,21 @@ def marked_step(target: Any) -> tuple[Callable, tuple] | None:
     return getattr(target, _STEP, None)
 
 
+def holds_objects(tree: Any) -> bool:
+    """Whether ``tree`` holds objects (Variables, NNX modules, ``Rngs``, bound modules)."""
+    return any(is_node(x) for x in jax.tree.leaves(tree, is_leaf=is_node))
+
+
 def is_object_call(target: Any, args: tuple, kwargs: Mapping[str, Any]) -> bool:
     """Whether ``target(*args, **kwargs)`` is an object-mode step: a marked transform, or a
-    call whose arguments hold objects (Variables, NNX modules, ``Rngs``, bound modules)."""
-    return marked_step(target) is not None or any(
-        is_node(x) for x in jax.tree.leaves((args, dict(kwargs)), is_leaf=is_node))
+    call whose arguments hold objects."""
+    return marked_step(target) is not None or holds_objects((args, dict(kwargs)))
+
+
+def called(model: Any, *args: Any, **kwargs: Any) -> Any:
+    """``model(*args, **kwargs)``: an object called as a step (``vj.dump(model, x)`` of an NNX
+    module), its variables named under ``model``."""
+    return model(*args, **kwargs)
 
 
 def effectful_jaxpr(fn: Callable, args: tuple, kwargs: Mapping[str, Any]) -> _jax.ClosedJaxpr:

@@ -12,7 +12,8 @@ An object-mode step -- a function whose arguments hold objects (NNX modules,
 ``vj.Variable``s, ``Rngs``, bound modules), or a ``vj.jit``/``nnx.jit`` of one -- is traced
 as the object-mode transforms trace it (``varjax.objects.inspection``): its ``var_get``/
 ``var_set`` name each Variable by its path in the arguments (``params:model/linear/kernel``),
-and a jitted step's own ``passes=`` run before the extra ones.  Its variables come from its
+and a jitted step's own ``passes=`` run before the extra ones.  An NNX module given as the
+target is the step ``model(*args)``.  Its variables come from its
 objects, so ``variables``/``rngs``/``mutable`` are refused there; nothing runs and nothing is
 written back to the objects.
 
@@ -44,6 +45,8 @@ def dump(target: Any, *args: Any, variables: Mapping[str, Any] | None = None, rn
     extra = [] if passes is None else [passes] if isinstance(passes, str) else list(passes)
     recorder = Recorder(source=source)
     watchers = [recorder] + ([Dump(to, source=source)] if to is not None else [])
+    if not is_linen_target(target) and inspection.holds_objects(target):
+        target, args = inspection.called, (target, *args)     # an NNX module: its __call__
     if not is_linen_target(target) and inspection.is_object_call(target, args, kwargs):
         given = [name for name, value, default in (("variables", variables, None),
                                                    ("rngs", rngs, None),
