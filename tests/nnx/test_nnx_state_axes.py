@@ -202,3 +202,16 @@ def test_state_axes_errors_match_flax_and_what_is_not_built_is_named():
         vmap(lambda m: m, in_axes=((StateAxes({...: 0}), 0),))
     with pytest.raises(errors.NotProvidedError, match="None"):
         vmap(lambda m: m, out_axes=StateAxes({nnx.Param: None, ...: 0}))
+
+
+def _by_state(lib):
+    """A StateAxes made from a State of axes (each path its own filter, as flax.nnx's)."""
+    vmap_, _, state_axes, _, _ = _lib(lib)
+    ens = vmap_(lambda rngs: lib.Linear(2, 3, rngs=rngs))(lib.Rngs(0).split(2))
+    ens.scale = lib.BatchStat(jnp.full((), 2.0))
+    axes = state_axes(lib.State({'kernel': 0, 'bias': 0, 'scale': None}))
+    return vmap_(lambda m, x: m(x) * m.scale[...], in_axes=(axes, None))(ens, X)
+
+
+def test_state_axes_from_a_state_of_axes_matches_flax():
+    np.testing.assert_allclose(_by_state(nnx), _by_state(flax_nnx), rtol=1e-6)

@@ -136,7 +136,8 @@ class _Layout:
     own axis; any other argument is one part.  Parts at ``Carry`` are carried (the
     top-level ``Carry`` argument is the carry ``fn`` returns; a state at ``Carry`` comes
     back as it went in, its Variables updated), parts at ``None`` are broadcast, parts at
-    an int are scanned."""
+    an int are scanned.  ``split_fixed`` are the broadcast states of ``StateAxes`` arguments
+    (not of ``nnx.prefix`` trees): given their values back every step in both modes."""
 
     def __init__(self, args: tuple, axes: tuple):
         given, part_axes, self.defs = split_by(args, axes)
