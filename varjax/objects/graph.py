@@ -19,8 +19,9 @@ import jax
 import numpy as np
 
 from varjax.ir.primitives import Path
-from varjax.objects.nodes import Cell, NodeKind, is_node, kind_of
+from varjax.objects.nodes import Cell, NodeKind, VariableKind, is_node, kind_of
 from varjax.trace.context import active
+from varjax.trace.variable import Variable
 
 
 def key_name(entry: Any) -> str:
@@ -64,18 +65,29 @@ class Graph:
 
     def __post_init__(self) -> None:
         self.cells = [(n, c) for n in self.nodes for c in n.cells]
-        self._writers: list[tuple[Callable[[list[Any]], None], int, int]] | None = None
+        self._variables: list[tuple[Variable, int]] | None = None     # see write_back
+        self._writers: list[tuple[Callable[[list[Any]], None], int, int]] = []
 
     def write_back(self, updates: list[Any], created: list[dict]) -> None:
         """Apply a call's changes to the nodes: ``updates[i]`` is cell i's new value (None:
         unchanged), ``created[j]`` the variables created under node j (``{(collection,
-        path): value}``).  Each kind's writer is made once per graph: a kept graph's
-        nodes keep their cells."""
-        if self._writers is None:
-            self._writers, start = [], 0
+        path): value}``).  A kept graph is written back on every call of a train step, so
+        what to write where is worked out once per graph (a kept graph's nodes keep their
+        cells): the Variable nodes, a step's usual ones, are set in one loop (``Variable``
+        is their writer), every other node by its kind's writer."""
+        if self._variables is None:
+            self._variables, self._writers, start = [], [], 0
             for node in self.nodes:
-                self._writers.append((node.kind.writer(node.obj), start, start + len(node.cells)))
+                if isinstance(node.kind, VariableKind):
+                    self._variables.append((node.obj, start))
+                else:
+                    self._writers.append((node.kind.writer(node.obj), start,
+                                          start + len(node.cells)))
                 start += len(node.cells)
+        for variable, i in self._variables:
+            new = updates[i]
+            if new is not None:
+                variable.value = new
         for write, start, stop in self._writers:
             write(updates[start:stop])
         if any(created):

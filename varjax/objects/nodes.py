@@ -108,7 +108,8 @@ class NodeKind(Protocol):
     def writer(self, node: Any) -> Callable[[list[Any]], None]:
         """A function writing a call's new values into the node, one per cell in
         ``cells`` order (None: unchanged), and advancing what the node counts per call;
-        valid while ``token`` is."""
+        valid while ``token`` is.  Not asked of a ``Variable`` node: ``Graph.write_back``
+        sets a graph's Variables in one loop (its one cell is ``Variable.value``)."""
         ...
 
 
@@ -193,12 +194,6 @@ class VariableKind:
 
     def add(self, node: Any, collection: str, path: Path, value: Any) -> None:
         raise AssertionError("a Variable has no variables below it")
-
-    def writer(self, node: Variable) -> Callable[[list[Any]], None]:
-        def write(updates: list[Any]) -> None:
-            if updates[0] is not None:
-                node.value = updates[0]
-        return write
 
 
 # --- vj.Rngs ----------------------------------------------------------------------------
