@@ -30,8 +30,9 @@ fuzz-linen: $(VENV)/.installed-test
 	XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true" \
 	$(BIN)/python -m pytest -s -p no:xdist tests/test_linen_diff.py
 
-# Differential test against flax.nnx, as fuzz-linen: every failing example is recorded and the
-# run goes on; `VARJAX_NNX_EXAMPLES=200 make fuzz-nnx` runs one chunk of a longer run.
+# Differential test against flax.nnx in its three modes, as fuzz-linen: every failing example
+# is recorded and the run goes on; `VARJAX_NNX_EXAMPLES=200 make fuzz-nnx` runs one chunk of a
+# longer run, `VARJAX_NNX_MODES=tree make fuzz-nnx` one mode (graph, no_updates, tree).
 fuzz-nnx: $(VENV)/.installed-test
 	VARJAX_NNX_EXAMPLES=$${VARJAX_NNX_EXAMPLES:-1000} VARJAX_NNX_KEEP_GOING=1 \
 	XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true" \

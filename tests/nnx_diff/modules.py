@@ -18,9 +18,16 @@ its input width (it is called twice in a row).  ``build(nnx, spec)`` writes the 
 against the ``nnx`` namespace it is given: the same code runs under ``flax.nnx`` and
 ``varjax.nnx``.  ``Spec.transforms`` names the transform stack around the forward, innermost
 first (the test builds it).
+
+``Spec.mode`` is one of NNX's three modes (``MODES``: the ``graph``/``graph_updates``
+switches) both libraries run the example in, and ``Spec.keywords`` how it is set: each
+transform given ``graph=``/``graph_updates=``, or ``nnx.set_graph_mode(False)`` /
+``nnx.set_graph_updates(False)`` around the whole example.  A tree-mode spec has no shared
+child: both libraries refuse one (a hand-written spec of the test checks that).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Union
 
@@ -31,6 +38,9 @@ from hypothesis import strategies as st
 MAX_DEPTH = 2          # module nesting below the root
 MAX_TRANSFORMS = 2     # transforms nested around the forward
 TRANSFORMS = ("jit", "grad", "value_and_grad", "vmap", "cond", "fori_loop", "remat")
+# name -> (graph, graph_updates): graph mode with graph updates (flax.nnx's default), graph
+# mode without them (only Variable values come back), tree mode (objects are pytrees).
+MODES = {"graph": (True, True), "no_updates": (True, False), "tree": (False, False)}
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,8 @@ class Spec:
     shape: tuple       # (B, L, F)
     seed: int
     transforms: tuple  # innermost first
+    mode: str = "graph"        # a key of MODES
+    keywords: bool = False     # the mode as each transform's keywords, not a setting around
 
 
 def walk_ops(node: Node):
@@ -116,7 +128,7 @@ def walk_ops(node: Node):
 
 def format_spec(spec: Spec) -> str:
     return (f"Spec(shape={spec.shape}, seed={spec.seed}, transforms={spec.transforms},\n"
-            f"     root={spec.root!r})")
+            f"     mode={spec.mode!r}, keywords={spec.keywords},\n     root={spec.root!r})")
 
 
 # --- generation ----------------------------------------------------------------------------
@@ -142,26 +154,31 @@ def _layer(draw, kind: str, w: int):
     return Act(draw(st.sampled_from(("relu", "tanh", "gelu")))), w
 
 
-def _node(draw, w: int, depth: int, counter: list, out_width: int | None) -> tuple[Node, int]:
+def _node(draw, w: int, depth: int, counter: list, out_width: int | None,
+          shared: bool, ints: bool) -> tuple[Node, int]:
     counter[0] += 1
     name = f"Block{counter[0]}" if depth else "Model"
     ops, n = [], draw(st.integers(1, 4))
     for _ in range(n):
-        kinds = _LAYERS + ("counter", "seq") + (_CHILDREN if depth < MAX_DEPTH else ())
+        children = (_CHILDREN if shared else ("sub",)) if depth < MAX_DEPTH else ()
+        kinds = _LAYERS + ("counter", "seq") + children
+        if not ints:
+            kinds = tuple(k for k in kinds if k not in ("counter", "dropout"))
         kind = draw(st.sampled_from(kinds))
         if kind == "counter":
             ops.append(Counter())
         elif kind == "seq":
             layers = []
             for _ in range(draw(st.integers(1, 3))):
-                op, w = _layer(draw, draw(st.sampled_from([k for k in _LAYERS if k != "act"])), w)
+                listed = [k for k in kinds if k in _LAYERS and k != "act"]
+                op, w = _layer(draw, draw(st.sampled_from(listed)), w)
                 layers.append(op)
             ops.append(Seq(tuple(layers)))
         elif kind == "sub":
-            node, w = _node(draw, w, depth + 1, counter, None)
+            node, w = _node(draw, w, depth + 1, counter, None, shared, ints)
             ops.append(Sub(node))
         elif kind == "shared":
-            node, w = _node(draw, w, depth + 1, counter, w)
+            node, w = _node(draw, w, depth + 1, counter, w, shared, ints)
             ops.append(Shared(node))
         else:
             op, w = _layer(draw, kind, w)
@@ -183,11 +200,33 @@ def _transforms(draw) -> tuple:
     return tuple(stack)
 
 
+def _drawn_modes() -> tuple:
+    """``VARJAX_NNX_MODES`` (comma-separated keys of ``MODES``) restricts a long run to some
+    modes; by default all three are drawn."""
+    names = tuple(n for n in os.environ.get("VARJAX_NNX_MODES", ",".join(MODES)).split(",") if n)
+    unknown = [n for n in names if n not in MODES]
+    if unknown or not names:
+        raise ValueError(f"VARJAX_NNX_MODES: {unknown or names} not among {tuple(MODES)}")
+    return names
+
+
 @st.composite
 def specs(draw) -> Spec:
+    mode = draw(st.sampled_from(_drawn_modes()))
+    transforms = _transforms(draw)
     shape = (draw(st.integers(2, 3)), draw(st.integers(2, 3)), draw(st.integers(2, 3)))
-    root, _ = _node(draw, shape[-1], 0, [0], shape[-1])
-    return Spec(root, shape, draw(st.integers(0, 2**16)), _transforms(draw))
+    # Without graph updates a gradient is of whole modules: flax.nnx raises TypeError on an
+    # integer Variable (a counter, a Dropout's stream count) while varjax differentiates it
+    # (float0): a finding reported to the lead (test_nnx_diff.py's hand-written
+    # "whole_module_grad_of_an_integer_variable"); such modules are not drawn there until
+    # it is settled.
+    whole = not MODES[mode][1] and bool({"grad", "value_and_grad"} & set(transforms))
+    # Likewise varjax's whole-module gradient holds a shared child twice (the second all
+    # zeros) where flax.nnx's holds it once (hand-written
+    # "no_updates_grad_keeps_a_shared_child_shared"); tree mode has none anyway.
+    root, _ = _node(draw, shape[-1], 0, [0], shape[-1], shared=MODES[mode][0] and not whole,
+                    ints=not whole)
+    return Spec(root, shape, draw(st.integers(0, 2**16)), transforms, mode, draw(st.booleans()))
 
 
 # --- building ------------------------------------------------------------------------------
