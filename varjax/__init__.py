@@ -43,6 +43,7 @@ _API: dict[str, str] = {
     "state": "varjax.objects.split_merge",
     "update": "varjax.objects.split_merge",
     "pretty": "varjax.ir.printing",
+    "tracing_only": "varjax.trace.raw_writes",
     "Rngs": "varjax.trace.rngs",
     "RngStream": "varjax.trace.rngs",
     "reseed": "varjax.trace.rngs",
@@ -163,6 +164,7 @@ if TYPE_CHECKING:
     from varjax.tools.dataflow import dataflow as dataflow
     from varjax.tools.dataflow import dead_params as dead_params
     from varjax.tools.ir_dump import dump as dump
+    from varjax.trace.raw_writes import tracing_only as tracing_only
     from varjax.trace.rngs import Rngs as Rngs
     from varjax.trace.rngs import RngStream as RngStream
     from varjax.trace.rngs import reseed as reseed

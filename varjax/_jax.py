@@ -197,6 +197,12 @@ def staged_eqns(trace: Any) -> list | None:
     return trace.frame.tracing_eqns if trace is not None else None
 
 
+def trace_ref() -> Any:
+    """The innermost active JAX trace's weak reference: the identity a held ``Variable``
+    records when it is made, compared by ``is`` when it is written."""
+    return core.trace_ctx.trace._weakref
+
+
 def is_invalidated(trace: Any) -> bool:
     """Whether the transformation that ``trace`` belongs to has returned."""
     return trace._invalidated

@@ -121,7 +121,7 @@ def _bump(m, x):
 def test_a_variable_closed_over_by_nnx_vmap_and_written_is_refused_and_left_as_it_was():
     ours = _tally(nnx)
     with pytest.raises(vj.errors.TransformError, match="'batch_stats' was written inside a JAX "
-                       "transformation it was not passed to") as info:
+                       "transformation that holds it as a constant") as info:
         nnx.vmap(lambda x: _bump(ours, x))(XW)
     assert "test_nnx_beyond_flax.py" in str(info.value)      # the line that wrote it
     assert float(ours.n[...]) == 1.0

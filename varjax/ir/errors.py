@@ -243,10 +243,23 @@ def api_boundary(fn: _F) -> _F:
     def entry_point(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except VarjaxError as e:
-            hide_internal_frames(e)
+        except BaseException as e:
+            for hook in _ON_ERROR:
+                hook()
+            if isinstance(e, VarjaxError):
+                hide_internal_frames(e)
             raise
     return entry_point  # type: ignore[return-value]
+
+
+_ON_ERROR: list[Callable[[], None]] = []
+
+
+def on_error(hook: Callable[[], None]) -> None:
+    """Run ``hook`` whenever an exception leaves a public entry point (a higher layer's
+    bookkeeping of the interrupted call: ``trace/raw_writes.py`` forgets the writes the
+    exception interrupted)."""
+    _ON_ERROR.append(hook)
 
 
 class VarjaxError(Exception):

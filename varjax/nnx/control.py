@@ -33,6 +33,7 @@ from varjax.nnx.transform_checks import (
     same_carry_objects,
 )
 from varjax.objects import control_flow, object_transforms
+from varjax.trace import raw_writes
 from varjax.trace.unprovided import not_provided
 
 __all__ = ["cond", "switch", "while_loop", "fori_loop", "eval_shape"]
@@ -115,7 +116,9 @@ def eval_shape(f: Callable, *args: Any, graph: bool | None = None,
     """``jax.eval_shape`` over NNX objects: the output's modules hold Variables of
     ``jax.ShapeDtypeStruct``s (an abstract model: ``eval_shape(lambda: Model(rngs))``).
     The function runs on copies of the arguments, so, as in flax.nnx, nothing is written
-    back to them (in every mode: ``graph``/``graph_updates`` change nothing here)."""
+    back to them (in every mode: ``graph``/``graph_updates`` change nothing here), and
+    their writes are not reported as lost (``raw_writes.tracing_only``)."""
     refuse_bound_method(f, "eval_shape")
-    return jax.eval_shape(object_transforms.jit(f), *args, **kwargs)
+    with raw_writes.tracing_only():
+        return jax.eval_shape(object_transforms.jit(f), *args, **kwargs)
 

@@ -42,10 +42,13 @@ from typing import Any, Iterator, Mapping
 
 import jax
 
+from varjax import _jax
 from varjax.ir import axis_metadata, errors
 from varjax.ir.primitives import Key, Path, is_internal
 from varjax.ir.statics import Exact
+from varjax.trace import raw_writes
 from varjax.trace.context import TraceContext, active, current, site
+from varjax.trace.raw_writes import pending
 from varjax.trace.variable_access import read_at, read_value, write_value
 
 # Where a Variable made inside an object-mode body lives in its trace: at (collection, n)
@@ -194,7 +197,7 @@ class Variable:
     """
 
     __slots__ = ("collection", "path", "_value", "_metadata", "_origin", "_unbox", "_local",
-                 "_store")
+                 "_store", "_made", "_source", "__weakref__")
 
     def __init_subclass__(cls, *, collection: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -216,6 +219,7 @@ class Variable:
                                       "variable of a trace is Variable.at(collection, path)")
         self.collection, self.path, self._local, self._store = collection, None, None, None
         self._value, self._metadata, self._origin, self._unbox = value, metadata, None, False
+        self._made, self._source = _jax.trace_ref(), None
         making = _MAKING.get()
         if making is not None:
             ctx = active()
@@ -245,6 +249,7 @@ class Variable:
         handle.collection, handle.path = collection, tuple(path)
         handle._value, handle._metadata, handle._origin = None, dict(metadata or {}), origin
         handle._unbox, handle._local, handle._store = unbox, None, None
+        handle._made, handle._source = None, None
         return handle
 
     @classmethod
@@ -270,6 +275,8 @@ class Variable:
     @property
     def value(self) -> Any:
         if self.path is None:
+            if pending:
+                raw_writes.check_used(self)
             return self._value
         value = read_at(self._ctx("Variable.value"), *self.key) if self._store is None \
             else self._store.read(self.collection, self.path)
@@ -278,6 +285,12 @@ class Variable:
     @value.setter
     def value(self, new: Any) -> None:
         if self.path is None:
+            if pending:
+                raw_writes.check_used(self)
+            if self._made is not _jax.trace_ref():
+                raw_writes.check_write(self, self._made)
+            elif self._source is not None:
+                raw_writes.written(self, self._source)
             self._value = new
             return
         if self._store is not None:
@@ -326,18 +339,28 @@ class Variable:
 
 def _flatten(v: Variable) -> tuple[tuple, tuple]:
     # Metadata keys JAX's caches by type and value (``tag=1`` and ``tag=1.0`` trace apart).
-    return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))))
+    # A held Variable's aux names it (``raw_writes.Origin``), so a copy JAX makes under a
+    # transform can report a lost write; a copy flattened (returned) is not lost.
+    if v.path is not None:
+        return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))),
+                            raw_writes.NOWHERE)
+    if v._source is not None:
+        raw_writes.returned(v._source)
+    return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))),
+                        raw_writes.Origin(v))
 
 
 def held(cls: type[Variable], collection: str, value: Any, metadata: Mapping[str, Any]) -> Variable:
     """A new held ``cls`` (its ``__init__`` not run, as JAX's unflatten makes one)."""
-    return _unflatten(cls, (collection, Exact(tuple(sorted(metadata.items())))), (value,))
+    aux = (collection, Exact(tuple(sorted(metadata.items()))), raw_writes.NOWHERE)
+    return _unflatten(cls, aux, (value,))
 
 
 def _unflatten(cls: type[Variable], aux: tuple, children: tuple) -> Variable:
     held = object.__new__(cls)
     held.collection, held.path, held._origin, held._unbox = aux[0], None, None, False
-    held._local, held._store = None, None
+    held._local, held._store, held._made = None, None, _jax.trace_ref()
+    held._source = raw_writes.source_of(aux[2])
     held._value, held._metadata = children[0], dict(aux[1].value)
     return held
 
