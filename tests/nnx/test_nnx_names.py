@@ -22,8 +22,8 @@ def test_every_flax_nnx_name_is_built_or_listed_with_its_reason():
 
 
 def test_an_unbuilt_name_raises_not_provided_naming_its_part():
-    with pytest.raises(errors.NotProvidedError, match="nnx.StateSharding .*a prefix filter") as info:
-        nnx.StateSharding
+    with pytest.raises(errors.NotProvidedError, match="nnx.bridge .*the bridge") as info:
+        nnx.bridge
     assert __file__ in info.value.source
     with pytest.raises(NotImplementedError, match="a layer"):
         from varjax.nnx import GroupNorm  # noqa: F401

@@ -214,3 +214,15 @@ def test_dump_refuses_linen_inputs_for_an_nnx_step():
         vj.dump(_step, model, X, variables={}, mutable=True)
     with pytest.raises(errors.ConfigError, match="static_argnums"):
         nnx.make_jaxpr(_step, effectful=True, static_argnums=1)
+
+
+def test_vmap_passes_run_on_the_body_for_every_member():
+    layer = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    out = nnx.vmap(lambda m, x: m(x), in_axes=(None, 0), passes=FAKE_QUANT)(layer, X)
+    np.testing.assert_allclose(out, _by_hand(layer, X), rtol=1e-6)
+
+
+def test_scan_passes_run_on_every_step():
+    layer = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+    _, ys = nnx.scan(lambda m, x: (m, m(x)), passes=FAKE_QUANT)(layer, X)
+    np.testing.assert_allclose(ys, _by_hand(layer, X), rtol=1e-6)

@@ -157,10 +157,7 @@ def test_scan_axes_errors_as_flax_raises_them():
         scan(lambda *c: c[0], in_axes=Carry, out_axes=Carry)(jnp.ones(()), jnp.ones(()))
 
 
-def test_scan_state_axes_transform_metadata_and_module_off_axis_zero_are_not_provided():
-    state_axes = flax_nnx.StateAxes({flax_nnx.Param: 0, ...: None})
-    with pytest.raises(errors.NotProvidedError, match="StateAxes"):
-        scan(lambda c, m: (c, m), in_axes=(Carry, state_axes))
+def test_scan_transform_metadata_and_module_off_axis_zero_are_not_provided():
     with pytest.raises(errors.NotProvidedError, match="transform_metadata"):
         scan(lambda c, x: (c, x), transform_metadata={"partition": "x"})
     with pytest.raises(errors.NotProvidedError, match="_split_transpose"):

@@ -215,3 +215,9 @@ def _by_state(lib):
 
 def test_state_axes_from_a_state_of_axes_matches_flax():
     np.testing.assert_allclose(_by_state(nnx), _by_state(flax_nnx), rtol=1e-6)
+
+
+def test_vmap_in_axes_given_a_bare_state_axes_is_an_error_asking_for_a_tuple():
+    """flax.nnx raises a TypeError here too; varjax used to fail inside with 'unhashable'."""
+    with pytest.raises(errors.TransformError, match="one entry per argument"):
+        vmap(lambda m: m, in_axes=StateAxes({...: 0}))

@@ -62,6 +62,7 @@ from varjax.nnx.differentiation import custom_vjp, jvp, vjp
 from varjax.nnx.eager_sharding import use_eager_sharding, using_eager_sharding
 from varjax.nnx.embedding import Embed
 from varjax.nnx.extract import NodeStates, from_tree, to_tree
+from varjax.nnx.filter_maps import StateSharding
 from varjax.nnx.filterlib import All, Any, Everything, Not, Nothing, OfType, PathContains, WithTag
 from varjax.nnx.graph import (
     GraphDef,
@@ -95,6 +96,7 @@ from varjax.nnx.module_helpers import (
 )
 from varjax.nnx.normalization import BatchNorm, LayerNorm
 from varjax.nnx.optimizer import ModelAndOptimizer, OptArray, Optimizer, OptVariable
+from varjax.nnx.prefixes import prefix
 from varjax.nnx.proxy_caller import call
 from varjax.nnx.pytree import (
     Data,
@@ -177,7 +179,8 @@ __all__ = [
     "has_data", "check_pytree", "as_abstract", "abstract_with_sharding", "get_abstract_model",
     "graphlib", "extract", "traversals",
     "set_graph_mode", "set_graph_updates", "with_rngs", "TrainState", "training",
-    "StateAxes", "jit_partial", "cached_partial", "make_jaxpr", "checkify", "call", "capture",
+    "StateAxes", "StateSharding", "prefix", "jit_partial", "cached_partial", "make_jaxpr",
+    "checkify", "call", "capture",
     "shard_map", "pmap", "transform_metadata", "use_eager_sharding", "using_eager_sharding",
     "compat", "proxy_caller", "var_defaults", "with_metadata", "VariableMetadata",
     "register_variable_name", "A", "M", "view", "view_info", "with_attributes", "display",

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 
+from varjax.ir import errors
 from varjax.nnx.config import resolve
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.state_axes import (
@@ -72,11 +73,18 @@ def _int_axes(name: str, axes: Any, graph: bool) -> None:
 def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
          axis_name: Any = None, axis_size: int | None = None, spmd_axis_name: Any = None,
          transform_metadata: Mapping[str, Any] | None = None, graph: bool | None = None,
-         graph_updates: bool | None = None) -> Any:
+         graph_updates: bool | None = None, passes: Any = ()) -> Any:
     """``jax.vmap`` over NNX objects: a module argument's Variables are mapped along its
-    ``in_axes`` entry (``None``: broadcast), and their updates come back to it."""
+    ``in_axes`` entry (``None``: broadcast), and their updates come back to it.
+    ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run on the body's IR, once, before JAX
+    batches it."""
     refuse_options("vmap", spmd_axis_name=(spmd_axis_name, None))
     modes = resolve(graph, graph_updates)
+    if isinstance(in_axes, StateAxes):
+        raise errors.TransformError(
+            "nnx.vmap: in_axes is a StateAxes; in_axes is a prefix of the arguments' tuple, "
+            "so a StateAxes is one argument's entry.", **errors.where(),
+            fix="in_axes=(state_axes, ...), one entry per argument")
     by_state = isinstance(in_axes, tuple) and any(isinstance(a, StateAxes) for a in in_axes)
     if transform_metadata:
         not_provided("nnx.vmap(transform_metadata=...)", "this option is not built yet.",
@@ -89,7 +97,7 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
         refuse_bound_method(fn, "vmap")
         mapped = None if by_state else objects.vmap(
             carrying(fn, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
-            axis_size=axis_size, axis_name=axis_name)
+            axis_size=axis_size, axis_name=axis_name, passes=passes)
         made: dict[tuple, Callable] = {}     # per GraphDefs of the split arguments
 
         def by_states(args: tuple) -> Any:
@@ -100,7 +108,7 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
                 carried = carrying(fn, "vmap", *modes)
                 found = made[key] = objects.vmap(
                     lambda *a: carried(*merged(defs, a)), in_axes=axes,
-                    out_axes=(stacked, 0), axis_size=axis_size, axis_name=axis_name)
+                    out_axes=(stacked, 0), axis_size=axis_size, axis_name=axis_name, passes=passes)
             return found(*given)
 
         @functools.wraps(fn)

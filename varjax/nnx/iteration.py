@@ -199,10 +199,12 @@ def _per_arg(in_axes: Any, n: int) -> tuple:
 def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool = False,
          unroll: int | bool = 1, _split_transpose: bool = False, in_axes: Any = (Carry, 0),
          out_axes: Any = (Carry, 0), transform_metadata: Mapping[str, Any] | None = None,
-         graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+         graph: bool | None = None, graph_updates: bool | None = None,
+         passes: Any = ()) -> Any:
     """``jax.lax.scan`` over NNX objects: the ``Carry`` argument is carried, the others
     scanned along their axis or broadcast; a ``StateAxes`` entry gives each state of a
-    module its own (``Carry``, ``None`` or an int)."""
+    module its own (``Carry``, ``None`` or an int).  ``passes`` (beyond flax.nnx, as
+    ``nnx.jit``'s) run on the step's IR before JAX scans it."""
     refuse_options("scan", _split_transpose=(_split_transpose, False))
     modes = resolve(graph, graph_updates)
     if transform_metadata:
@@ -265,7 +267,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
                     tuple(lay.parts[k] for k in lay.fixed))
             xs = tuple(_move(lay.parts[k], lay.axes[k], True, "in_axes") for k in lay.scanned)
             run = control_flow.scan(steps(lay.key(), arg_carry), length=length,
-                                    reverse=reverse, unroll=unroll)
+                                    reverse=reverse, unroll=unroll, passes=passes)
             (carry, _, _), ys = run(init, xs)
             carry = as_given(init[0], carry, modes[1])
             if out_carry is Carry:

@@ -14,9 +14,6 @@ from varjax.trace.unprovided import not_provided
 __all__ = ["NOT_YET", "missing"]
 
 _PARTS = {
-    "a prefix filter of the transforms (issue 35, part 4): nnx.StateAxes in vmap's in_axes is "
-    "built; per-Variable prefixes and shardings need per-filter axes in scan, out_axes and "
-    "shard_map": ("prefix", "StateSharding"),
     "the bridge between varjax.nn and varjax.nnx modules (issue 36, item 5)": ("bridge",),
     "one of flax.nnx's internal submodules; varjax.nnx keeps the same roles in its own "
     "modules (pytree, module, variablelib, graphlib, training) and has no trace-level checks, "
