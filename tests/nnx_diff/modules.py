@@ -13,7 +13,7 @@ children in ``__init__(self, rngs)`` and threading one float32 activation ``h`` 
   called through both (NNX's graph has one node at two paths).
 
 Widths are tracked while generating: the input is ``(B, L, F)`` and the root ends at width
-``F`` (so that ``fori_loop`` can carry its output as its input); a shared child gives back
+``F`` (so that a loop can carry its output as its input); a shared child gives back
 its input width (it is called twice in a row).  ``build(nnx, spec)`` writes the classes
 against the ``nnx`` namespace it is given: the same code runs under ``flax.nnx`` and
 ``varjax.nnx``.  ``Spec.transforms`` names the transform stack around the forward, innermost
@@ -37,7 +37,10 @@ from hypothesis import strategies as st
 
 MAX_DEPTH = 2          # module nesting below the root
 MAX_TRANSFORMS = 2     # transforms nested around the forward
-TRANSFORMS = ("jit", "grad", "value_and_grad", "vmap", "cond", "fori_loop", "remat")
+TRANSFORMS = ("jit", "grad", "value_and_grad", "vmap", "cond", "fori_loop", "remat",
+              "switch", "while_loop", "grad_of_both")
+GRADS = ("grad", "value_and_grad", "grad_of_both")
+LOOPS = ("fori_loop", "while_loop")    # carry the forward's output as its input
 # name -> (graph, graph_updates): graph mode with graph updates (flax.nnx's default), graph
 # mode without them (only Variable values come back), tree mode (objects are pytrees).
 MODES = {"graph": (True, True), "no_updates": (True, False), "tree": (False, False)}
@@ -154,15 +157,24 @@ def _layer(draw, kind: str, w: int):
     return Act(draw(st.sampled_from(("relu", "tanh", "gelu")))), w
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """What a spec's modules may hold: shared children, integer Variables (a counter, a
+    Dropout's stream), up to ``max_ops`` ops per module."""
+    shared: bool
+    ints: bool
+    max_ops: int
+
+
 def _node(draw, w: int, depth: int, counter: list, out_width: int | None,
-          shared: bool, ints: bool) -> tuple[Node, int]:
+          rules: _Rules) -> tuple[Node, int]:
     counter[0] += 1
     name = f"Block{counter[0]}" if depth else "Model"
-    ops, n = [], draw(st.integers(1, 4))
+    ops, n = [], draw(st.integers(1, rules.max_ops))
     for _ in range(n):
-        children = (_CHILDREN if shared else ("sub",)) if depth < MAX_DEPTH else ()
+        children = (_CHILDREN if rules.shared else ("sub",)) if depth < MAX_DEPTH else ()
         kinds = _LAYERS + ("counter", "seq") + children
-        if not ints:
+        if not rules.ints:
             kinds = tuple(k for k in kinds if k not in ("counter", "dropout"))
         kind = draw(st.sampled_from(kinds))
         if kind == "counter":
@@ -175,10 +187,10 @@ def _node(draw, w: int, depth: int, counter: list, out_width: int | None,
                 layers.append(op)
             ops.append(Seq(tuple(layers)))
         elif kind == "sub":
-            node, w = _node(draw, w, depth + 1, counter, None, shared, ints)
+            node, w = _node(draw, w, depth + 1, counter, None, rules)
             ops.append(Sub(node))
         elif kind == "shared":
-            node, w = _node(draw, w, depth + 1, counter, w, shared, ints)
+            node, w = _node(draw, w, depth + 1, counter, w, rules)
             ops.append(Shared(node))
         else:
             op, w = _layer(draw, kind, w)
@@ -190,12 +202,12 @@ def _node(draw, w: int, depth: int, counter: list, out_width: int | None,
 
 
 def _transforms(draw) -> tuple:
-    """Innermost first.  ``grad``/``value_and_grad`` at most once; ``fori_loop`` carries the
-    forward's output as its input, so not around a gradient."""
+    """Innermost first.  A gradient at most once; a loop carries the forward's output as its
+    input, so not around a gradient."""
     stack: list = []
     for _ in range(draw(st.integers(0, MAX_TRANSFORMS))):
-        graded = any(k in ("grad", "value_and_grad") for k in stack)
-        allowed = [k for k in TRANSFORMS if not (graded and k in ("grad", "value_and_grad", "fori_loop"))]
+        graded = any(k in GRADS for k in stack)
+        allowed = [k for k in TRANSFORMS if not (graded and k in GRADS + LOOPS)]
         stack.append(draw(st.sampled_from(allowed)))
     return tuple(stack)
 
@@ -211,7 +223,9 @@ def _drawn_modes() -> tuple:
 
 
 @st.composite
-def specs(draw) -> Spec:
+def specs(draw, max_ops: int = 4) -> Spec:
+    """A spec with up to ``max_ops`` ops per module (the suite's fixed examples draw fewer
+    than a long run: their time is the suite's)."""
     mode = draw(st.sampled_from(_drawn_modes()))
     transforms = _transforms(draw)
     shape = (draw(st.integers(2, 3)), draw(st.integers(2, 3)), draw(st.integers(2, 3)))
@@ -220,12 +234,12 @@ def specs(draw) -> Spec:
     # (float0): a finding reported to the lead (test_nnx_diff.py's hand-written
     # "whole_module_grad_of_an_integer_variable"); such modules are not drawn there until
     # it is settled.
-    whole = not MODES[mode][1] and bool({"grad", "value_and_grad"} & set(transforms))
+    whole = not MODES[mode][1] and bool(set(GRADS) & set(transforms))
     # Likewise varjax's whole-module gradient holds a shared child twice (the second all
     # zeros) where flax.nnx's holds it once (hand-written
     # "no_updates_grad_keeps_a_shared_child_shared"); tree mode has none anyway.
-    root, _ = _node(draw, shape[-1], 0, [0], shape[-1], shared=MODES[mode][0] and not whole,
-                    ints=not whole)
+    rules = _Rules(shared=MODES[mode][0] and not whole, ints=not whole, max_ops=max_ops)
+    root, _ = _node(draw, shape[-1], 0, [0], shape[-1], rules)
     return Spec(root, shape, draw(st.integers(0, 2**16)), transforms, mode, draw(st.booleans()))
 
 
