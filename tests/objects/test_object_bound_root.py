@@ -137,7 +137,8 @@ def test_immutable_write_of_a_bound_module_names_bind_in_the_fix() -> None:
     for call in (lambda: model(X), lambda: vj.jit(lambda m: m(X))(model)):
         with pytest.raises(vj.errors.ImmutableCollectionError) as caught:
             call()
-        assert caught.value.fix == "pass mutable=['batch_stats'] to bind"
+        assert caught.value.fix == ("pass mutable=['batch_stats'] to bind: module.bind(variables, "
+                                    "mutable=['batch_stats']), or mutable=True for every collection")
         assert "BatchNorm_0/mean" in str(caught.value)
     with pytest.raises(vj.errors.ImmutableCollectionError) as caught:
         Stats().apply(Stats().init(jax.random.key(0), X), X)
@@ -181,7 +182,8 @@ def test_creating_a_variable_in_an_immutable_collection_of_a_bound_module_names_
     for call in (lambda m: m(X), lambda m: vj.jit(lambda m: m(X))(m)):
         with pytest.raises(vj.errors.ImmutableCollectionError) as caught:
             call(_Caches().bind({}))
-        assert caught.value.fix == "pass mutable=['cache'] to bind"
+        assert caught.value.fix == ("pass mutable=['cache'] to bind: module.bind(variables, "
+                                    "mutable=['cache']), or mutable=True for every collection")
     with pytest.raises(vj.errors.ImmutableCollectionError) as caught:
         _Caches().apply({}, X)
     assert caught.value.fix == "pass mutable=['cache'] to apply"

@@ -210,15 +210,17 @@ def hide_internal_frames(exc: BaseException) -> None:
         exc.add_note(_FILTERED_NOTE)
 
 
-# The call whose ``mutable=`` the user gave: ``apply``, or ``bind`` for a module made by
-# ``bind`` (called eagerly or through an object-mode transform), so the fix names it.
+# The call whose ``mutable=`` and ``rngs=`` the user gave: ``apply``, or ``bind`` for a module
+# made by ``bind`` (called eagerly or through an object-mode transform), so a fix names the call
+# the user wrote, in the form it takes there.
 _MUTABLE_GIVEN_BY: contextvars.ContextVar[str] = contextvars.ContextVar("mutable_given_by",
                                                                         default="apply")
 
 
 @contextlib.contextmanager
 def mutability_given_by(api: str) -> Iterator[None]:
-    """While the block runs, the fix of an immutable write names ``api``'s ``mutable=``."""
+    """While the block runs, the fixes of an immutable write and of a missing RNG stream name
+    ``api``'s ``mutable=`` and ``rngs=``."""
     token = _MUTABLE_GIVEN_BY.set(api)
     try:
         yield
@@ -227,8 +229,22 @@ def mutability_given_by(api: str) -> Iterator[None]:
 
 
 def mutable_fix(collection: str) -> str:
-    """The fix of a write to immutable ``collection``: the call that gave ``mutable=``."""
-    return f"pass mutable=['{collection}'] to {_MUTABLE_GIVEN_BY.get()}"
+    """The fix of a write to immutable ``collection``: the call that gave ``mutable=``.  A
+    bound module's mutability is fixed when it is bound, so that fix shows the ``bind`` call."""
+    api = _MUTABLE_GIVEN_BY.get()
+    fix = f"pass mutable=['{collection}'] to {api}"
+    if api == "bind":
+        fix += (f": module.bind(variables, mutable=['{collection}']), or mutable=True for every "
+                "collection")
+    return fix
+
+
+def rng_fix(stream: str) -> str:
+    """The fix of a draw from a stream nobody gave: the call that takes ``rngs=``."""
+    if _MUTABLE_GIVEN_BY.get() == "bind":
+        rngs = f"vj.Rngs({stream}=0)" if stream.isidentifier() else f"{{'{stream}': jax.random.key(0)}}"
+        return f"bind the module with the stream: module.bind(variables, rngs={rngs})"
+    return f"pass rngs={{'{stream}': jax.random.key(0)}} (or a vj.Rngs) to init/apply"
 
 
 def api_boundary(fn: _F) -> _F:

@@ -92,7 +92,7 @@ def resolve_stream(ctx: TraceContext, name: str, where_: Path,
         f"RNG stream '{name}' was requested, but neither {tried} was provided." if fallbacks
         else f"RNG stream '{name}' was requested but not provided.",
         collection=name, path=where_ or None, **site(ctx),
-        fix=f"pass rngs={{'{name}': jax.random.key(0)}} (or a vj.Rngs) to init/apply")
+        fix=errors.rng_fix(name))
 
 
 def draw_at(ctx: TraceContext, name: str, where_: Path,
