@@ -93,23 +93,31 @@ class Rule:
 
 @dataclasses.dataclass(frozen=True)
 class MovedCreations(Rule):
-    """Drops the ``var_set`` by which a lift created a pass's variable just before its
+    """Takes over the ``var_set`` by which a lift created a pass's variable just before its
     transform (``pass_scopes.CreateOutside``: a LoRA adapter of a kernel handed to an
-    ``nn.cond``) when the pass, rewriting this program, created the variable at an earlier
-    read with ``pass_scopes.declare`` (the kernel's matmul before the cond): the variable
-    is created once, where it is first read.  A pass that calls ``declare(beside=...)``
-    rewrites with this rule beside its own; ``modules`` is its ``PassContext.modules``."""
+    ``nn.cond``): the pass creates the variable there again, drawing as it draws its other
+    variables, or, when it created the variable at an earlier read with
+    ``pass_scopes.declare`` (the kernel's matmul before the cond), drops the lift's
+    creation (``PassScopes.recreate``).  The variable is created once, where the program
+    first reaches it, with a key no other variable of the pass has.  A pass that calls
+    ``declare(beside=...)`` rewrites with this rule beside its own; ``modules`` is its
+    ``PassContext.modules``."""
 
     primitive = var_set_p
     modules: Any
+
+    def pending(self) -> bool:
+        """Whether the program has such creations: the pass must rewrite it, to take them
+        over, even where it has nothing else to rewrite."""
+        return self.modules is not None and self.modules.created_outside()
 
     def match(self, eqn: _jax.JaxprEqn) -> bool:
         return self.modules is not None and self.modules.created_outside(
             (eqn.params["collection"], eqn.params["path"]))
 
-    def rewrite(self, eqn: _jax.JaxprEqn, invals: list[Any], region: "Region") -> list[Any] | None:
-        return [] if self.modules.reached_creation(
-            (eqn.params["collection"], eqn.params["path"])) else None
+    def rewrite(self, eqn: _jax.JaxprEqn, invals: list[Any], region: "Region") -> list[Any]:
+        self.modules.recreate((eqn.params["collection"], eqn.params["path"]))
+        return []
 
 
 class Region:

@@ -83,10 +83,12 @@ class Lora(Pass):
         targets = re.compile(self.targets)
         self._check_targets(targets, jaxpr, ctx)
         kernels = _matmul_kernels(jaxpr, self._targeted(targets))
-        if not kernels:
+        moved = MovedCreations(ctx.modules)
+        if not kernels and not moved.pending():
             return jaxpr
-        ctx.count(self.name, "adapted", len(kernels))
-        return Rewriter([_Adapt(self, ctx, kernels), MovedCreations(ctx.modules)]).run(jaxpr)
+        if kernels:
+            ctx.count(self.name, "adapted", len(kernels))
+        return Rewriter([_Adapt(self, ctx, kernels), moved]).run(jaxpr)
 
     def _check_targets(self, targets: re.Pattern, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> None:
         """``targets`` must name some ``params`` variable of the program (a typo adapts

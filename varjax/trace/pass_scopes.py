@@ -18,11 +18,17 @@ pipeline run from the context the program was traced under:
   parameter the module declared after them.  A lifted body's trace adopted from another
   start (``lifting.body.with_counts_moved``: ``scan``'s loop trace) did not run, so the
   counts are its start: the context continues from its end, which the lift gives
-  (``linen_end``), or an adapter would get its kernel's key.
+  (``linen_end``), or an adapter would get its kernel's key;
+* a pass variable a lift created in the trace before its transform (``CreateOutside``: the
+  LoRA adapter of a kernel handed to an ``nn.cond``) is made again when the pass's rewrite
+  reaches that creation (``recreate``), as the pass's draw there, or dropped when the pass
+  created it at an earlier read: every variable of a pass takes its keys from this one
+  copy of the counts, in program order, so two adapters of one module never share a key.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Callable, Iterator
 
 import jax
@@ -49,7 +55,7 @@ class PassScopes:
             for key, vt in t.variables.items():
                 ctx.set_type(key, vt)
             ctx.use_passes(t.passes)
-            ctx.created_outside = dict.fromkeys(t.created_outside, False)
+            ctx.created_outside = dict(t.created_outside)
             linen = streams.linen_counts(t.origin)
             if linen is not None:
                 streams.start_linen(ctx, linen.streams)
@@ -59,17 +65,25 @@ class PassScopes:
             self._ctx = ctx
         return self._ctx
 
-    def created_outside(self, key: Key) -> bool:
-        """Whether a lift created pass variable ``key`` in the traced program just before
-        its transform (``CreateOutside``), and the rewrite has not reached that yet."""
-        return key in self._context().created_outside
+    def created_outside(self, key: Key | None = None) -> bool:
+        """Whether a lift created pass variable ``key`` (None: any) in the traced program
+        just before its transform (``CreateOutside``), and the rewrite has not reached that
+        yet."""
+        made = self._context().created_outside
+        return bool(made) if key is None else key in made
 
-    def reached_creation(self, key: Key) -> bool:
+    def recreate(self, key: Key) -> None:
         """The rewrite reached the ``var_set`` by which a lift created pass variable ``key``
-        before its transform (``CreateOutside``): whether to drop it, because ``declare``
-        created the variable at an earlier read (a kernel whose matmul runs before the
-        cond that is handed it).  Later reads find it existing either way."""
-        return self._context().created_outside.pop(key, False)
+        before its transform (``CreateOutside``), which the rewrite drops.  Unless
+        ``declare`` created the variable at an earlier read (a kernel whose matmul runs
+        before the cond that is handed it), it is created here, drawn as this pass's next
+        draw of its module: the lift drew it during the trace, from counts no later draw of
+        the pass knows of, so another adapter of the same module would get its key.
+        Later reads find it existing either way."""
+        made = self._context().created_outside.pop(key)
+        if isinstance(made, Creation):
+            with self(made.module) as ctx:
+                _create(ctx, key, made.init_fn, made.shape, made.dtype)
 
     @contextlib.contextmanager
     def __call__(self, path: Path) -> Iterator[TraceContext]:
@@ -83,6 +97,18 @@ class PassScopes:
             ctx.path_prefix, ctx.top_trace = previous
 
 
+@dataclasses.dataclass(frozen=True)
+class Creation:
+    """How a lift created a pass variable before its transform (``CreateOutside``): kept on
+    the trace (``TraceContext.created_outside``) so that the pass, rewriting that trace,
+    can create it again with its own draws (``PassScopes.recreate``)."""
+
+    module: Path
+    init_fn: Callable[..., Any]
+    shape: tuple[int, ...]
+    dtype: Any
+
+
 class CreateOutside(Exception):
     """A pass in a lifted body declared a variable the body must be handed rather than
     create (``declare``): not an error, a signal that ``vj.lift(create_outside=True)``
@@ -90,7 +116,10 @@ class CreateOutside(Exception):
     runs after its body's trace, when no lift nested in the body is running, so the lift
     that catches it is the body's own.  It calls ``create`` in the enclosing trace and
     traces its bodies again; ``create`` raises ``CreateOutside`` itself, for the lift
-    around that trace, when the variable it stands beside was handed in there too."""
+    around that trace, when the variable it stands beside was handed in there too.  When
+    the enclosing trace's pipeline runs the pass as well (``init``'s ``passes=``), that
+    pass makes the variable again where its rewrite reaches this creation
+    (``PassScopes.recreate``): the value drawn here stands in for the trace."""
 
     def __init__(self, key: Key, create: Callable[[], None]):
         super().__init__(key)
@@ -134,10 +163,10 @@ def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callabl
     path = ctx.full_path(name)
     where = errors.where(source_info)
     key = (collection, path)
-    if ctx.created_outside.get(key) is False:
+    if isinstance(ctx.created_outside.get(key), Creation):
         # Run by the pass of the trace a lift created it in, at a read before that creation
         # in program order: it is created here, and the lift's creation is dropped when
-        # the rewrite reaches it (``PassScopes.reached_creation``).
+        # the rewrite reaches it (``PassScopes.recreate``).
         ctx.created_outside[key] = True
     elif variable_api.has_at(ctx, collection, path):
         have = ctx.variables[(collection, path)]
@@ -161,9 +190,15 @@ def declare(owner: str, collection: str, name: tuple[str, ...], init_fn: Callabl
         module = ctx.path_prefix
         raise CreateOutside(key, lambda: _create_at(
             module, owner, collection, name, init_fn, shape, dtype, source_info, beside))
-    value = run_init(init_fn, variable_api.make_rng("params"), shape, dtype)
-    variable_api.write_at(ctx, collection, path, value)
+    _create(ctx, key, init_fn, shape, dtype)
     return variable_api.read_at(ctx, collection, path)
+
+
+def _create(ctx: TraceContext, key: Key, init_fn: Callable[..., Any], shape: tuple[int, ...],
+            dtype: Any) -> None:
+    """Create variable ``key`` from the ``params`` stream's next draw at ``ctx``'s module."""
+    value = run_init(init_fn, variable_api.make_rng("params"), shape, dtype)
+    variable_api.write_at(ctx, *key, value)
 
 
 def _handed_in(ctx: TraceContext, key: Key) -> bool:
@@ -174,12 +209,13 @@ def _handed_in(ctx: TraceContext, key: Key) -> bool:
 
 def _create_at(module: Path, owner: str, *declared: Any) -> None:
     """``declare`` in the current (enclosing) trace, at ``module``: run by the lift before
-    it traces its bodies again."""
+    it traces its bodies again.  The trace keeps how, for its pass (``Creation``)."""
     ctx = current(owner)
     previous, ctx.path_prefix = ctx.path_prefix, tuple(module)
     try:
         declare(owner, *declared)
-        collection, name = declared[0], declared[1]
-        ctx.created_outside[(collection, ctx.full_path(name))] = False
+        collection, name, init_fn, shape, dtype = declared[:5]
+        ctx.created_outside[(collection, ctx.full_path(name))] = Creation(
+            tuple(module), init_fn, tuple(shape), dtype)
     finally:
         ctx.path_prefix = previous
