@@ -5,7 +5,8 @@ cells come from its treedef, not from a walk of the nested dict JAX's unflatten 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from object_models import MLP, X, bound
+import pytest
+from object_models import MLP, X, assert_tree_close, bound
 
 import varjax as vj
 from varjax.nn.module import as_node
@@ -21,6 +22,17 @@ def _count_graphs(monkeypatch):
         return of(cls, tree, **kwargs)
     monkeypatch.setattr(Graph, "of", classmethod(counted))
     return calls
+
+
+def _count_dict_walks(monkeypatch):
+    walks = []
+    entries = as_node.variable_entries
+
+    def counted(variables):
+        walks.append(variables)
+        return entries(variables)
+    monkeypatch.setattr(as_node, "variable_entries", counted)
+    return walks
 
 
 def test_a_traced_jit_call_builds_the_argument_graph_once(monkeypatch):
@@ -57,13 +69,7 @@ def test_a_copied_module_is_not_walked_for_its_variables(monkeypatch):
     the call gets them from the treedef, so no nested dict is walked."""
     model, _ = bound(MLP(), mutable="batch_stats")
     jax.tree.leaves(model)
-    walks = []
-    entries = as_node.variable_entries
-
-    def counted(variables):
-        walks.append(variables)
-        return entries(variables)
-    monkeypatch.setattr(as_node, "variable_entries", counted)
+    walks = _count_dict_walks(monkeypatch)
     vj.jit(lambda m, x: m(x))(model, X)
     assert walks == []
 
@@ -115,3 +121,94 @@ def test_an_argument_of_a_users_pytree_class_is_walked_on_every_call(monkeypatch
     h.v = vj.Variable(jnp.full((), 2.0))
     assert float(read(h)) == 2.0
     assert len(calls) == 2
+
+
+# --- control flow: the caller walks the operands once; branches and loop bodies take
+# JAX's copies apart by its graph's layout, renamed for each body's argument names ---------
+
+def _apply(m, x):
+    return m(x)
+
+
+def _negated(m, x):
+    return -m(x)
+
+
+def _models(calls: int):
+    """A bound MLP (its cells found once, as a caller's model has them) and the output and
+    batch statistics of ``calls`` eager calls of another, to compare with."""
+    model, _ = bound(MLP(), mutable="batch_stats")
+    jax.tree.leaves(model)
+    eager, _ = bound(MLP(), mutable="batch_stats")
+    out = [eager(X) for _ in range(calls)][-1]
+    return model, out, eager.variables["batch_stats"]
+
+
+@pytest.mark.parametrize("transform", ["cond", "switch"])
+def test_a_branch_does_not_walk_its_operands_again(monkeypatch, transform):
+    model, want, stats = _models(1)
+    calls, walks = _count_graphs(monkeypatch), _count_dict_walks(monkeypatch)
+    if transform == "cond":
+        out = vj.cond(jnp.array(True), _apply, _negated, model, X)
+    else:
+        out = vj.switch(jnp.array(2), [_negated, _negated, _apply], model, X)
+    assert len(calls) == 1 and walks == []      # the caller's graph, none per branch
+    assert_tree_close(out, want)
+    assert_tree_close(model.variables["batch_stats"], stats)
+
+
+def test_a_scan_body_does_not_walk_its_carry_or_its_slice(monkeypatch):
+    model, want, stats = _models(3)
+    calls, walks = _count_graphs(monkeypatch), _count_dict_walks(monkeypatch)
+    _, ys = vj.scan(lambda m, x: (m, m(x)))(model, jnp.stack([X] * 3))
+    assert len(calls) == 2 and walks == []      # the carry's graph and the xs's, once each
+    assert_tree_close(ys[-1], want)
+    assert_tree_close(model.variables["batch_stats"], stats)
+
+
+def _twice(carry):
+    m, n = carry
+    m(X)
+    return m, n + 1
+
+
+@pytest.mark.parametrize("loop", ["while_loop", "fori_loop"])
+def test_a_loop_body_and_condition_do_not_walk_the_carry_again(monkeypatch, loop):
+    model, _, stats = _models(2)
+    calls, walks = _count_graphs(monkeypatch), _count_dict_walks(monkeypatch)
+    if loop == "while_loop":
+        vj.while_loop(lambda carry: carry[1] < 2, _twice, (model, 0))
+    else:
+        vj.fori_loop(0, 2, lambda i, carry: _twice(carry), (model, 0))
+    assert len(calls) == 1 and walks == []
+    assert_tree_close(model.variables["batch_stats"], stats)
+
+
+def test_each_branch_names_the_operands_by_its_own_argument_names():
+    """One layout of the operands, renamed per branch: an error names the variable as the
+    branch that wrote it calls its argument."""
+    count = vj.Variable(jnp.array(0), collection="counts")
+
+    def keep(old):
+        return jnp.zeros(())
+
+    def to_float(new):
+        new.value = new.value.astype(jnp.float32)
+        return jnp.zeros(())
+    with pytest.raises(vj.errors.VariableStructureError,
+                       match=r"variable new of collection 'counts'"):
+        vj.cond(True, to_float, keep, count)
+
+
+def test_an_object_given_twice_in_xs_is_one_object_in_the_scan_body():
+    """The slices are taken apart by the layout of ``xs``, which has the object once: a
+    write through one place is read through the other, as in a Python loop."""
+    v = vj.Variable(jnp.arange(3.0), collection="s")
+
+    def body(c, xs):
+        a, b = xs
+        a.value = a.value * 2.0
+        return c, b.value
+    _, ys = vj.scan(body)(jnp.zeros(()), (v, v))
+    np.testing.assert_array_equal(ys, [0.0, 2.0, 4.0])
+    np.testing.assert_array_equal(v.value, [0.0, 2.0, 4.0])

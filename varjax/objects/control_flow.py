@@ -20,10 +20,10 @@ from varjax import _jax
 from varjax.ir import errors
 from varjax.ir.caches import LRU
 from varjax.ir.primitives import VarType
-from varjax.objects.graph import Graph
+from varjax.objects.graph import Graph, Layout
 from varjax.objects.nodes import is_node, kind_of
 from varjax.objects.object_transforms import dealias, wrapper
-from varjax.objects.run import Result, arg_names, graph_of, run
+from varjax.objects.run import Result, arg_names, run
 from varjax.passes.framework.pipeline import parse_entries
 from varjax.trace.type_checks import branch_types_error
 
@@ -43,14 +43,21 @@ def _where_defined(fn: Callable) -> dict[str, Any]:
     return found
 
 
-def _run_branch(fn: Callable, args: tuple, shared: tuple[int, ...],
+def _copies(fn: Callable, layout: Layout, args: tuple) -> Graph:
+    """The graph of the copies JAX hands a branch or loop body, taken apart by the layout of
+    the caller's graph (``Graph.copies``), named as ``fn`` names its arguments: the
+    operands are walked once, by the caller, not again by every branch and step."""
+    return Graph.copies(layout.named(arg_names(fn)), (args, {}))
+
+
+def _run_branch(fn: Callable, args: tuple, layout: Layout, shared: tuple[int, ...],
                 passes: tuple) -> tuple[Any, Graph, Result]:
     """``fn(*args)`` through the IR, its updates kept on the (copied) argument objects:
-    the output, the graph of ``args`` and what the call changed (``shared``: the originals'
-    ``Graph.shared``, as the copies share nothing; ``passes``: the transform's, parsed)."""
-    names = arg_names(fn)
-    graph = graph_of(args, {}, names)
-    out, result = run(fn, args, {}, names=names, graph=graph, shared=shared, passes=passes)
+    the output, the graph of ``args`` (``_copies`` by ``layout``, the originals') and what
+    the call changed (``shared``: the originals' ``Graph.shared``, as the copies share
+    nothing; ``passes``: the transform's, parsed)."""
+    graph = _copies(fn, layout, args)
+    out, result = run(fn, args, {}, graph=graph, shared=shared, passes=passes)
     _no_creation(fn, result)
     graph.write_back(result.updates, result.created)
     return out, graph, result
@@ -94,7 +101,7 @@ def _switch(what: str, index: Any, fns: list[Callable], labels: list[str],
     def branch(fn: Callable, label: str) -> Callable:
         def run_branch(*ops: Any) -> Any:
             ops = dealias(ops, {}, tuple(graph.places))[0]
-            out, inside, result = _run_branch(fn, ops, graph.shared(), passes)
+            out, inside, result = _run_branch(fn, ops, graph.layout(), graph.shared(), passes)
             written.update(i for i, v in enumerate(result.updates) if v is not None)
             if first:
                 _same_types(what, graph, first[0], (f"{label} ({_name(fn)})", inside))
@@ -105,7 +112,7 @@ def _switch(what: str, index: Any, fns: list[Callable], labels: list[str],
     out, final = jax.lax.switch(index, [branch(f, label) for f, label in zip(fns, labels)], *operands)
     # JAX returns a copy per place: an object passed at two places (a submodule shared by
     # two modules) is one again, so the cells line up with the operands' graph.
-    after = Graph.of((dealias(tuple(final), {}, tuple(graph.places))[0], {}))
+    after = Graph.copies(graph.layout(), (dealias(tuple(final), {}, tuple(graph.places))[0], {}))
     for i, ((_, cell), (_, new)) in enumerate(zip(graph.cells, after.cells)):
         if i in written:
             cell.set(new.get())
@@ -178,21 +185,24 @@ class _Carried:
     of the place it ends in, only the variables some step wrote while it passed."""
 
     def __init__(self, what: str, fn: Callable, init: Any, trips: int | None, arg: int,
-                 passes: tuple):
-        self.what, self.fn, self.trips, self.arg, self.passes = what, fn, trips, arg, passes
-        self.names, self.tracked = arg_names(fn), _tracked(fn, arg, what == "vj.scan")
+                 passes: tuple, xs: Graph | None = None):
+        self.what, self.fn, self.trips, self.passes = what, fn, trips, passes
+        self.tracked = _tracked(fn, arg, what == "vj.scan")
         self.graph = Graph.of((init, {}))
         self.places = tuple(self.graph.places)
+        # The body's arguments: a plain index before the carry (fori_loop's), the carry, and
+        # scan's slice of xs (``xs``: the graph of the whole xs, whose slices have its layout).
+        self.layout = Layout.arguments([None] * arg + [self.graph.layout()]
+                                       + ([] if xs is None else [xs.layout()]))
         self.written: list[set[int]] = [set() for _ in self.graph.nodes]
         self.moves = tuple(range(len(self.graph.nodes)))
 
     def step(self, args: tuple) -> tuple[Any, Graph, Result]:
         """One step of the body on ``args`` (its carry at ``arg``): the body's output, the
         graph of its arguments (the carry's nodes first) and what it changed."""
-        args = args[:self.arg] + (dealias((args[self.arg],), {}, self.places)[0][0],) \
-            + args[self.arg + 1:]
-        inside = graph_of(args, {}, self.names)
-        (out, order), result = run(self.tracked, args, {}, names=self.names, graph=inside,
+        args = dealias(args, {}, self.layout.places)[0]
+        inside = _copies(self.fn, self.layout, args)
+        (out, order), result = run(self.tracked, args, {}, graph=inside,
                                    shared=self.graph.shared(),   # the carry's nodes come first
                                    passes=self.passes)
         _no_creation(self.fn, result)
@@ -298,7 +308,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *,
 
     def cond(v: Any) -> Any:
         out, inside, result = _run_branch(cond_fun, (dealias((v,), {}, carried.places)[0][0],),
-                                          carried.graph.shared(), parsed)
+                                          carried.layout, carried.graph.shared(), parsed)
         for (node, cell), value in zip(inside.cells, result.updates):
             if value is not None:
                 path = node.prefix + cell.path
@@ -334,8 +344,8 @@ def scan(fn: Callable, *, length: int | None = None, reverse: bool = False,
     parsed = parse_entries(passes)
 
     def call(init: Any, xs: Any) -> Any:
-        carried = _Carried("vj.scan", fn, init, _scan_length(length, xs), 0, parsed)
         xs_graph = Graph.of((xs, {}))
+        carried = _Carried("vj.scan", fn, init, _scan_length(length, xs), 0, parsed, xs_graph)
         n_carry = len(carried.graph.cells)
 
         def step(carry: Any, x: Any) -> Any:

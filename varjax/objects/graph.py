@@ -24,6 +24,17 @@ from varjax.trace.context import active
 from varjax.trace.variable import Variable
 
 
+def argument_prefix(prefix: Path, names: Sequence[str]) -> Path:
+    """A node's prefix in ``(args, kwargs)`` (``Graph.of``'s key path) as the function sees
+    it: positional argument i under ``names[i]`` (else ``args{i}``), a keyword argument
+    under its name."""
+    head, *rest = prefix
+    if head == "0":
+        i = int(rest[0])
+        rest[0] = names[i] if i < len(names) else f"args{i}"
+    return tuple(rest)
+
+
 def key_name(entry: Any) -> str:
     """A key-path entry as a path name: ``0`` for a sequence index, the key for a dict,
     the attribute for a dataclass field."""
@@ -191,6 +202,39 @@ class Layout:
     prefixes: tuple[Path, ...]
     paths: tuple[tuple[str, ...], ...]
     statics: tuple[tuple[type, Any], ...]
+
+    def named(self, names: Sequence[str]) -> "Layout":
+        """This layout of ``(args, kwargs)`` with each node's prefix named by a function's
+        argument names (``argument_prefix``, as ``run.graph_of`` names them): one caller's
+        graph, renamed for each branch or loop body it is handed to."""
+        return Layout(self.places, self.is_object,
+                      tuple(argument_prefix(p, names) for p in self.prefixes), self.paths,
+                      self.statics)
+
+    @classmethod
+    def arguments(cls, parts: Sequence["Layout | None"]) -> "Layout":
+        """The layout of ``((a_0, a_1, ...), {})`` from each argument's own, of
+        ``(a_i, {})`` (None: a plain value, one leaf, a loop's index): a loop body's
+        arguments, its carry and its slice of ``xs``, whose graphs the caller built once.
+        No node is shared across two arguments: JAX copies each apart."""
+        places: list[int] = []
+        is_object: list[bool] = []
+        prefixes: list[Path] = []
+        paths: list[tuple[str, ...]] = []
+        statics: list[tuple[type, Any]] = []
+        for i, part in enumerate(parts):
+            at = ("0", str(i))
+            if part is None:
+                is_object.append(False)
+                paths.append(at)
+                continue
+            places += [len(prefixes) + p for p in part.places]
+            is_object += part.is_object
+            prefixes += [at + p[1:] for p in part.prefixes]
+            paths += [at + p[1:] for p in part.paths]
+            statics += part.statics
+        return cls(tuple(places), tuple(is_object), tuple(prefixes), tuple(paths),
+                   tuple(statics))
 
     def _fields(self) -> tuple:
         return self.places, self.is_object, self.prefixes, self.paths, self.statics

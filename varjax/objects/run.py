@@ -29,7 +29,7 @@ from varjax.ir import axis_metadata, errors, filters, streams
 from varjax.ir.caches import LRU
 from varjax.ir.primitives import Key, Path
 from varjax.ir.statics import Exact
-from varjax.objects.graph import Graph
+from varjax.objects.graph import Graph, argument_prefix
 from varjax.passes.framework.base import program_paths
 from varjax.passes.framework.pipeline import parse_entries
 from varjax.trace import variable_api
@@ -103,11 +103,7 @@ def graph_of(args: tuple, kwargs: Mapping[str, Any], names: Sequence[str]) -> Gr
     ``args{i}``), a keyword argument's under its name."""
     graph = Graph.of((args, dict(kwargs)))
     for node in graph.nodes:
-        head, *rest = node.prefix
-        if head == "0":
-            i = int(rest[0])
-            rest[0] = names[i] if i < len(names) else f"args{i}"
-        node.prefix = tuple(rest)
+        node.prefix = argument_prefix(node.prefix, names)
     return graph
 
 
