@@ -173,12 +173,6 @@ def test_in_module_needs_an_equation_that_names_a_module():
         PassContext(modules=lambda path: None).in_module(eqn)
 
 
-def test_object_mode_refuses_passes():
-    model = vj.Variable(jnp.ones((4,)))
-    with pytest.raises(errors.TransformError, match="passes"):
-        vj.vmap(lambda m, x: m.value * x, passes=LORA)(model, X)
-
-
 def test_passes_none_means_no_pass():
     base = MLP().init(KEY, X, passes=None)
     assert set(base) == {"params"}
@@ -214,9 +208,3 @@ def test_cond_and_while_loop_run_their_passes_in_their_bodies():
     assert jax.tree.map(jnp.shape, v["lora"]) == {"Dense_0": {"kernel": {"a": (4, 2), "b": (2, 4)}}}
     out = Branchy().apply(perturbed(v), X)
     assert out.dtype == jnp.float32 and out.shape == (2, 4)
-
-
-def test_object_mode_cond_refuses_passes():
-    model = vj.Variable(jnp.ones((4,)))
-    with pytest.raises(errors.TransformError, match="passes"):
-        vj.cond(True, lambda m, x: m.value * x, lambda m, x: x, model, X, passes=LORA)

@@ -126,9 +126,10 @@ class TraceContext:
         # (whose own pipelines replace their reads), for ``PassContext.asked``.
         self.asked: set[Key] = set()
         # Pass variables a lift created in this trace just before its transform
-        # (``pass_scopes.CreateOutside``), each with whether this trace's own pass created
-        # it at an earlier read instead (``pass_scopes.PassScopes``): see ``declare``.
-        self.created_outside: dict[Key, bool] = {}
+        # (``pass_scopes.CreateOutside``): how each was made (``pass_scopes.Creation``), for
+        # this trace's pass to make it again where its rewrite reaches it; in the pass's
+        # copy, True once the pass created one at an earlier read instead (see ``declare``).
+        self.created_outside: dict[Key, Any] = {}
         base = (filters.freeze(mutable), tuple(sorted(self.rng_streams.items())), initializing, policy)
         self._fingerprint = fingerprint.Fingerprint(base, initializing or mutable is not False,
                                                     self.variables)
