@@ -128,3 +128,40 @@ def test_flax_nnx_drops_the_same_write_silently():
     theirs = _counted(flax.nnx)
     jax.jit(lambda m, x: m(x))(theirs, X)
     np.testing.assert_array_equal(theirs.calls[...], 0)     # no error, no update
+
+
+# --- RNG streams: a draw writes the stream's count ---------------------------------------
+
+def _dropped(lib):
+    class Dropped(lib.Module):
+        def __init__(self, rngs):
+            self.drop = lib.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(x)
+    return Dropped(lib.Rngs(0, dropout=1))
+
+
+def test_a_closed_over_rngs_drawn_from_inside_jax_jit_is_refused_naming_the_stream():
+    rngs = nnx.Rngs(0)
+    with pytest.raises(vj.errors.TransformError, match="RNG stream 'default'"):
+        jax.jit(lambda: rngs.normal(()))()
+    assert int(rngs.default.count) == 0          # no tracer left in the count
+
+
+def test_a_dropout_stream_copied_by_jax_jit_and_not_returned_is_reported():
+    """Each call of the compiled step would draw the same mask: flax.nnx does so silently."""
+    model, x = _dropped(nnx), jnp.ones((4,))
+    jax.jit(lambda m, x: m(x))(model, x)
+    with pytest.raises(vj.errors.TransformError, match="RNG stream 'dropout'.* was lost"):
+        nnx.jit(lambda m, x: m(x))(model, x)
+    theirs = _dropped(flax.nnx)
+    step = jax.jit(lambda m, x: m(x))
+    np.testing.assert_array_equal(step(theirs, x), step(theirs, x))    # the same mask twice
+
+
+def test_a_stream_returned_from_jax_jit_draws_on():
+    rngs = nnx.Rngs(0)
+    key, rngs2 = jax.jit(lambda r: (r(), r))(rngs)
+    assert int(rngs2.default.count) == 1 and int(rngs.default.count) == 0
+    assert not np.array_equal(jax.random.key_data(rngs2()), jax.random.key_data(key))

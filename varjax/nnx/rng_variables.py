@@ -106,7 +106,7 @@ class StreamDef:
 
     def unflatten(self, children: Any) -> RngStream:
         key, count = (c.value if isinstance(c, Variable) else c for c in children)
-        return RngStream.tree_unflatten(self.tag, (key, count))
+        return RngStream._varjax_rebuilt(self.tag, key, count)
 
 
 def stream_children(stream: RngStream) -> tuple[list[tuple[str, Variable]], StreamDef]:

@@ -213,7 +213,7 @@ class _TracedStream(RngStream):
 # Rngs drawn from inside an object-mode body can be returned or carried.
 jax.tree_util.register_pytree_node(
     _TracedStream, lambda s: ((s.key, s.count), s.tag),
-    lambda tag, children: RngStream.tree_unflatten(tag, children))
+    lambda tag, children: RngStream._varjax_rebuilt(tag, *children))
 
 
 def _stream_cells(stream: RngStream, name: str | None) -> list[Cell]:

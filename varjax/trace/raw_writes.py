@@ -24,6 +24,10 @@ body) would be lost, and Flax NNX loses the second one silently:
   the function after the write for another reason (``jax.tree.leaves(model)``) counts as
   returned: that loss is not seen.
 
+An RNG stream's draw writes its count, so a stream follows both rules too (a closed-over
+``Rngs`` drawn from inside ``jax.jit``; a ``Dropout`` whose stream JAX copied, drawing the
+same mask at every call of the compiled step).
+
 Transforms that are handed a module as an argument (``nnx.jit``, ``vj.jit`` and the
 rest) see its Variables as handles (``var_get``/``var_set`` of their trace) and write
 them back; neither rule applies to them.
@@ -67,6 +71,14 @@ class Origin:
         return "Origin"
 
 
+def _named(owner: Any) -> tuple[str, str]:
+    """How an error names ``owner`` (a Variable, or an RNG stream drawn from: its count is
+    written), and its collection."""
+    if hasattr(owner, "collection"):
+        return f"a {type(owner).__name__} of collection '{owner.collection}'", owner.collection
+    return f"the count of RNG stream '{owner.tag}' (a draw)", "rngs"
+
+
 NOWHERE = Origin()     # a handle's or a made Variable's: no original to report to
 
 
@@ -77,14 +89,14 @@ def check_write(variable: Any, made: Any) -> None:
     trace = made()
     if trace is None or _jax.is_invalidated(trace) or _jax.is_top_level():
         return
-    kind = type(variable).__name__
+    what, collection = _named(variable)
     raise errors.TransformError(
-        f"a {kind} of collection '{variable.collection}' was written inside a JAX "
+        f"{what} was written inside a JAX "
         "transformation that holds it as a constant (a module closed over by jax.jit, "
         "jax.vmap or a jax.lax body, a jax.grad argument not differentiated, or a module an "
         "object-mode/NNX transform was not passed): the write cannot leave the "
         "transformation, and the Variable would keep a tracer.",
-        collection=variable.collection, **errors.where(), fix=_FIX)
+        collection=collection, **errors.where(), fix=_FIX)
 
 
 def source_of(origin: Origin) -> Any:
@@ -122,12 +134,12 @@ def written(copy: Any, source: Any) -> None:
     original = source()
     if original is None or getattr(_TRACING_ONLY, "on", False):
         return
-    kind = type(original).__name__
+    what, collection = _named(original)
     pending[id(original)] = (source, errors.TransformError(
-        f"an update of this {kind} of collection '{original.collection}' was lost: it was "
+        f"an update of {what} was lost: it was "
         "written to the copy a JAX transformation (jax.jit, jax.vmap, jax.grad, a jax.lax "
         "body) made of it, and the transformation returned (or raised) without returning "
-        "the copy.", collection=original.collection, **errors.where(),
+        "the copy.", collection=collection, **errors.where(),
         fix=_FIX + "; if the transformation only traced (jax.make_jaxpr, jax.eval_shape, "
                    ".lower), nothing was lost: trace under `with vj.tracing_only():`"))
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from varjax import _jax
 from varjax.ir import errors, filters, streams
+from varjax.trace import raw_writes
 
 # jax.random functions taking a key first that manage keys instead of sampling.
 _KEY_FUNCTIONS = frozenset({"clone", "fold_in", "split"})
@@ -129,14 +130,29 @@ _install_samplers()
 
 @jax.tree_util.register_pytree_node_class
 class RngStream(_Samplers):
-    """One stream: ``stream()`` returns ``fold_in(key, count)`` and increments ``count``."""
+    """One stream: ``stream()`` returns ``fold_in(key, count)`` and increments ``count``.
+
+    A draw writes the count, so it is checked as a held Variable's write is
+    (``raw_writes``): ``_made`` is the JAX trace the stream was made in, ``_source`` the
+    original a copy JAX made of it under a transform stands for (None: no original, as
+    for a stream varjax rebuilds itself, or one of an object-mode body)."""
+
+    _made: Any = None
+    _source: Any = None
 
     def __init__(self, key: Any, count: Any = None, *, tag: str = streams.DEFAULT):
         self.tag = tag
         self.key = _as_key(key, tag)
         self.count = jnp.zeros(_batch_shape(self.key), jnp.uint32) if count is None else count
+        self._made = _jax.trace_ref()
 
     def __call__(self) -> jax.Array:
+        if raw_writes.pending:
+            raw_writes.check_used(self)
+        if self._made is not None and self._made is not _jax.trace_ref():
+            raw_writes.check_write(self, self._made)
+        elif self._source is not None:
+            raw_writes.written(self, self._source)
         key = streams.derive(self.key, self.count)
         self.count = self.count + jnp.uint32(1)
         return key
@@ -175,13 +191,25 @@ class RngStream(_Samplers):
                 fix="reseed, split or fork the streams before the transformation") from None
         self.count = jnp.zeros(_batch_shape(self.key), jnp.uint32) if count is None else count
 
-    def tree_flatten(self) -> tuple[tuple, str]:
-        return (self.key, self.count), self.tag
+    def tree_flatten(self) -> tuple[tuple, tuple]:
+        if raw_writes.pending:
+            raw_writes.check_used(self)
+        if self._source is not None:
+            raw_writes.returned(self._source)
+        return (self.key, self.count), (self.tag, raw_writes.Origin(self))
 
     @classmethod
-    def tree_unflatten(cls, tag: str, children: tuple) -> "RngStream":
+    def tree_unflatten(cls, aux: tuple, children: tuple) -> "RngStream":
+        stream = cls._varjax_rebuilt(aux[0], *children)
+        stream._source = raw_writes.source_of(aux[1])
+        return stream
+
+    @classmethod
+    def _varjax_rebuilt(cls, tag: str, key: Any, count: Any) -> "RngStream":
+        """A stream holding ``key`` and ``count`` as they are (no key conversion), made
+        here: what varjax rebuilds from a stream's two values."""
         stream = object.__new__(cls)
-        stream.tag, (stream.key, stream.count) = tag, children
+        stream.tag, stream.key, stream.count, stream._made = tag, key, count, _jax.trace_ref()
         return stream
 
     def __repr__(self) -> str:
