@@ -360,22 +360,30 @@ def test_hand_written(name):
 
 # Found by the fuzzer (tree mode, and graph mode without graph updates): a gradient of the
 # whole module over an integer Variable.  flax.nnx raises jax.grad's TypeError (allow_int is
-# off); varjax.nnx differentiates it (a float0 gradient) and refuses allow_int=True.  Reported
-# to the lead (varjax/nnx/transforms.py); the generator leaves such modules out meanwhile.
-@pytest.mark.xfail(strict=True, reason="varjax.nnx.grad without graph updates differentiates "
-                   "integer Variables where flax.nnx raises TypeError (reported)")
+# off); varjax.nnx differentiated it (a float0 gradient) and refused allow_int=True.  Fixed
+# (nnx/transforms.py, _real_inputs); both now refuse.
 @pytest.mark.parametrize("mode", ["tree", "no_updates"])
 def test_whole_module_grad_of_an_integer_variable(mode):
-    check_spec(_spec((M.Linear(2, 2), M.Counter()), ("grad",), mode=mode))
+    spec = _spec((M.Linear(2, 2), M.Counter()), ("grad",), mode=mode)
+    grads = {}
+    for nnx in (flax_nnx, vj_nnx):
+        scope, kw = mode_of(nnx, spec)
+        with scope:
+            model = M.build(nnx, spec)(nnx.Rngs(params=0))
+            with pytest.raises(TypeError, match="real- or complex-valued inputs"):
+                program(nnx, ("grad",), kw)(model, _input(spec))
+            grads[nnx] = nnx.grad(lambda m, x: jnp.sum(m(x)), allow_int=True, **kw)(
+                model, _input(spec))
+    for a, b in zip(jax.tree.leaves(grads[flax_nnx]), jax.tree.leaves(grads[vj_nnx])):
+        assert a.dtype == b.dtype
+        if a.dtype != jax.dtypes.float0:
+            np.testing.assert_allclose(a, b, rtol=1e-5)
 
 
 # Found by the fuzzer: graph mode without graph updates, a gradient of a module holding a
 # child at two attributes.  flax.nnx's gradient is a module with the child once (its
-# gradient summed over both uses); varjax's holds two children, the second all zeros, so its
-# state lists the child at both paths.  Reported to the lead (varjax/nnx/transforms.py); the
-# generator draws no shared child there meanwhile.
-@pytest.mark.xfail(strict=True, reason="varjax.nnx.grad without graph updates unshares a shared "
-                   "child in the gradient (reported)")
+# gradient summed over both uses); varjax's held two children, the second all zeros, so its
+# state listed the child at both paths.  Fixed (nnx/transforms.py, _shared_as).
 def test_no_updates_grad_keeps_a_shared_child_shared():
     check_spec(_spec((M.Shared(M.Node("Block1", (M.Linear(2, 2),))),), ("grad",), mode="no_updates"))
 

@@ -229,16 +229,12 @@ def specs(draw, max_ops: int = 4) -> Spec:
     mode = draw(st.sampled_from(_drawn_modes()))
     transforms = _transforms(draw)
     shape = (draw(st.integers(2, 3)), draw(st.integers(2, 3)), draw(st.integers(2, 3)))
-    # Without graph updates a gradient is of whole modules: flax.nnx raises TypeError on an
-    # integer Variable (a counter, a Dropout's stream count) while varjax differentiates it
-    # (float0): a finding reported to the lead (test_nnx_diff.py's hand-written
-    # "whole_module_grad_of_an_integer_variable"); such modules are not drawn there until
-    # it is settled.
+    # Without graph updates a gradient is of whole modules, and both libraries refuse an
+    # integer Variable there (a counter, a Dropout's stream count: jax.grad's TypeError,
+    # hand-written "whole_module_grad_of_an_integer_variable"), so such modules are not
+    # drawn there: every example would be refused.
     whole = not MODES[mode][1] and bool(set(GRADS) & set(transforms))
-    # Likewise varjax's whole-module gradient holds a shared child twice (the second all
-    # zeros) where flax.nnx's holds it once (hand-written
-    # "no_updates_grad_keeps_a_shared_child_shared"); tree mode has none anyway.
-    rules = _Rules(shared=MODES[mode][0] and not whole, ints=not whole, max_ops=max_ops)
+    rules = _Rules(shared=MODES[mode][0], ints=not whole, max_ops=max_ops)
     root, _ = _node(draw, shape[-1], 0, [0], shape[-1], rules)
     return Spec(root, shape, draw(st.integers(0, 2**16)), transforms, mode, draw(st.booleans()))
 

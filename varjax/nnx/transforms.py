@@ -33,6 +33,9 @@ import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
+import jax
+import numpy as np
+
 from varjax.ir import errors
 from varjax.ir.caches import LRU
 from varjax.nnx.config import resolve
@@ -40,6 +43,7 @@ from varjax.nnx.graph import merge, split, state
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.graphlib import flat_of
 from varjax.nnx.pytree import Pytree
+from varjax.nnx.state_ops import from_flat_state
 from varjax.nnx.statelib import State
 from varjax.nnx.transform_checks import as_decorator, refuse_options
 from varjax.nnx.variablelib import Param, RngCount
@@ -175,6 +179,37 @@ def _streams_back(merged: Any, rest: Any) -> None:
             leaf.value = mine.value
 
 
+def _real_inputs(args: Sequence[Any], diffs: Sequence[DiffState]) -> None:
+    """jax.grad's refusal of integer inputs, for every leaf differentiated (a counter, an RNG
+    stream's count or key): object mode would give each a float0 gradient, as jax.grad with
+    ``allow_int=True`` does; flax.nnx raises jax.grad's ``TypeError``, naming the dtype."""
+    for d in diffs:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(args[d.argnum])[0]:
+            dtype = jax.dtypes.result_type(leaf) if not hasattr(leaf, "dtype") else leaf.dtype
+            if not jax.dtypes.issubdtype(dtype, np.inexact):
+                raise TypeError(
+                    "grad requires real- or complex-valued inputs (input dtype that is a "
+                    f"sub-dtype of np.inexact), but got {dtype} at argument {d.argnum}"
+                    f"{jax.tree_util.keystr(path)}. If you want to use Boolean- or "
+                    "integer-valued inputs, use vjp or set allow_int to True.")
+
+
+def _shared_as(args: Sequence[Any], grads: Any, diffs: Sequence[DiffState], many: bool) -> Any:
+    """Graph mode without graph updates: each module argument's gradient rebuilt over the
+    argument's own graph, so a submodule held at two attributes is one object in it, as
+    in flax.nnx (object mode returns the argument's pytree copy, the child twice: the
+    gradient summed at its first path, zeros at the second)."""
+    def shared(arg: Any, grad: Any) -> Any:
+        if not isinstance(arg, Pytree):
+            return grad
+        graphdef, own = split(arg)
+        flat = flat_of(state(grad, graph=False))
+        return merge(graphdef, from_flat_state({p: flat[p] for p in flat_of(own)}))
+    if not many:
+        return shared(args[diffs[0].argnum], grads)
+    return tuple(shared(args[d.argnum], g) for d, g in zip(diffs, grads))
+
+
 def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
                    holomorphic: bool = False, allow_int: bool = False, reduce_axes: Any = (),
                    graph: bool | None = None, graph_updates: bool | None = None,
@@ -185,7 +220,7 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
     function's IR before it is differentiated: ``stop-gradient{collection=params}`` makes
     the Params' gradient zero while the rest of the step runs."""
     refuse_options("value_and_grad", holomorphic=(holomorphic, False),
-                   allow_int=(allow_int, False), reduce_axes=(reduce_axes, ()))
+                   reduce_axes=(reduce_axes, ()))
     parsed = parse_entries(passes)
     graph, updates = resolve(graph, graph_updates)
     diffs, many = _diff_states(argnums, updates)
@@ -203,7 +238,11 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
                         f"nnx.grad: argnums names argument {d.argnum}, and the function was "
                         f"given {len(args)}.", **errors.where(), fix="pass that argument")
             if not updates:     # the whole arguments, as jax.grad (the Tree Mode note)
+                if not allow_int:
+                    _real_inputs(args, diffs)
                 (value, (aux, _)), grads = differentiated()(*args)
+                if graph:
+                    grads = _shared_as(args, grads, diffs, many)
                 return ((value, aux) if has_aux else value), grads
             given = list(args)
             defs, rests = {}, {}
@@ -211,6 +250,8 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
                 if isinstance(given[d.argnum], Pytree):
                     defs[d.argnum], given[d.argnum], rests[d.argnum] = split(
                         given[d.argnum], d.filter, ...)
+            if not allow_int:
+                _real_inputs(given, diffs)
             order = sorted(rests)
             vg = differentiated(tuple(defs.items()), len(args))
             (value, (aux, changes)), grads = vg(*given, *(rests[i] for i in order))
