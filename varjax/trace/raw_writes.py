@@ -112,8 +112,8 @@ _TRACING_ONLY = threading.local()
 def tracing_only() -> Iterator[None]:
     """A block whose JAX transformations only trace (``jax.make_jaxpr``, ``jax.eval_shape``,
     ``jax.jit(f).lower(...)``): a write to a copy of a Variable there is not an update that
-    could have reached the Variable, so none is reported lost.  ``nnx.eval_shape``,
-    ``nnx.make_jaxpr`` and ``vj.dump`` trace this way themselves."""
+    could have reached the Variable, so none is reported lost.  ``nnx.eval_shape`` runs
+    its function this way; ``nnx.make_jaxpr`` and ``vj.dump`` hand JAX no Variable copies."""
     previous = getattr(_TRACING_ONLY, "on", False)
     _TRACING_ONLY.on = True
     try:
