@@ -165,3 +165,19 @@ def test_a_stream_returned_from_jax_jit_draws_on():
     key, rngs2 = jax.jit(lambda r: (r(), r))(rngs)
     assert int(rngs2.default.count) == 1 and int(rngs.default.count) == 0
     assert not np.array_equal(jax.random.key_data(rngs2()), jax.random.key_data(key))
+
+
+def test_a_linen_apply_drawing_from_jax_jits_copy_of_an_rngs_reports_it_at_the_next_apply():
+    from varjax import nn
+
+    class Dropped(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dropout(0.5, deterministic=False)(x)
+    model, x, rngs = Dropped(), jnp.ones((4,)), vj.Rngs(0, dropout=1)
+    variables = model.init(rngs, x)
+    _, returned = jax.jit(lambda x, r: (model.apply(variables, x, rngs=r), r))(x, rngs)
+    model.apply(variables, x, rngs=rngs)                   # the copy came back: nothing lost
+    jax.jit(lambda x, r: model.apply(variables, x, rngs=r))(x, rngs)
+    with pytest.raises(vj.errors.TransformError, match="RNG stream 'dropout'.* was lost"):
+        model.apply(variables, x, rngs=rngs)

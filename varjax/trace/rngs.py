@@ -311,6 +311,9 @@ class Rngs(_Samplers):
 
     # -- what functionalize uses: a call's RNG state in, the counts it left out ---------
     def _varjax_rng_state(self) -> dict[str, tuple[Any, Any]]:
+        if raw_writes.pending:
+            for stream in self._streams.values():
+                raw_writes.check_used(stream)
         return {name: (s.key, s.count) for name, s in self._streams.items()}
 
     def _varjax_advance(self, counts: Mapping[str, Any]) -> None:
@@ -327,6 +330,8 @@ class Rngs(_Samplers):
                     collection=name, **errors.where(),
                     fix="pass the Rngs into the transformed function as an argument (and "
                         "return it), or pass a key instead: rngs={'" + name + "': key}")
+            if stream._source is not None:     # a copy a raw JAX transform made: return it
+                raw_writes.written(stream, stream._source)
             stream.count = count
 
 
