@@ -42,6 +42,7 @@ from varjax.nnx.config import resolve
 from varjax.nnx.graph import merge, split, state
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.graphlib import flat_of
+from varjax.nnx.jit_shardings import check_out_shardings, in_prefix, static_positions
 from varjax.nnx.pytree import Pytree
 from varjax.nnx.state_ops import from_flat_state
 from varjax.nnx.statelib import State
@@ -84,17 +85,25 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings:
     """``jax.jit`` over NNX objects: Variable updates come back to the caller's objects.
     ``passes`` (beyond flax.nnx: pass instances or pipeline strings) run on the step's IR,
     every Variable of its objects a variable of it, as ``apply(passes=...)`` runs them on a
-    Linen model: ``stop-gradient{collection=params}`` freezes the Params of a train step."""
-    refuse_options("jit", in_shardings=(in_shardings, None),
-                   out_shardings=(out_shardings, None), static_argnames=(static_argnames, None),
-                   donate_argnames=(donate_argnames, None), keep_unused=(keep_unused, False),
-                   device=(device, None), backend=(backend, None), inline=(inline, False))
+    Linen model: ``stop-gradient{collection=params}`` freezes the Params of a train step.
+    ``in_shardings``/``out_shardings``/``static_argnames`` are flax.nnx's
+    (``jit_shardings``): a module argument's Variables come in, and their updates out,
+    with its ``in_shardings`` entry (a ``StateSharding``: per filter of its state)."""
+    refuse_options("jit", donate_argnames=(donate_argnames, None),
+                   keep_unused=(keep_unused, False), device=(device, None),
+                   backend=(backend, None), inline=(inline, False))
     modes = resolve(graph, graph_updates)
+    check_out_shardings(out_shardings)
+    sharded = in_shardings is not None or out_shardings is not None
 
     def build(f: Callable) -> Callable:
-        jitted = objects.jit(carrying(f, "jit", *modes),
-                             static_argnums=() if static_argnums is None else static_argnums,
+        nums, names = static_positions(f, static_argnums, static_argnames)
+        jitted = objects.jit(carrying(f, "jit", *modes), static_argnums=nums,
+                             static_argnames=names,
                              donate_argnums=() if donate_argnums is None else donate_argnums,
+                             in_shardings=in_prefix(in_shardings, nums, all(modes))
+                             if sharded else None,
+                             out_shardings=(out_shardings, None) if sharded else None,
                              passes=passes)
 
         @functools.wraps(f)

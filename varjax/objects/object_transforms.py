@@ -157,33 +157,83 @@ def wrapper(fn: Callable, call: Callable[..., Any]) -> Callable:
 # --- jit, remat ---------------------------------------------------------------------------
 
 def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
-        donate_argnums: int | Sequence[int] = (), passes: Any = ()) -> Callable:
+        static_argnames: Sequence[str] = (), donate_argnums: int | Sequence[int] = (),
+        in_shardings: Callable[[tuple], Any] | None = None, out_shardings: Any = None,
+        passes: Any = ()) -> Callable:
     """``jax.jit`` over objects: their variables are traced inputs; updates come back.
     ``passes`` (instances or pipeline strings) run on the call's IR, on every variable of
     its objects, as ``apply(passes=...)`` runs them on a model's: an NNX train step with
     ``stop-gradient{collection=params}`` or ``fake-quant``.  The call returned is marked
-    (``inspection.mark``), so ``vj.dump`` of it shows the IR it runs."""
+    (``inspection.mark``), so ``vj.dump`` of it shows the IR it runs.
+
+    ``in_shardings(args)`` gives the call's prefix of shardings over every positional
+    argument (static ones included, as None), an object's entry a sharding of all its
+    variables or a tree of them; each variable's update comes back with its object's
+    sharding, so a sharded parameter stays sharded across train steps, as in flax.nnx.
+    ``out_shardings`` is ``jax.jit``'s, over ``fn``'s output."""
     parsed = parse_entries(passes)
     pure = _Pure(fn, arg_names(fn), parsed)
-
-    def make(p: Callable) -> Callable:
-        return jax.jit(p, static_argnums=static_argnums, donate_argnums=donate_argnums)
-
     statics = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    sharded = in_shardings is not None or out_shardings is not None
+
+    def make(p: Callable, dynamic_in: Any = None, result: Any = None) -> Callable:
+        return jax.jit(p, static_argnums=static_argnums, static_argnames=static_argnames,
+                       donate_argnums=donate_argnums, in_shardings=dynamic_in,
+                       out_shardings=None if not sharded else (out_shardings, result))
 
     def call(*args: Any, **kwargs: Any) -> Any:
         graph = pure.originals(args, kwargs)
-        if graph.node_args is not None:
+        if graph.node_args is not None and not sharded:
             flat = graph.memo.get("jit")
             if flat is None:     # a static object argument is hashed whole: no flat call
                 static = {i % len(args) for i in statics} & set(graph.node_args)
                 flat = graph.memo["jit"] = False if static else pure.flat(graph, make)
             if flat:
                 return flat(args)
-        out, result = pure.get(graph, make)(*args, **kwargs)
+        if not sharded:
+            out, result = pure.get(graph, make)(*args, **kwargs)
+        else:
+            out, result = _sharded(pure, graph, make, in_shardings, statics, args, kwargs)
         graph.write_back(result.updates, result.created)
         return out
     return inspection.mark(wrapper(fn, call), fn, parsed)
+
+
+def _sharded(pure: _Pure, graph: Graph, make: Callable, in_shardings: Callable | None,
+             statics: tuple[int, ...], args: tuple, kwargs: dict) -> tuple[Any, Result]:
+    """A ``jit`` call with shardings: ``jax.jit`` of the call's structure and shardings
+    (its arguments' entries without the static ones, as ``jax.jit`` takes them; each
+    update with its object's sharding, ``_node_axes`` as ``vmap`` places its axes).  Every
+    variable of a sharded object is placed on its sharding first (``_place``)."""
+    prefix = None if in_shardings is None else in_shardings(args)
+    entries = tuple(prefix) if isinstance(prefix, (tuple, list)) else (prefix,) * len(args)
+    nodes = _node_axes(entries, args, kwargs, graph, "jit", "in_shardings", None)
+    cells = _cell_axes(graph, nodes, "jit", "in_shardings")
+    static = {i % len(args) for i in statics} if args else set()
+    dynamic = (prefix if not isinstance(prefix, (tuple, list))
+               else tuple(e for i, e in enumerate(entries) if i not in static))
+    _place(graph, cells)
+    result = Result(cells, None, None)
+    jitted = pure.get(graph, lambda p: make(p, dynamic, result),
+                      (tuple(cells), _hashable(dynamic)))
+    return jitted(*args, **kwargs)
+
+
+def _place(graph: Graph, shardings: list[Any]) -> None:
+    """Each variable's value put on its cell's sharding, where it is not: ``jax.jit`` would
+    copy it there on every call, and flax.nnx gives back every variable of a sharded
+    argument on it, read or written; a value being traced is left to ``jax.jit``."""
+    for (_, cell), sharding in zip(graph.cells, shardings):
+        value = cell.get() if sharding is not None else None
+        if (isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)
+                and not value.sharding.is_equivalent_to(sharding, value.ndim)):
+            cell.set(jax.device_put(value, sharding))
+
+
+def _hashable(tree: Any) -> tuple:
+    """A cache key of a prefix of shardings: its structure and its (hashable) shardings."""
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=lambda x: x is None)
+    return treedef, tuple(leaves)
 
 
 def remat(fn: Callable, *, prevent_cse: bool = True, static_argnums: int | Sequence[int] = (),
@@ -203,14 +253,16 @@ def remat(fn: Callable, *, prevent_cse: bool = True, static_argnums: int | Seque
 
 # --- vmap ---------------------------------------------------------------------------------
 
-def _node_axes(in_axes: Any, args: tuple, kwargs: dict, graph: Graph, what: str) -> list[Any]:
-    """The axis of every node (``in_axes`` as JAX broadcasts it, keyword arguments at 0);
-    ``TransformError`` when one object is passed at two different axes."""
+def _node_axes(in_axes: Any, args: tuple, kwargs: dict, graph: Graph, what: str,
+               name: str = "in_axes", at_keyword: Any = 0) -> list[Any]:
+    """The axis of every node (``in_axes`` as JAX broadcasts it, keyword arguments at
+    ``at_keyword``); ``TransformError`` when one object is passed at two different axes.
+    ``jit`` places its shardings the same way (``name``: the option's name)."""
     prefix = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
     if len(prefix) != len(args):
         raise errors.TransformError(
-            f"{what}: in_axes has {len(prefix)} entries for {len(args)} arguments.",
-            **errors.where(), fix="give one in_axes entry per positional argument")
+            f"{what}: {name} has {len(prefix)} entries for {len(args)} arguments.",
+            **errors.where(), fix=f"give one {name} entry per positional argument")
     per_place: list[Any] = []
 
     def visit(axis: Any, sub: Any) -> None:
@@ -218,20 +270,20 @@ def _node_axes(in_axes: Any, args: tuple, kwargs: dict, graph: Graph, what: str)
     for axis, arg in zip(prefix, args):
         jax.tree.map(visit, axis, arg, is_leaf=lambda x: x is None)
     for value in kwargs.values():
-        visit(0, value)
+        visit(at_keyword, value)
     axes: dict[int, Any] = {}
     for node_index, axis in zip(graph.places, per_place):
         if axes.setdefault(node_index, axis) != axis:
             node = graph.nodes[node_index]
             raise errors.InconsistentAliasError(
-                f"{what}: one object is passed twice, with in_axes {axes[node_index]} and "
+                f"{what}: one object is passed twice, with {name} {axes[node_index]} and "
                 f"{axis}; it has one value, so it cannot be both.",
                 path=node.prefix or None, **errors.where(),
-                fix="pass it once, or with the same axis in both places")
+                fix=f"pass it once, or with the same {name} entry in both places")
     return [axes[i] for i in range(len(graph.nodes))]
 
 
-def _cell_axes(graph: Graph, axes: list[Any], what: str) -> list[Any]:
+def _cell_axes(graph: Graph, axes: list[Any], what: str, name: str = "in_axes") -> list[Any]:
     """Per cell, its node's axis; ``InconsistentAliasError`` naming the variable when one
     variable is reached through two objects at different axes (a module at 0 and its
     submodule at None): it has one value, so it cannot be both."""
@@ -241,10 +293,11 @@ def _cell_axes(graph: Graph, axes: list[Any], what: str) -> list[Any]:
             cell = graph.cells[s][1]      # named as in the object holding the most
             raise errors.InconsistentAliasError(
                 f"{what}: variable {errors.format_path(cell.path)} of collection "
-                f"'{cell.collection}' is reached through two objects, with in_axes "
+                f"'{cell.collection}' is reached through two objects, with {name} "
                 f"{cell_axes[s]} and {cell_axes[i]}; it has one value, so it cannot be both.",
                 collection=cell.collection, path=cell.path, **errors.where(),
-                fix="pass the objects that share it with the same axis, or one of them only")
+                fix=f"pass the objects that share it with the same {name} entry, or one of "
+                    "them only")
     return cell_axes
 
 

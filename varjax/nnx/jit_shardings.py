@@ -1,0 +1,94 @@
+"""``nnx.jit``'s ``in_shardings``, ``out_shardings`` and ``static_argnames``, as flax.nnx
+0.12.8 takes them, made what object mode's ``jit`` takes.
+
+``in_shardings`` is ``jax.jit``'s prefix over the non-static positional arguments: an
+argument's entry is a ``Sharding`` (every Variable of a module, or an array), None
+(unspecified), or, for a module, a ``StateSharding`` giving each filter of its state its
+own sharding.  A ``StateSharding`` is made the argument's prefix tree (``nnx.prefix`` by its
+filters, as ``nnx.shard_map`` makes its ``in_specs``), and static positions get None, so
+object mode sees one entry per positional argument; each Variable's update comes back with
+its entry's sharding, as flax.nnx's ``jit`` gives an argument's state out with its
+``in_shardings``.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Iterable
+
+import jax
+
+from varjax.nnx.filter_maps import StateSharding
+from varjax.nnx.prefixes import prefix
+from varjax.trace.unprovided import not_provided
+
+__all__ = ["static_positions", "in_prefix", "check_out_shardings"]
+
+
+def _is_sharding_map(x: Any) -> bool:
+    return isinstance(x, StateSharding)
+
+
+def static_positions(fn: Callable, argnums: Any, argnames: Any) -> tuple[tuple[int, ...],
+                                                                         tuple[str, ...]]:
+    """The static arguments as positions and as names, each completed from the other by
+    ``fn``'s signature, as ``jax.jit`` completes them when only one is given (given both,
+    ``jax.jit`` would take them as they are and a static name passed by position would be
+    traced)."""
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums or ())
+    names = (argnames,) if isinstance(argnames, str) else tuple(argnames or ())
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return nums, names
+    positional = [p.name for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    by_name = [p.name for p in params if p.kind != p.POSITIONAL_ONLY]
+    nums += tuple(positional.index(n) for n in names
+                  if n in positional and positional.index(n) not in nums)
+    names += tuple(positional[i] for i in nums
+                   if -len(positional) <= i < len(positional) and positional[i] in by_name
+                   and positional[i] not in names)
+    return nums, names
+
+
+def in_prefix(in_shardings: Any, statics: Iterable[int],
+              graph_updates: bool) -> Callable[[tuple], Any]:
+    """The call's prefix over every positional argument: ``in_shardings`` with None at the
+    static positions and each ``StateSharding`` entry made its argument's prefix tree.  A
+    ``StateSharding`` is an argument's whole entry (refused deeper, with
+    ``NotProvidedError``); without graph mode and graph updates it is flax.nnx's
+    ``ValueError``."""
+    nested = in_shardings if isinstance(in_shardings, (tuple, list)) else ()
+    for entry in jax.tree.leaves(nested, is_leaf=_is_sharding_map):
+        if _is_sharding_map(entry) and not any(entry is e for e in nested):
+            not_provided("nnx.jit(in_shardings=... StateSharding nested in an entry ...)",
+                         "a StateSharding is built as a positional argument's whole entry.",
+                         "give the module argument the StateSharding as its entry",
+                         by="varjax.nnx")
+    if not graph_updates and any(map(_is_sharding_map, nested)):
+        raise ValueError("`in_shardings` cannot contain `StateSharding` objects when "
+                         "`graph=False` or `graph_updates=False`: split the module "
+                         "(nnx.split(model, filter, ...)) and pass the states with their own "
+                         "shardings, or pass graph=True and graph_updates=True.")
+    if not isinstance(in_shardings, (tuple, list)):
+        return lambda args: in_shardings
+    entries = list(in_shardings)
+    for i in sorted(statics):
+        entries.insert(i, None)
+
+    def of(args: tuple) -> tuple:
+        if len(entries) != len(args):   # object mode names the mismatch
+            return tuple(entries)
+        return tuple(prefix(a, e.map_prefix) if _is_sharding_map(e) else e
+                     for a, e in zip(args, entries))
+    return of
+
+
+def check_out_shardings(out_shardings: Any) -> None:
+    """A ``StateSharding`` in ``out_shardings`` is refused with ``NotProvidedError``: it
+    needs the output's module, which is known only after tracing."""
+    if any(map(_is_sharding_map, jax.tree.leaves(out_shardings, is_leaf=_is_sharding_map))):
+        not_provided("nnx.jit(out_shardings=... StateSharding ...)",
+                     "the output's structure isn't known before tracing.",
+                     "give a Sharding (or None) for a returned module, or return arrays",
+                     by="varjax.nnx")
