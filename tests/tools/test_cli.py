@@ -92,8 +92,10 @@ def test_parse_shape():
 def test_dump_prints_every_stage_and_only_the_header_of_unchanged_ones(example, capsys):
     assert main(["dump", f"{example}:fz", "--shape", "x=f32[2,3]"]) == 0
     out = capsys.readouterr().out
-    headers = [line for line in out.splitlines() if line.startswith("// ")]
+    headers = [line for line in out.splitlines()
+               if line.startswith("// ") and not line.startswith("// inputs: ")]
     assert headers[1] == "// effectful" and headers[-1] == "// after discharge (changed)"
+    assert "// after discharge (changed)\n// inputs: a=params/w b=x\n{ lambda" in out
     assert "// after check-mutability (unchanged)\n// after lower-rng" in out
     assert out.count("{ lambda") == 1 + sum("(changed)" in h for h in headers)
 

@@ -4,12 +4,17 @@
     python -m varjax dump model.py:loss --shape x=f32[8,256] --out dumps/ --dot flow.dot
     python -m varjax dump model.py:loss --shape x=f32[8,256] --svg flow.svg --png flow.png
     python -m varjax summary model.py:MLP --shape x=f32[8,256] --detail
+    python -m varjax dump model.py:MLP --shape x=f32[8,256] --kw train=true --rng dropout \
+        --mutable batch_stats --after discharge
 
 ``FILE:NAME`` loads the file as a module and takes its attribute ``NAME``: a function, a
-``vj.functionalize``-d function, a Module class (constructed with no arguments), a Module
-instance, or a ``functools.partial`` of a function, a module or a module's method. Each
-``--shape`` adds one positional argument of zeros. ``dump`` initializes the variables with
-key 0 and then shows the effectful IR and the IR after every pass. Each file or folder it
+``vj.functionalize``-d function, a Module class (built with no arguments) or a partial of one,
+a Module instance, a function over a module (its first parameter, annotated with the
+module's class), or a ``functools.partial`` of any of these (``varjax.tools.cli_target``).
+Each ``--shape`` adds one positional argument of zeros, each ``--kw NAME=VALUE`` one keyword
+argument, its value a Python literal (``true``/``false``/``none`` too; anything else is a
+string). ``dump`` initializes the variables with key 0 and then shows the effectful IR and the
+IR after every pass; the pure IR's header names its inputs. Each file or folder it
 writes (``--out``'s run folder, ``--dot``, ``--svg``, ``--png``) then gets a line ``wrote
 PATH``, relative to the current folder. ``--svg``/``--png`` draw the dataflow graph through
 Graphviz (``varjax.tools.dot``).
@@ -23,10 +28,11 @@ from __future__ import annotations
 # varjax's internals are imported (they take about a second); ``main`` imports them once
 # the arguments parse.
 import argparse
-import importlib.util
+import ast
 import os
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -64,31 +70,25 @@ def parse_shape(spec: str) -> tuple[str, Any]:
     return match["name"], jax.ShapeDtypeStruct(dims, dtype)
 
 
-def load_target(ref: str) -> Any:
-    """``FILE:NAME`` -> the object to inspect (see the module docstring)."""
-    file, sep, name = ref.rpartition(":")
-    if not sep or not file or not name:
-        raise ValueError(f"expected FILE:NAME, got {ref!r}")
-    path = Path(file)
-    if not path.is_file():
-        raise ValueError(f"no such file: {file}")
-    # Like `python FILE`: the file's folder is importable, and the module is registered
-    # (dataclasses, hence Modules, look their module up in sys.modules).
-    sys.path.insert(0, str(path.resolve().parent))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    if not hasattr(module, name):
-        raise ValueError(f"{file} has no attribute {name!r}")
-    target = getattr(module, name)
-    from varjax.nn.module import Module
+_WORDS = {"true": True, "false": False, "none": None}
 
-    if isinstance(target, type) and issubclass(target, Module):
-        return target()
-    if not callable(target):
-        raise ValueError(f"{file}:{name} is a {type(target).__name__}, not a function or Module")
-    return target
+
+def parse_keyword(spec: str) -> tuple[str, Any]:
+    """``"train=true"`` -> ``("train", True)``: ``--kw``'s argparse type.  The value is a
+    Python literal (``3``, ``0.5``, ``'a'``, ``(2, 3)``), or ``true``/``false``/``none`` in any
+    case, as a shell user writes them; anything else is the string itself (``mode=fast``)."""
+    name, sep, text = spec.partition("=")
+    name = name.strip()
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"bad keyword argument {spec!r}: expected NAME=VALUE, e.g. train=true or rate=0.5")
+    text = text.strip()
+    if text.lower() in _WORDS:
+        return name, _WORDS[text.lower()]
+    try:
+        return name, ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return name, text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,11 +99,16 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         sub.add_argument("target", metavar="FILE:NAME",
-                         help="a function, functionalized function, Module class or instance")
+                         help="a function, functionalized function, Module class or instance, "
+                              "function over a module, or a partial of one")
         sub.add_argument("--shape", type=_check_shape, action="append", default=[],
                          metavar="NAME=DTYPE[DIMS]",
                          help="one positional argument of zeros, e.g. x=f32[8,256]; repeat in "
                               f"argument order; dtypes: {', '.join(DTYPES)}")
+        sub.add_argument("--kw", type=parse_keyword, action="append", default=[],
+                         metavar="NAME=VALUE",
+                         help="one keyword argument of the call, e.g. train=true; the value is "
+                              "a Python literal, true/false/none, or else a string (repeatable)")
         sub.add_argument("--rng", action="append", default=[], metavar="STREAM",
                          help="an RNG stream the code draws from besides 'params' (repeatable)")
         return sub
@@ -125,43 +130,78 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    names = [name for name, _ in args.kw]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        parser.error(f"--kw {', '.join(repeated)} given more than once")
+    from varjax.ir.errors import UnboundModuleError, VarjaxError
+    from varjax.tools.cli_target import check_call, load_target
+
     try:
-        shapes = [parse_shape(spec)[1] for spec in args.shape]
+        shapes = [parse_shape(spec) for spec in args.shape]
         target = load_target(args.target)
+        check_call(target, args.target, shapes, dict(args.kw))
     except (ValueError, argparse.ArgumentTypeError) as e:
         parser.error(str(e))
+    except VarjaxError as e:
+        return _report(e)
     import jax
     import jax.numpy as jnp
 
-    from varjax.ir.errors import VarjaxError
+    from varjax.functionalization.functionalized import function_name
     from varjax.tools.model_summary import summary
+    from varjax.tools.target import is_linen_target
 
-    inputs = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+    inputs = {name: jnp.zeros(s.shape, s.dtype) for name, s in shapes}
     keys = jax.random.split(jax.random.key(0), len(args.rng) + 1)
     rngs = dict(zip(["params", *args.rng], keys))
+    kwargs = dict(args.kw)
     try:
         if args.command == "summary":
-            print(summary(target, *inputs, rngs=rngs).table(detail=args.detail))
+            print(summary(target, *inputs.values(), rngs=rngs, **kwargs).table(detail=args.detail))
             return 0
-        return _dump(parser, args, target, inputs, rngs)
+        return _dump(parser, args, target, inputs, kwargs, rngs)
+    except UnboundModuleError as e:
+        if is_linen_target(target):
+            return _report(e)
+        # The function built a module and called it: the command line cannot reach it.
+        fn, module = function_name(target), e.module.split()[0]
+        return _report(e, "python -m varjax: to reach a module from a function, take it as the "
+                          f"function's first parameter,\nannotated with its class (def {fn}("
+                          f"model: {module}, ...)), or name functools.partial({fn}, {module}(...))"
+                          "\nin the file; see notes/inspecting.md, \"The command line\"")
     except VarjaxError as e:
-        print(f"varjax: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return _report(e)
+
+
+def _report(error: Exception, hint: str | None = None) -> int:
+    """Exit status 1: varjax's message, which names the variable and the user's line, without
+    a traceback."""
+    print(f"varjax: {type(error).__name__}: {error}", file=sys.stderr)
+    if hint is not None:
+        print(hint, file=sys.stderr)
+    return 1
 
 
 def _dump(parser: argparse.ArgumentParser, args: argparse.Namespace, target: Any,
-          inputs: list[Any], rngs: dict[str, Any]) -> int:
+          inputs: dict[str, Any], kwargs: dict[str, Any], rngs: dict[str, Any]) -> int:
     from varjax.nn.module import DEFAULT_INIT_MUTABLE
     from varjax.tools.dataflow import dataflow
     from varjax.tools.ir_dump import dump
     from varjax.tools.target import as_functionalized
 
-    variables = as_functionalized(target).init(rngs, *inputs, mutable=DEFAULT_INIT_MUTABLE)
+    fn = as_functionalized(target)
+    arrays = list(inputs.values())
+    variables = fn.init(rngs, *arrays, mutable=DEFAULT_INIT_MUTABLE, **kwargs)
     mutable = args.mutable or False
     out = Path(args.out) if args.out is not None else None
     before = set(out.iterdir()) if out is not None and out.is_dir() else set()
-    entries = dump(target, *inputs, variables=variables, rngs=rngs, mutable=mutable,
-                   to=args.out, source=args.source)
+    entries = dump(target, *arrays, variables=variables, rngs=rngs, mutable=mutable,
+                   to=args.out, source=args.source, **kwargs)
+    signature = fn.traced(*arrays, variables=variables, rngs=rngs, mutable=mutable,
+                          **kwargs).signature
+    pure_name, pure_text = entries[-1]
+    entries[-1] = pure_name, name_inputs(pure_text, signature, list(inputs))
     if args.after is not None:
         texts = dict(entries)
         if args.after not in texts:
@@ -178,7 +218,8 @@ def _dump(parser: argparse.ArgumentParser, args: argparse.Namespace, target: Any
     pictures = [(p, fmt) for p, fmt in ((args.dot, "dot"), (args.svg, "svg"), (args.png, "png"))
                 if p is not None]
     if pictures:
-        graph = dataflow(target, *inputs, variables=variables, rngs=rngs, mutable=mutable)
+        graph = dataflow(target, *arrays, variables=variables, rngs=rngs, mutable=mutable,
+                         **kwargs)
         for path, fmt in pictures:
             _wrote(graph.render(path, format=fmt))
     return 0
@@ -187,3 +228,29 @@ def _dump(parser: argparse.ArgumentParser, args: argparse.Namespace, target: Any
 def _wrote(path: str | os.PathLike) -> None:
     """One line naming a file (or folder) the command wrote, relative to the current folder."""
     print(f"wrote {os.path.relpath(path)}")
+
+
+def name_inputs(text: str, signature: Any, arguments: list[str]) -> str:
+    """The pure IR's text with a line after its header naming each input: the printed
+    jaxpr calls them ``a b c ...``; the discharge signature says which variable each is
+    (``params/Dense_0/kernel``, ``rngs/dropout`` for a stream's key), and the call's arguments
+    come last, named as ``--shape`` named them."""
+    from varjax.ir.streams import KEYS
+
+    names = []
+    for (collection, path), leaves in signature.inputs:
+        name = "/".join(("rngs" if collection == KEYS else collection, *path))
+        n = len(leaves.avals)
+        names.extend([name] if n == 1 else [f"{name}[{i}]" for i in range(n)])
+    names.extend(arguments)
+    header, body = text.split("\n", 1)
+    lines = body.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("{ lambda"))
+    binders = " ".join(lines[start:]).split(". let", 1)[0].split(";", 1)[1].split()
+    pairs = [f"{binder.split(':', 1)[0]}={name}"
+             for binder, name in zip(binders, names, strict=True)]
+    named = textwrap.wrap(" ".join(pairs), width=100, initial_indent="// inputs: ",
+                          subsequent_indent="//   ", break_long_words=False,
+                          break_on_hyphens=False)
+    return "\n".join([header, *named, body])
+

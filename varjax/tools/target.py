@@ -3,7 +3,9 @@
 ``vj.dump``, ``vj.dataflow``, the summary and the command line all take either a
 ``vj.functionalize``-d function, a plain function using ``vj.param`` & co., a
 ``Module`` (its ``__call__``), or a bound method of a module (``model.encode``), each
-also wrapped in ``functools.partial`` (``partial(model.encode, train=False)``).
+also wrapped in ``functools.partial`` (``partial(model.encode, train=False)``), or a
+function over an unbound module given it as a partial's first argument (``partial(forward, model)``:
+``forward(module, *args)`` runs bound, as ``model.apply(..., method=forward)`` runs it).
 """
 from __future__ import annotations
 
@@ -49,10 +51,14 @@ def _module_call(target: Any) -> tuple[Module, Callable[..., Any] | None] | None
     if not isinstance(target, functools.partial):
         return None
     found = _module_call(target.func)
-    if found is None:
-        return None
-    module, method = found
-    return module, _with_arguments(method or type(module).__call__, target.args, target.keywords)
+    if found is not None:
+        module, method = found
+        return module, _with_arguments(method or type(module).__call__, target.args,
+                                       target.keywords)
+    if target.args and isinstance(target.args[0], Module) and target.args[0].scope is None:
+        # a function over an unbound module (a bound one is an object-mode step's object)
+        return target.args[0], _with_arguments(target.func, target.args[1:], target.keywords)
+    return None
 
 
 def _with_arguments(method: Callable[..., Any], args: tuple, keywords: dict) -> Callable[..., Any]:
