@@ -11,6 +11,17 @@ which is how ``varjax/__init__.py`` marks its API.  Submodules that are not expo
 (``varjax.trace.variable_api``, ``varjax.nn.linear``, ...) get no page: their public names are
 documented where they are exported.
 
+Two things pdoc would show are not the API and are rewritten while it renders: the
+``@errors.api_boundary`` decorator (a traceback filter every public entry point wears; the
+signature shown is the function's own), and JAX's private ``jax._src`` paths in annotations
+(``jax._src.mesh.Mesh``), shown at their public names (``jax.sharding.Mesh``).
+``index.html`` forwards to ``varjax.html``, whose docstring is the overview a reader starts at.
+
+Every public class and function has a docstring of its own, and every field of a layer or a
+pass (``CONFIGURED``: a Linen layer's ``features``, a pass's ``rank``) a string literal right
+below it, the attribute docstring pdoc (and an editor) shows beside the field:
+``undocumented`` lists what lacks one, and ``tests/test_api_docs.py`` fails on any.
+
 ``build`` returns the warnings pdoc emitted (a docstring it cannot parse, an annotation
 it cannot evaluate, ...); the command line fails on any, and so does
 ``tests/test_api_docs.py``.
@@ -19,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import re
@@ -29,7 +41,19 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-ROOTS = ("varjax", "varjax.nn", "varjax.passes")
+ROOTS = ("varjax", "varjax.nn", "varjax.passes", "varjax.nnx")
+
+# Decorators that are no part of what a reader calls (see the module docstring).
+# The classes a user configures by their fields: each field of a public subclass is documented.
+CONFIGURED = ("varjax.nn.Module", "varjax.passes.Pass")
+
+_HIDDEN_DECORATORS = ("@errors.api_boundary", "@api_boundary")
+
+# Where a JAX type's public name is looked up, in this order (``jax.lax.Precision`` before a
+# deeper alias of it).
+_JAX_PUBLIC = ("jax", "jax.lax", "jax.sharding", "jax.numpy", "jax.random", "jax.extend.core",
+               "jax.nn.initializers", "jax.tree_util", "jax.typing", "jax.stages")
+_PRIVATE_JAX = re.compile(r"\bjax\._src(?:\.\w+)+")
 
 
 def _explicit_exports(module: types.ModuleType) -> list[str]:
@@ -63,17 +87,67 @@ def public_names(module: types.ModuleType) -> list[str]:
 
 def public_modules(roots: tuple[str, ...] = ROOTS) -> dict[str, list[str]]:
     """Every module that gets a page, with its public names: the roots and the modules
-    they export by name."""
+    they export by name, and the modules those export (``varjax.nnx.training.metrics``)."""
     pages: dict[str, list[str]] = {}
-    for root in roots:
-        module = importlib.import_module(root)
-        names = public_names(module)
-        pages[root] = names
-        for name in names:
-            value = getattr(module, name)
-            if isinstance(value, types.ModuleType) and value.__name__ not in roots:
-                pages.setdefault(value.__name__, public_names(value))
+    todo = list(roots)
+    while todo:
+        name = todo.pop(0)
+        if name in pages:
+            continue
+        module = importlib.import_module(name)
+        pages[name] = public_names(module)
+        todo += [value.__name__ for value in map(module.__getattribute__, pages[name])
+                 if isinstance(value, types.ModuleType)]
     return pages
+
+
+def _exported_submodules(module: object, names: list[str], modules: dict) -> None:
+    """pdoc lists a package's own submodules; list also the modules a page exports by name
+    from elsewhere (``varjax.errors`` is ``varjax.ir.errors``), linked to their pages."""
+    listed = [m.modulename for m in module.submodules]      # type: ignore[attr-defined]
+    exported = [modules[v.__name__] for v in map(module.obj.__getattribute__, names)  # type: ignore[attr-defined]
+                if isinstance(v, types.ModuleType) and v.__name__ not in listed]
+    module.__dict__["submodules"] = module.submodules + exported  # type: ignore[attr-defined]
+
+
+def _own_docstring(value: object) -> str | None:
+    """``value``'s docstring, not counting the ``Name(field, ...)`` line ``dataclasses``
+    writes for a class that has none."""
+    doc = value.__doc__ if isinstance(value, type) else inspect.getdoc(value)
+    if isinstance(value, type) and dataclasses.is_dataclass(value) and doc is not None \
+            and doc.startswith(f"{value.__name__}("):
+        return None
+    return doc.strip() if doc else None
+
+
+def undocumented(roots: tuple[str, ...] = ROOTS) -> list[str]:
+    """``module.name`` of each public class or function of the pages without a docstring,
+    and ``module.Class.field`` of each field of a ``CONFIGURED`` class without one (see the
+    module docstring).  Names JAX defines are JAX's to document; typing aliases are not
+    callables."""
+    import pdoc.doc
+
+    configured = tuple(getattr(importlib.import_module(path.rpartition(".")[0]),
+                               path.rpartition(".")[2]) for path in CONFIGURED)
+    pages = public_modules(roots)
+    packages = {root.split(".")[0] for root in roots}
+    missing: list[str] = []
+    with _with_all(pages):
+        for module_name, names in pages.items():
+            module = sys.modules[module_name]
+            for name in names:
+                value = getattr(module, name)
+                if not (inspect.isclass(value) or inspect.isroutine(value)) or \
+                        str(getattr(value, "__module__", "")).split(".")[0] not in packages:
+                    continue
+                if _own_docstring(value) is None:
+                    missing.append(f"{module_name}.{name}")
+                if inspect.isclass(value) and issubclass(value, configured):
+                    doc = pdoc.doc.Class(value.__module__, value.__qualname__, value,
+                                         (value.__module__, value.__qualname__))
+                    missing += [f"{module_name}.{name}.{f.name}" for f in dataclasses.fields(value)
+                                if not f.name.startswith("_") and not doc.members[f.name].docstring]
+    return list(dict.fromkeys(missing))
 
 
 @contextlib.contextmanager
@@ -93,6 +167,70 @@ def _with_all(pages: dict[str, list[str]]) -> Iterator[None]:
             del module.__all__
 
 
+def public_jax_name(private: str) -> str:
+    """``jax._src.mesh.Mesh`` -> ``jax.sharding.Mesh``: the first module of ``_JAX_PUBLIC``
+    holding the same object under the same name; the bare name where JAX exports it nowhere
+    (``FailedCheckError``): a private path is no name a user can import either."""
+    module_name, _, name = private.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError):
+        return name
+    for public in _JAX_PUBLIC:
+        if getattr(importlib.import_module(public), name, None) is obj:
+            return f"{public}.{name}"
+    return name
+
+
+def _public_annotations(text: str) -> str:
+    return _PRIVATE_JAX.sub(lambda m: public_jax_name(m.group(0)), text)
+
+
+@contextlib.contextmanager
+def _public_rendering() -> Iterator[None]:
+    """While pdoc renders: JAX types in annotations and default values at their public
+    paths.  pdoc passes every parameter (annotation and default) and attribute value
+    through ``_remove_memory_addresses``, and formats attribute and return annotations with
+    ``formatannotation``: the two functions it calls by name are wrapped."""
+    import pdoc.doc
+
+    originals = pdoc.doc.formatannotation, pdoc.doc._remove_memory_addresses
+
+    def formatannotation(annotation: object) -> str:
+        return _public_annotations(originals[0](annotation))
+
+    def remove_memory_addresses(text: str) -> str:
+        return _public_annotations(originals[1](text))
+
+    pdoc.doc.formatannotation = formatannotation
+    pdoc.doc._remove_memory_addresses = remove_memory_addresses
+    try:
+        yield
+    finally:
+        pdoc.doc.formatannotation, pdoc.doc._remove_memory_addresses = originals
+
+
+def _hide_decorators(namespace: object, packages: tuple[str, ...]) -> None:
+    """Drop ``_HIDDEN_DECORATORS`` from every function ``namespace`` (a pdoc Module or Class)
+    documents, its classes' methods included, and every decorator from a function another
+    package defines (``varjax.nn.relu`` is JAX's: ``@jax.jit``, ``@export`` are JAX's own
+    bookkeeping, not how a reader calls it)."""
+    import pdoc.doc
+
+    for member in namespace.own_members:        # type: ignore[attr-defined]
+        if isinstance(member, pdoc.doc.Function):
+            ours = str(getattr(member.obj, "__module__", "")).split(".")[0] in packages
+            shown = [d for d in member.decorators if ours and d not in _HIDDEN_DECORATORS]
+            member.__dict__["decorators"] = shown     # pdoc caches it there
+        elif isinstance(member, pdoc.doc.Class):
+            _hide_decorators(member, packages)
+
+
+_REDIRECT = ('<!doctype html><meta charset="utf-8"><title>varjax API reference</title>'
+             '<meta http-equiv="refresh" content="0; url=./{page}">'
+             '<a href="./{page}">{page}</a>\n')
+
+
 def build(out_dir: str | Path, roots: tuple[str, ...] = ROOTS) -> list[warnings.WarningMessage]:
     """Write the HTML pages of ``roots`` into ``out_dir``; returns pdoc's warnings about
     objects the roots' packages define."""
@@ -102,21 +240,24 @@ def build(out_dir: str | Path, roots: tuple[str, ...] = ROOTS) -> list[warnings.
 
     out = Path(out_dir)
     pages = public_modules(roots)
+    packages = tuple({root.split(".")[0] for root in roots})
     pdoc.render.configure(docformat="restructuredtext", show_source=False, search=True,
                           footer_text="varjax API reference")
-    with warnings.catch_warnings(record=True) as caught, _with_all(pages):
+    with warnings.catch_warnings(record=True) as caught, _with_all(pages), _public_rendering():
         warnings.simplefilter("always")
         modules = {name: pdoc.doc.Module(sys.modules[name]) for name in pages}
         for name, module in modules.items():
+            _hide_decorators(module, packages)
+            _exported_submodules(module, pages[name], modules)
             html = pdoc.render.html_module(module, modules)
             path = out / f"{name.replace('.', '/')}.html"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(html, encoding="utf-8")
-        (out / "index.html").write_text(pdoc.render.html_index(modules), encoding="utf-8")
+        landing = f"{roots[0].replace('.', '/')}.html"
+        (out / "index.html").write_text(_REDIRECT.format(page=landing), encoding="utf-8")
         (out / "search.js").write_text(pdoc.render.search_index(modules), encoding="utf-8")
     # Only what pdoc reports about our own code: JAX's functions re-exported by varjax.nn
     # (relu, the initializers) have annotations pdoc cannot evaluate.
-    packages = tuple({root.split(".")[0] for root in roots})
     return [w for w in caught
             if "pdoc" in (w.filename or "") and _is_ours(str(w.message), packages)]
 

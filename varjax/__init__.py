@@ -1,16 +1,34 @@
 """varjax: neural-network variables as effects in the jaxpr.
 
-Trace stateful code into a jaxpr whose variable reads, writes and RNG draws
-are effectful primitives; rewrite it with passes; functionalize it per
-collection.  This file is the whole public API; the errors it raises are the classes of
-``varjax.errors`` (they live in `varjax.ir.errors`, the IR core's folder).
+Every variable read, write and RNG draw of a model is a primitive in its jaxpr; passes
+rewrite that program, and functionalization turns it into a pure JAX function per
+collection.  Where to start, by task:
 
+- **Port a Flax Linen model**: ``import varjax.nn as nn`` in place of ``flax.linen``
+  (`varjax.nn`).  The same layers and ``init``/``apply``; parameters are bitwise Flax's
+  from the same seed.
+- **Port a Flax NNX model**: ``from varjax import nnx`` in place of ``from flax import nnx``
+  (`varjax.nnx`).
+- **Train with objects instead of variable dicts** (object mode): a Linen module bound with
+  ``bind(variables, rngs=vj.Rngs(dropout=1), mutable=True)``, or objects holding `Variable`
+  and `Rngs`.  `jit`, `grad`, `value_and_grad`, `vmap`, `scan`, `cond`, ... take such
+  objects as arguments and write their updates back; `split`, `merge`, `state` and
+  `update` move between an object and its arrays.  Called inside a Linen module, the same
+  transforms are Linen's lifted ones (``nn.jit`` is `jit`).
+- **Rewrite what a model computes**: a pass of `varjax.passes` (`varjax.passes.Lora`,
+  `varjax.passes.CastParams`, `varjax.passes.FakeQuant`, `varjax.passes.StopGradient`,
+  `varjax.passes.Tie`, or one you write) runs on the program when given as ``passes=`` to
+  ``init``/``apply``, `functionalize` or a transform.
+- **Write a model as a plain function**: `param`, `variable`, `make_rng` and `sow` in a
+  function wrapped by `functionalize` give it Linen's ``init``/``apply``.
+- **See the program**: `pretty` and `dump` print its IR, `dataflow` and `dead_params`
+  say which variables feed what; ``python -m varjax dump`` does it from the shell.
+- **Read an error**: every error is a class of ``varjax.errors`` (its page:
+  `varjax.ir.errors`) and names the variable's collection and path and the line of yours
+  that caused it.
 
-The names below are imported on first use (PEP 562), all at once and in this order, so that
-``import varjax`` costs nothing until one is touched: ``python -m varjax --help`` answers
-without importing JAX.  ``_API`` is the list the interpreter uses; the ``TYPE_CHECKING``
-block spells the same imports out for type checkers and editors
-(``tests/tools/test_lazy_import.py`` checks that the two agree).
+The guides are the ``notes/`` folder of the repository (``notes/object-mode.md``,
+``notes/writing-passes.md``, ``notes/linen-parity.md``, ``notes/nnx.md``).
 """
 from __future__ import annotations
 
@@ -21,6 +39,12 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+# The names below are imported on first use (PEP 562), all at once and in this order, so that
+# ``import varjax`` costs nothing until one is touched: ``python -m varjax --help`` answers
+# without importing JAX.  ``_API`` is the list the interpreter uses; the ``TYPE_CHECKING``
+# block spells the same imports out for type checkers and editors
+# (``tests/tools/test_lazy_import.py`` checks that the two agree).
+#
 # public name -> the module it comes from; ``_SUBMODULES`` are modules themselves
 _SUBMODULES = ("errors", "passes")
 _API: dict[str, str] = {

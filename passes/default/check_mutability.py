@@ -21,6 +21,9 @@ from varjax.passes.framework.base import Pass, PassContext
 
 @dataclasses.dataclass(frozen=True)
 class CheckMutability(Pass):
+    """Raises ``ImmutableCollectionError`` at a write to a collection the call did not make
+    mutable (a default pass; the module docstring says how)."""
+
     name = "check-mutability"
     summary = "raise on writes to immutable collections"
     rootable = True     # checks the whole program, whatever part it is for

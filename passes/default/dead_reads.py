@@ -22,6 +22,9 @@ from varjax.passes.framework.base import Pass, PassContext
 
 @dataclasses.dataclass(frozen=True)
 class DeadReads(Pass):
+    """Removes variable reads whose values are unused, and other dead pure code (a default
+    pass)."""
+
     name = "dead-reads"
     summary = "remove reads whose results are unused (and other dead pure code)"
     after = ("forward-stores",)

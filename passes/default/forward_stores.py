@@ -79,6 +79,8 @@ def _needs_forwarding(jaxpr: _jax.Jaxpr) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ForwardStores(Pass):
+    """Gives a read the value last written or read in its region (a default pass)."""
+
     name = "forward-stores"
     summary = "forward stored/read values to later reads in the same region"
     after = ("lower-rng", "check-mutability")

@@ -308,6 +308,9 @@ def _linen_counts(body: Any) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class LowerRng(Pass):
+    """Lowers every ``rng_draw`` to ``fold_in`` over key and counter variables (a default
+    pass; the module docstring gives each stream mode's lowering)."""
+
     name = "lower-rng"
     summary = "lower rng_draw to fold_in over key/counter variables"
     after = ("check-mutability",)

@@ -166,6 +166,9 @@ class _Local(Rewriter):
 
 @dataclasses.dataclass(frozen=True)
 class ShardVariables(Pass):
+    """Constrains reads and writes of partitioned variables to their shardings (a default
+    pass)."""
+
     name = "shard-variables"
     summary = "constrain reads and writes of partitioned variables to their shardings"
     after = ("forward-stores", "dead-reads")

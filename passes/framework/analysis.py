@@ -27,6 +27,9 @@ from varjax.ir.primitives import Key, is_internal, var_get_p, var_set_p
 
 @dataclasses.dataclass(frozen=True)
 class Traffic:
+    """Which variables a jaxpr reads before writing them and which it writes: what a
+    pass needs to know of a nested body without walking it again."""
+
     needs: frozenset[Key]
     may_write: frozenset[Key]
     must_write: frozenset[Key]
@@ -44,6 +47,7 @@ def touches_variables(effects) -> bool:
 
 
 def traffic(jaxpr: _jax.Jaxpr | _jax.ClosedJaxpr) -> Traffic:
+    """The ``Traffic`` of ``jaxpr``, nested bodies included (memoised per jaxpr)."""
     jaxpr = nested.open_jaxpr(jaxpr)
     if not touches_variables(jaxpr.effects):
         return _EMPTY

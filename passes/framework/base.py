@@ -283,6 +283,8 @@ def _option_text(value: Any) -> str:
 
 
 def get_pass(name: str) -> type[Pass]:
+    """The pass class registered as ``name`` (``"cast-params"``); ``PipelineError`` listing
+    the registered names when there is none."""
     try:
         return REGISTRY[name]
     except KeyError:

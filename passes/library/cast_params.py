@@ -66,6 +66,9 @@ class Autocast(Rewriter):
 
 @dataclasses.dataclass(frozen=True)
 class CastParams(Pass):
+    """Computes with floating ``params`` cast to ``dtype``; stored values keep their dtype
+    (``cast-params{dtype=bfloat16}``: mixed precision)."""
+
     name = "cast-params"
     summary = "compute with floating params cast to `dtype`"
     before = ("forward-stores", "discharge")

@@ -75,6 +75,10 @@ class QuantizeRead(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class FakeQuant(Pass):
+    """Computes with ``collection`` reads rounded to symmetric ``bits``-bit integers
+    (``fake-quant{bits=8}``: quantization-aware training; the module docstring gives the
+    formula)."""
+
     name = "fake-quant"
     summary = "compute with `collection` reads rounded to symmetric `bits`-bit integers"
     # In init a parameter is read back after it is created; forward-stores would turn

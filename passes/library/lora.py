@@ -58,6 +58,9 @@ _CASTS = ("convert_element_type",)
 
 @dataclasses.dataclass(frozen=True)
 class Lora(Pass):
+    """Adds trainable low-rank adapters ``scale * A @ B`` (collection ``collection``) to the
+    matmul kernels whose path matches ``targets`` (``lora{rank=4}``)."""
+
     name = "lora"
     summary = "add scale * A @ B low-rank adapters (collection `collection`) to matmul kernels"
     # It creates variables and draws keys (lowered by lower-rng), and rewrites reads, which

@@ -62,6 +62,9 @@ class StopGradientRead(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class StopGradient(Pass):
+    """Reads of ``collection`` (under the module path ``under``) carry no gradient
+    (``stop-gradient{collection=params}``: freeze them)."""
+
     name = "stop-gradient"
     summary = "reads of `collection` (under the module path `under`) carry no gradient"
     # In init a parameter is read back after it is created; forward-stores would turn

@@ -117,6 +117,9 @@ class DroppedWrite(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class Tie(Pass):
+    """Weight tying: variable ``dst`` is read as ``src`` (transposed when its shape is
+    reversed) and never stored (``tie{src=Embed_0/embedding,dst=Dense_1/kernel}``)."""
+
     name = "tie"
     summary = "variable `dst` is read as `src` (transposed when its shape is reversed) and never stored"
     # In init a parameter is read back after it is created; forward-stores would turn

@@ -221,6 +221,7 @@ class LogicallyPartitioned(Partitioned[A]):
 
 
 def is_axis_metadata(val: Any) -> bool:
+    """Whether ``val`` is a metadata box (``Partitioned``, ``LogicallyPartitioned``, ...)."""
     return isinstance(val, AxisMetadata)
 
 
@@ -243,10 +244,14 @@ def unbox(tree: Any, apply_constraint: bool = True) -> Any:
 
 
 def add_axis(tree: Any, index: int, params: dict[Any, Any]) -> Any:
+    """``tree`` with axis ``index`` inserted into every metadata box in it (what a
+    transform adding an axis, ``vmap`` or ``scan``, does to its variables' boxes)."""
     return map_axis_meta(lambda box: box.add_axis(index, params), tree)
 
 
 def remove_axis(tree: Any, index: int, params: dict[Any, Any]) -> Any:
+    """``tree`` with axis ``index`` removed from every metadata box in it (the inverse of
+    ``add_axis``)."""
     return map_axis_meta(lambda box: box.remove_axis(index, params), tree)
 
 

@@ -82,6 +82,7 @@ __all__ = [
 
 
 def format_path(path: Sequence[str] | None) -> str:
+    """A variable path as errors print it: ``Dense_0/kernel``, or ``<none>``."""
     return "/".join(str(p) for p in path) if path else "<none>"
 
 

@@ -88,6 +88,7 @@ def merge_tree_node(ctx: MergeContext, path: tuple, prefix: Any, leaf: Any) -> A
 
 
 def is_tree_node(x: Any) -> bool:
+    """Whether ``x`` is a ``NodeStates`` (an object ``to_tree`` replaced)."""
     return isinstance(x, NodeStates)
 
 

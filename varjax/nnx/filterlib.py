@@ -29,6 +29,8 @@ Predicate = tp.Callable[[tuple, tp.Any], bool]
 
 @dataclasses.dataclass(frozen=True)
 class OfType:
+    """Selects the leaves that are instances of ``type``."""
+
     type: type
 
     def __call__(self, path: tuple, value: tp.Any) -> bool:
@@ -45,6 +47,9 @@ def _tag_of(value: tp.Any) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class WithTag:
+    """Selects the Variables whose ``tag`` metadata is ``tag``, and the RNG streams named
+    ``tag``."""
+
     tag: str
 
     def __call__(self, path: tuple, value: tp.Any) -> bool:
@@ -62,6 +67,9 @@ class _Collection:
 
 @dataclasses.dataclass(frozen=True)
 class PathContains:
+    """Selects the leaves whose path contains ``key`` (an attribute name, index or stream
+    name)."""
+
     key: tp.Any
 
     def __call__(self, path: tuple, value: tp.Any) -> bool:
@@ -69,6 +77,8 @@ class PathContains:
 
 
 class Any:  # noqa: A001  (NNX's name)
+    """Selects a leaf that any of ``filters`` selects."""
+
     def __init__(self, *filters: tp.Any):
         self.predicates = tuple(to_predicate(f) for f in filters)
 
@@ -77,6 +87,8 @@ class Any:  # noqa: A001  (NNX's name)
 
 
 class All:
+    """Selects a leaf that every one of ``filters`` selects."""
+
     def __init__(self, *filters: tp.Any):
         self.predicates = tuple(to_predicate(f) for f in filters)
 
@@ -85,6 +97,8 @@ class All:
 
 
 class Not:
+    """Selects a leaf that ``filter`` does not."""
+
     def __init__(self, filter: tp.Any):  # noqa: A002  (NNX's name)
         self.predicate = to_predicate(filter)
 
@@ -93,11 +107,15 @@ class Not:
 
 
 class Everything:
+    """Selects every leaf (the filter ``...`` or ``True``)."""
+
     def __call__(self, path: tuple, value: tp.Any) -> bool:
         return True
 
 
 class Nothing:
+    """Selects no leaf (the filter ``None`` or ``False``)."""
+
     def __call__(self, path: tuple, value: tp.Any) -> bool:
         return False
 

@@ -246,10 +246,14 @@ class RngState(Variable, collection="RngState"):
 
 
 class RngKey(RngState, collection="RngKey"):
+    """An RNG stream's key, as a type to filter by (see ``RngState``)."""
+
     __slots__ = ()
 
 
 class RngCount(RngState, collection="RngCount"):
+    """An RNG stream's draw count, as a type to filter by (see ``RngState``)."""
+
     __slots__ = ()
 
 

@@ -67,6 +67,8 @@ def is_initializing() -> bool:
 
 
 def is_mutable_collection(collection: str) -> bool:
+    """Whether the call being traced may write ``collection`` (its ``mutable=``), so a
+    function can skip an update (``batch_stats``) that ``apply`` would refuse."""
     return current("vj.is_mutable_collection").is_mutable(collection)
 
 
