@@ -16,15 +16,22 @@ trace (JAX's "custom interpreter" recipe): unmatched equations are bound
 unchanged, with their source info, and bodies of higher-order primitives
 (jit, scan, while, cond, checkpoint, custom_jvp/vjp) are rewritten
 recursively, each in a child ``Region``.  Rules keep per-region state in
-``region.state``.  Passes that need more control (state across regions, new
-signatures) subclass ``Rewriter`` and override ``eqn`` -- the split torch.fx
-makes between ``Interpreter`` and ``Transformer``.
+``region.state``, and reach the pass's ``PassContext`` as ``region.ctx`` when the pass
+made its rewriter with it (``Rewriter(rules, ctx)``).  Passes that need more control
+(state across regions, new signatures) subclass ``Rewriter`` and override ``eqn`` -- the
+split torch.fx makes between ``Interpreter`` and ``Transformer``.
 
 If no rule matches anywhere, ``run`` returns its argument unchanged (same
 object), so unchanged passes are free and print-after-change is exact.  A rule
 may also *decline* a matched equation by returning None from ``rewrite``: the
 equation is kept as it is, and a run in which every match declined returns its
 argument too (after one re-trace, which the decision needed).
+
+**Model code in a rule.**  A pass runs after the trace, outside every module, so a rule
+that calls ``vj.make_rng`` or ``vj.param`` alone has no module to act as: it is a
+``ScopeError`` naming the rule (``context.in_rule``).  ``with region.ctx.in_module(eqn):``
+runs it as the module that traced ``eqn``: a key drawn there is that module's next draw,
+deterministic per seed and different for every draw (a noise pass: notes/writing-passes.md).
 
 **Errors.**  An exception raised while rewriting an equation (in a rule, or in
 a rewriter's own per-equation work) gets a note, ``varjax: while rewriting
@@ -62,6 +69,8 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 from varjax import _jax
 from varjax.ir import errors, liveness, nested
 from varjax.ir.primitives import lift_of, var_get_p, var_set_p
+from varjax.passes.framework.base import PassContext
+from varjax.trace import context
 
 ClosedJaxpr = _jax.ClosedJaxpr
 _ACCESSES = (var_get_p, var_set_p)
@@ -129,6 +138,20 @@ class Region:
         self.parent = parent
         self.state: dict = {} if state is None else state
 
+    @property
+    def ctx(self) -> PassContext:
+        """The ``PassContext`` of the pass running this rewrite (its ``run``'s ``ctx``),
+        given as ``Rewriter(rules, ctx)``: what a rule needs to run model code
+        (``region.ctx.in_module(eqn)``) or to count (``region.ctx.count``)."""
+        ctx = self.rewriter.ctx
+        if ctx is None:
+            raise errors.PassError(
+                "region.ctx: this rewriter was made without the pass context.",
+                source=errors.source_text(),
+                fix="make it with Rewriter(rules, ctx), ctx being the PassContext the pass's "
+                    "run(jaxpr, ctx) was given")
+        return ctx
+
     def child(self, state: dict | None = None) -> "Region":
         return Region(self.rewriter, self, state)
 
@@ -159,7 +182,8 @@ class Rewriter:
 
     local: ClassVar[bool] = False
 
-    def __init__(self, rules: Sequence[Rule] = ()):
+    def __init__(self, rules: Sequence[Rule] = (), ctx: PassContext | None = None):
+        self.ctx = ctx
         self.by_primitive: dict[Any, list[Rule]] = {}
         for r in rules:
             self.by_primitive.setdefault(r.primitive, []).append(r)
@@ -305,7 +329,9 @@ class Rewriter:
         """Rewrite one equation: a matching rule, else recurse into bodies, else rebind."""
         rule = self.rule_for(eqn)
         if rule is not None:
-            with _jax.source_info_of(eqn):   # what the rule emits points at eqn's source line
+            # What the rule emits points at eqn's source line; model code it runs outside
+            # ``region.ctx.in_module`` is refused, naming the rule.
+            with _jax.source_info_of(eqn), context.in_rule(rule):
                 outs = rule.rewrite(eqn, invals, region)
             if outs is not None:
                 return outs

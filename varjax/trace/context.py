@@ -210,6 +210,11 @@ class _Local(threading.local):
 
     def __init__(self) -> None:
         self.stack: list[TraceContext | None] = []
+        # While a pass's rule rewrites an equation (``in_rule``): the stack's depth then, and
+        # the rule.  Model code at that depth or below is the rule's own, refused by
+        # ``current``; a context entered on top (``PassContext.in_module``) is not.
+        self.rule_depth: int = -1
+        self.rule: object = None
 
 
 _local = _Local()
@@ -220,9 +225,11 @@ def _stack() -> list[TraceContext | None]:
 
 
 def current(api: str = "this function") -> TraceContext:
-    """The active context; ``ScopeError`` naming ``api`` outside a trace or inside an
-    init function."""
-    stack = _stack()
+    """The active context; ``ScopeError`` naming ``api`` outside a trace, inside an init
+    function, or inside a pass's rule (``in_rule``)."""
+    stack = _local.stack
+    if len(stack) <= _local.rule_depth:
+        raise _in_rule_error(api, _local.rule)
     if not stack:
         raise errors.ScopeError(
             f"{api} was called outside a functionalized function: there is no variable "
@@ -237,6 +244,45 @@ def current(api: str = "this function") -> TraceContext:
             "from their arguments and cannot use variables or RNG streams.",
             **site(owner), fix="pass what the init function needs as init_args")
     return ctx
+
+
+def _in_rule_error(api: str, rule: object) -> errors.ScopeError:
+    """Model code run by a pass's rule on its own: the pass runs after the trace, so no
+    module is active, and the trace's context (or an enclosing one, for a lifted body's
+    pipeline) would draw keys no module owns.  The fix is the API that stands in for the
+    module that traced the equation."""
+    return errors.ScopeError(
+        f"{api} was called in {type(rule).__qualname__}.rewrite, a rule of a pass: passes "
+        "run after the model was traced, outside every module, so there is no module for "
+        "it to draw keys or make variables as.",
+        # The rule's line (the Python caller), not the equation's, which the rewriter set
+        # as the current source; ``module`` is still the equation's.
+        **{**errors.where(), "source": _jax.python_user_frame_text() or errors.source_text()},
+        fix="run it as the module that traced the equation: `with region.ctx.in_module(eqn): "
+            "...` (its keys are that module's next draws); declare the pass before = "
+            "('lower-rng', ...) and see 'A pass that draws randomness' in "
+            "notes/writing-passes.md")
+
+
+class _Rule:
+    """``with in_rule(rule):`` -- see ``_Local.rule_depth``."""
+
+    def __init__(self, rule: object):
+        self.rule = rule
+
+    def __enter__(self) -> None:
+        self.previous = _local.rule_depth, _local.rule
+        _local.rule_depth, _local.rule = len(_local.stack), self.rule
+
+    def __exit__(self, *exc: object) -> None:
+        _local.rule_depth, _local.rule = self.previous
+
+
+def in_rule(rule: object) -> _Rule:
+    """``with in_rule(rule):`` the rewriter runs ``rule.rewrite``: model code (``vj.param``,
+    ``vj.make_rng``) is an error naming the rule and ``PassContext.in_module``, unless run
+    inside a context entered within the rule, which is what ``in_module`` does."""
+    return _Rule(rule)
 
 
 def active() -> TraceContext | None:
