@@ -8,7 +8,8 @@ along its ``in_specs`` (``in_axes``) entry, each shard's reads and writes are
 module's spec (axis), so a module replicated with ``P()`` must be written the same on
 every shard (``check_vma`` says so), one sharded along ``'data'`` comes back sharded.
 A Variable made inside comes back with its module's spec; one the function returns, with
-``out_specs``.
+``out_specs``, where a ``StateSharding`` entry gives each filter of a returned module's state
+its spec (``output_states``: the module is split inside and merged outside, as in flax.nnx).
 
 ``transform_metadata`` is ``vj.transform_metadata`` (``varjax/objects/metadata.py``) with
 NNX's signature: placed inside ``nnx.vmap``/``nnx.scan``, it adds the partition name to
@@ -20,7 +21,7 @@ of specs (``nnx.prefix`` by its filters), so each Variable is split by its filte
 
 As in the other ``varjax.nnx`` transforms, a structural change inside, or returning an
 argument's object, is refused with ``NotProvidedError`` (``transform_checks``); options not
-built (a ``StateSharding`` in ``out_specs`` or nested in a prefix, ``StateAxes`` in
+built (a ``StateSharding`` nested in a prefix, ``StateAxes`` in
 ``pmap``, donation, static arguments of ``pmap``) raise it by name.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from jax.sharding import PartitionSpec
 
 from varjax.nnx.config import resolve
 from varjax.nnx.filter_maps import FilterMap, StateSharding
+from varjax.nnx.output_states import by_state_specs, joined, split_by_state
 from varjax.nnx.prefixes import prefix
 from varjax.nnx.transform_checks import (
     as_decorator,
@@ -114,21 +116,27 @@ def shard_map(f: Callable | None = None, *, mesh: Any, in_specs: Any, out_specs:
     state) and their updates come back with it."""
     _plain_prefix("shard_map", "in_specs", in_specs, PartitionSpec, "PartitionSpec",
                   StateSharding)
-    _plain_prefix("shard_map", "out_specs", out_specs, PartitionSpec, "PartitionSpec")
-    if not resolve(graph)[0] and any(isinstance(e, StateSharding) for e in jax.tree.leaves(
-            in_specs, is_leaf=lambda x: isinstance(x, StateSharding))):
-        raise ValueError("`in_specs` cannot contain `StateSharding` objects when "
-                         "`graph=False`: split the module (nnx.split(model, filter, ...)) "
-                         "and pass the states with their own specs, or pass graph=True.")
+    _plain_prefix("shard_map", "out_specs", out_specs, PartitionSpec, "PartitionSpec",
+                  StateSharding)
+    for name, specs in (("in_specs", in_specs), ("out_specs", out_specs)):
+        if not resolve(graph)[0] and any(isinstance(e, StateSharding) for e in jax.tree.leaves(
+                specs, is_leaf=lambda x: isinstance(x, StateSharding))):
+            raise ValueError(f"`{name}` cannot contain `StateSharding` objects when "
+                             "`graph=False`: split the module (nnx.split(model, filter, ...)) "
+                             "and pass the states with their own specs, or pass graph=True.")
+
+    split_specs = by_state_specs(out_specs)
 
     def build(fn: Callable) -> Callable:
         def make(p: Callable, result: Result, specs: Any) -> Callable:
-            return jax.shard_map(p, mesh=mesh, in_specs=specs, out_specs=(out_specs, result),
+            return jax.shard_map(p, mesh=mesh, in_specs=specs, out_specs=(split_specs, result),
                                  axis_names=axis_names, check_vma=check_vma)
 
         def positional_only(*args: Any) -> Any:
-            return mapped(*args)
-        mapped = _mapped(fn, "shard_map", _specs_of(in_specs), PartitionSpec(), make)
+            return joined(out_specs, mapped(*args))
+        refuse_bound_method(fn, "shard_map")
+        mapped = _mapped(split_by_state(fn, out_specs), "shard_map", _specs_of(in_specs),
+                         PartitionSpec(), make)
         return functools.wraps(fn)(positional_only)
     return as_decorator(f, build)
 
