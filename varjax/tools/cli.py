@@ -130,8 +130,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    names = [name for name, _ in args.kw]
-    repeated = sorted({name for name in names if names.count(name) > 1})
+    keywords = [name for name, _ in args.kw]
+    repeated = sorted({name for name in keywords if keywords.count(name) > 1})
     if repeated:
         parser.error(f"--kw {', '.join(repeated)} given more than once")
     from varjax.ir.errors import UnboundModuleError, VarjaxError
@@ -152,20 +152,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from varjax.tools.model_summary import summary
     from varjax.tools.target import is_linen_target
 
-    inputs = {name: jnp.zeros(s.shape, s.dtype) for name, s in shapes}
+    inputs = [(name, jnp.zeros(s.shape, s.dtype)) for name, s in shapes]
     keys = jax.random.split(jax.random.key(0), len(args.rng) + 1)
     rngs = dict(zip(["params", *args.rng], keys))
     kwargs = dict(args.kw)
     try:
         if args.command == "summary":
-            print(summary(target, *inputs.values(), rngs=rngs, **kwargs).table(detail=args.detail))
+            arrays = [array for _, array in inputs]
+            print(summary(target, *arrays, rngs=rngs, **kwargs).table(detail=args.detail))
             return 0
         return _dump(parser, args, target, inputs, kwargs, rngs)
     except UnboundModuleError as e:
         if is_linen_target(target):
             return _report(e)
         # The function built a module and called it: the command line cannot reach it.
-        fn, module = function_name(target), e.module.split()[0]
+        fn, module = function_name(target), (e.module or "Model").split()[0]
         return _report(e, "python -m varjax: to reach a module from a function, take it as the "
                           f"function's first parameter,\nannotated with its class (def {fn}("
                           f"model: {module}, ...)), or name functools.partial({fn}, {module}(...))"
@@ -184,14 +185,14 @@ def _report(error: Exception, hint: str | None = None) -> int:
 
 
 def _dump(parser: argparse.ArgumentParser, args: argparse.Namespace, target: Any,
-          inputs: dict[str, Any], kwargs: dict[str, Any], rngs: dict[str, Any]) -> int:
+          inputs: list[tuple[str, Any]], kwargs: dict[str, Any], rngs: dict[str, Any]) -> int:
     from varjax.nn.module import DEFAULT_INIT_MUTABLE
     from varjax.tools.dataflow import dataflow
     from varjax.tools.ir_dump import dump
     from varjax.tools.target import as_functionalized
 
     fn = as_functionalized(target)
-    arrays = list(inputs.values())
+    arrays = [array for _, array in inputs]
     variables = fn.init(rngs, *arrays, mutable=DEFAULT_INIT_MUTABLE, **kwargs)
     mutable = args.mutable or False
     out = Path(args.out) if args.out is not None else None
@@ -201,7 +202,7 @@ def _dump(parser: argparse.ArgumentParser, args: argparse.Namespace, target: Any
     signature = fn.traced(*arrays, variables=variables, rngs=rngs, mutable=mutable,
                           **kwargs).signature
     pure_name, pure_text = entries[-1]
-    entries[-1] = pure_name, name_inputs(pure_text, signature, list(inputs))
+    entries[-1] = pure_name, name_inputs(pure_text, signature, [name for name, _ in inputs])
     if args.after is not None:
         texts = dict(entries)
         if args.after not in texts:
