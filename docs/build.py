@@ -146,7 +146,7 @@ def undocumented(roots: tuple[str, ...] = ROOTS) -> list[str]:
                     doc = pdoc.doc.Class(value.__module__, value.__qualname__, value,
                                          (value.__module__, value.__qualname__))
                     missing += [f"{module_name}.{name}.{f.name}" for f in dataclasses.fields(value)
-                                if not f.name.startswith("_") and not doc.members[f.name].docstring]
+                                if not f.name.startswith("_") and not doc._var_docstrings.get(f.name)]
     return list(dict.fromkeys(missing))
 
 

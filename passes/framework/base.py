@@ -203,6 +203,8 @@ class Pass:
     # Where the pass applies (see the module docstring); () is the whole program.  Not an
     # option: set by ``rooted``, compared and hashed, so rooted pipelines cache apart.
     roots: tuple[Root, ...] = dataclasses.field(default=(), init=False)
+    """Where the pass applies: ``()`` is the whole program, else the module paths it is rooted
+    at (set by ``Pass.rooted``, not an option)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

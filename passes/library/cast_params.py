@@ -74,6 +74,7 @@ class CastParams(Pass):
     before = ("forward-stores", "discharge")
     rootable = True
     dtype: Annotated[Any, FloatDtype()] = "bfloat16"   # a name, or a dtype in Python
+    """The floating dtype reads are cast to: a name (``bfloat16``) or a dtype."""
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         return Autocast([CastRead(jnp.dtype(self.dtype), self.roots)]).run(jaxpr)

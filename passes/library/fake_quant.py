@@ -87,9 +87,13 @@ class FakeQuant(Pass):
     rootable = True
     # Below 2 bits there is no nonzero level; above 16, use floats.
     bits: Annotated[int, Between(2, 16)] = 8
+    """Bits of the integer grid, 2 to 16 (``qmax = 2**(bits - 1) - 1``)."""
     per_channel: bool = False
+    """One scale per output channel (the last axis) instead of one per tensor."""
     min_rank: Annotated[int, AtLeast(0)] = 2
+    """Only leaves of at least this rank are quantized (2: kernels, not biases)."""
     collection: Annotated[str, Name()] = "params"
+    """The collection whose reads are quantized."""
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         check_collection(self, "collection", self.collection, jaxpr, ctx)

@@ -71,9 +71,14 @@ class Lora(Pass):
               "discharge")
     rootable = True
     rank: Annotated[int, AtLeast(1)] = 4
+    """The adapters' rank: ``A`` is ``(in, rank)``, ``B`` is ``(rank, out)``."""
     targets: Annotated[str, Regex()] = "kernel$"
+    """A regular expression searched in a kernel's path (``Dense_0/kernel``): the kernels
+    adapted."""
     scale: float = 1.0
+    """The factor of the adapters' product added to the kernel."""
     collection: Annotated[str, Name()] = "lora"
+    """The collection the adapters are created in (beside ``params``)."""
 
     def check(self) -> None:
         if self.collection == "params":   # A and B would sit under the kernel they adapt

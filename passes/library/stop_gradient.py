@@ -72,7 +72,9 @@ class StopGradient(Pass):
     before = ("forward-stores", "discharge")
     rootable = True
     collection: Annotated[str, Name()]
+    """The collection whose reads carry no gradient."""
     under: Annotated[str, VariablePath(empty=True)] = ""
+    """A ``/``-separated module path: only variables under it are frozen (``''``: all)."""
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:
         under = split_path(self.under)

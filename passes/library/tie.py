@@ -128,9 +128,14 @@ class Tie(Pass):
     before = ("fake-quant", "stop-gradient", "cast-params", "forward-stores", "discharge")
     rootable = True
     src: Annotated[str, VariablePath()]
+    """The ``/``-separated path of the variable that is read (``Embed_0/embedding``)."""
     dst: Annotated[str, VariablePath()]
+    """The ``/``-separated path of the variable read as ``src`` and never stored."""
     collection: Annotated[str, Name()] = "params"
+    """The collection both variables are in."""
     transpose: bool | None = None
+    """``True``/``False`` forces reading ``src`` transposed or as is; ``None`` decides by the
+    shapes."""
 
     def check(self) -> None:
         if split_path(self.src) == split_path(self.dst):

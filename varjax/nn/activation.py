@@ -50,7 +50,9 @@ class PReLU(Module):
     parameter (created as ``negative_slope_init`` in ``param_dtype``, applied in ``x``'s dtype)."""
 
     param_dtype: Dtype = jnp.float32
+    """The dtype the parameters are created in."""
     negative_slope_init: float = 0.01
+    """Initial value of the learned slope for negative inputs."""
 
     @compact
     def __call__(self, inputs: jax.Array) -> jax.Array:

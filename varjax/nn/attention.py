@@ -116,29 +116,57 @@ class MultiHeadDotProductAttention(Module):
     """
 
     num_heads: int
+    """Number of attention heads; ``qkv_features`` must be divisible by it."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     qkv_features: int | None = None
+    """Dimension of the query, key and value projections, all heads together (``None``: the
+    query's features)."""
     out_features: int | None = None
+    """Dimension of the output projection (``None``: the query's features)."""
     broadcast_dropout: bool = True
+    """Whether the attention-weight dropout mask is shared along the batch axes."""
     dropout_rate: float = 0.0
+    """Dropout rate of the attention weights."""
     deterministic: bool | None = None
+    """If true, no dropout of the attention weights; may be given to the call instead."""
     precision: Any = None
+    """``jax.lax.Precision`` of the projections and the attention matmuls."""
     kernel_init: initializers.Initializer = default_kernel_init
+    """Initializer of the query, key, value and (unless ``out_kernel_init``) output kernels."""
     out_kernel_init: initializers.Initializer | None = None
+    """Initializer of the output projection's kernel (``None``: ``kernel_init``)."""
     bias_init: initializers.Initializer = initializers.zeros_init()
+    """Initializer of the projections' biases."""
     out_bias_init: initializers.Initializer | None = None
+    """Initializer of the output projection's bias (``None``: ``bias_init``)."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     attention_fn: Callable[..., Array] = dot_product_attention
+    """Computes the attention from ``(query, key, value, ...)`` (``dot_product_attention`` by
+    default)."""
     decode: bool = False
+    """Autoregressive decoding: keys and values are appended to a ``cache`` collection one step
+    at a time."""
     normalize_qk: bool = False
+    """Whether to apply ``LayerNorm`` to the queries and keys (QK-normalization)."""
     force_fp32_for_softmax: bool = False
+    """Computes the softmax in float32 whatever ``dtype`` is."""
     qkv_dot_general: Any = None
+    """Replaces ``jax.lax.dot_general`` in the query, key and value projections."""
     out_dot_general: Any = None
+    """Replaces ``jax.lax.dot_general`` in the output projection."""
     qkv_dot_general_cls: Any = None
+    """A class whose instance replaces the projections' ``dot_general``."""
     out_dot_general_cls: Any = None
+    """A class whose instance replaces the output projection's ``dot_general``."""
     qk_attn_weights_einsum_cls: Callable[..., Callable[..., Array]] | None = None
+    """A factory of the einsum computing the attention weights from queries and keys."""
     attn_weights_value_einsum_cls: Callable[..., Callable[..., Array]] | None = None
+    """A factory of the einsum applying the attention weights to the values."""
 
     @compact
     def __call__(self, inputs_q: Array, inputs_k: Array | None = None, inputs_v: Array | None = None, *,

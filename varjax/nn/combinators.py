@@ -23,6 +23,7 @@ class Sequential(Module):
     """
 
     layers: Sequence[Callable[..., Any]]
+    """The callables applied in order, each to the previous one's output."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, Sequence):

@@ -26,15 +26,27 @@ class Einsum(Module):
     """``y = einsum(einsum_str, x, kernel) + bias``; ``einsum_str`` is a field or a call argument."""
 
     shape: Shape
+    """The kernel's shape."""
     einsum_str: str | None = None
+    """The einsum equation ``inputs,kernel->output``; may be given to the call instead."""
     use_bias: bool = True
+    """Whether to add a learned bias (one entry per output axis that comes from the kernel)."""
     dtype: Dtype | None = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Dtype = jnp.float32
+    """The dtype the parameters are created in."""
     precision: PrecisionLike = None
+    """``jax.lax.Precision`` of the matmul or convolution (``None``: the default)."""
     kernel_init: Initializer = initializers.lecun_normal()
+    """Initializer of the kernel."""
     bias_init: Initializer = initializers.zeros_init()
+    """Initializer of the bias."""
     promote_dtype: Callable[..., list[Any]] = dtypes.promote_dtype
+    """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
+    it)."""
     preferred_element_type: Dtype | None = None
+    """The dtype JAX accumulates in (``preferred_element_type`` of the ``lax`` call)."""
 
     @compact
     def __call__(self, inputs: jax.Array, einsum_str: str | None = None) -> jax.Array:

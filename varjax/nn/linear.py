@@ -80,15 +80,28 @@ class Dense(Module):
     """``y = x @ kernel + bias`` over the last axis of ``x``."""
 
     features: int
+    """Number of output features (the last axis of the result)."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     precision: PrecisionLike = None
+    """``jax.lax.Precision`` of the matmul or convolution (``None``: the default)."""
     kernel_init: initializers.Initializer = default_kernel_init
+    """Initializer of the kernel."""
     bias_init: initializers.Initializer = initializers.zeros_init()
+    """Initializer of the bias."""
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
+    """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
+    it)."""
     dot_general: Callable | None = None
+    """Replaces ``jax.lax.dot_general`` for the matmul."""
     dot_general_cls: Any = None
+    """A class whose instance replaces ``jax.lax.dot_general`` (made once per call, as in
+    Linen)."""
 
     @compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -111,17 +124,32 @@ class DenseGeneral(Module):
     """
 
     features: int | Sequence[int]
+    """The output features: an int or a tuple of the output axes' sizes."""
     axis: int | Sequence[int] = -1
+    """The input axes contracted with the kernel."""
     batch_dims: Sequence[int] = ()
+    """Leading axes that get a separate kernel per index (not contracted)."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     kernel_init: initializers.Initializer = default_kernel_init
+    """Initializer of the kernel."""
     bias_init: initializers.Initializer = initializers.zeros_init()
+    """Initializer of the bias."""
     precision: PrecisionLike = None
+    """``jax.lax.Precision`` of the matmul or convolution (``None``: the default)."""
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
+    """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
+    it)."""
     dot_general: Callable | None = None
+    """Replaces ``jax.lax.dot_general`` for the matmul."""
     dot_general_cls: Any = None
+    """A class whose instance replaces ``jax.lax.dot_general`` (made once per call, as in
+    Linen)."""
 
     @compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -165,22 +193,43 @@ class _Conv(Module):
     """
 
     features: int
+    """Number of output features (the last axis of the result)."""
     kernel_size: int | Sequence[int]
+    """The kernel's size in each spatial dimension (an int for 1-D)."""
     strides: None | int | Sequence[int] = 1
+    """The stride of each spatial dimension (an int is used for every one)."""
     padding: PaddingLike = "SAME"
+    """``'SAME'``, ``'VALID'``, ``'CIRCULAR'`` (``Conv`` family), or ``(low, high)`` pairs per
+    spatial dimension."""
     input_dilation: None | int | Sequence[int] = 1
+    """The input's dilation in each spatial dimension (a transposed convolution's stride)."""
     kernel_dilation: None | int | Sequence[int] = 1
+    """The kernel's dilation in each spatial dimension (atrous convolution)."""
     feature_group_count: int = 1
+    """Splits the input features into this many groups, each convolved with its own kernel
+    (depthwise convolution when it equals the input features)."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     mask: jax.Array | None = None
+    """A mask multiplied into the kernel (zeros cut connections), of the kernel's shape."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     precision: PrecisionLike = None
+    """``jax.lax.Precision`` of the matmul or convolution (``None``: the default)."""
     kernel_init: initializers.Initializer = default_kernel_init
+    """Initializer of the kernel."""
     bias_init: initializers.Initializer = initializers.zeros_init()
+    """Initializer of the bias."""
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
+    """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
+    it)."""
     conv_general_dilated: Callable | None = None
+    """Replaces ``jax.lax.conv_general_dilated`` for the convolution."""
     conv_general_dilated_cls: Any = None
+    """A class whose instance replaces ``jax.lax.conv_general_dilated`` (made once per call)."""
 
     @compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -253,20 +302,38 @@ class ConvTranspose(Module):
     """
 
     features: int
+    """Number of output features (the last axis of the result)."""
     kernel_size: int | Sequence[int]
+    """The kernel's size in each spatial dimension (an int for 1-D)."""
     strides: Sequence[int] | None = None
+    """The stride of each spatial dimension: how much larger the output is (``None``: 1)."""
     padding: PaddingLike = "SAME"
+    """``'SAME'``, ``'VALID'``, ``'CIRCULAR'``, or ``(low, high)`` pairs per spatial dimension."""
     kernel_dilation: Sequence[int] | None = None
+    """The kernel's dilation in each spatial dimension (atrous convolution)."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     mask: jax.Array | None = None
+    """A mask multiplied into the kernel (zeros cut connections), of the kernel's shape."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     precision: PrecisionLike = None
+    """``jax.lax.Precision`` of the matmul or convolution (``None``: the default)."""
     kernel_init: initializers.Initializer = default_kernel_init
+    """Initializer of the kernel."""
     bias_init: initializers.Initializer = initializers.zeros_init()
+    """Initializer of the bias."""
     transpose_kernel: bool = False
+    """If true, the kernel is flipped and its in/out axes swapped, making this the gradient of a
+    ``Conv`` (as in TensorFlow)."""
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
+    """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
+    it)."""
     preferred_element_type: Any = None
+    """The dtype JAX accumulates in (``preferred_element_type`` of the ``lax`` call)."""
 
     @compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -289,11 +356,18 @@ class Embed(Module):
     """
 
     num_embeddings: int
+    """Number of embeddings (the vocabulary size)."""
     features: int
+    """Size of each embedding vector."""
     dtype: Any = None
+    """The dtype of the looked-up embeddings (``None``: the table's)."""
     param_dtype: Any = jnp.float32
+    """The dtype the embedding table is created in."""
     embedding_init: initializers.Initializer = default_embed_init
+    """Initializer of the embedding table."""
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
+    """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
+    it)."""
 
     def setup(self) -> None:
         # Created in setup, not compact, so that both __call__ and attend see the same table.

@@ -97,19 +97,37 @@ class BatchNorm(Module):
     """
 
     use_running_average: bool | None = None
+    """If true, normalize with the stored running statistics instead of the batch's (and do not
+    update them); may be given to the call instead."""
     axis: int = -1
+    """The feature axis: each index has its own statistics, scale and bias."""
     momentum: float = 0.99
+    """Decay of the running averages: ``new = momentum * old + (1 - momentum) * batch``."""
     epsilon: float = 1e-5
+    """Added to the variance before its square root, to avoid dividing by zero."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     use_scale: bool = True
+    """Whether to multiply by a learned scale."""
     bias_init: initializers.Initializer = initializers.zeros
+    """Initializer of the bias."""
     scale_init: initializers.Initializer = initializers.ones
+    """Initializer of the scale."""
     axis_name: str | None = None
+    """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
+    averaged; ``None``: none."""
     axis_index_groups: Any = None
+    """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
+    """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -
+    E[x])^2]``."""
     force_float32_reductions: bool = True
+    """Computes the mean and variance in float32 whatever ``dtype`` is."""
 
     @compact
     def __call__(self, x: jax.Array, use_running_average: bool | None = None, *,
@@ -141,18 +159,34 @@ class LayerNorm(Module):
     """Normalizes each example over ``reduction_axes`` (default: the last axis)."""
 
     epsilon: float = 1e-6
+    """Added to the variance before its square root, to avoid dividing by zero."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     use_scale: bool = True
+    """Whether to multiply by a learned scale."""
     bias_init: initializers.Initializer = initializers.zeros
+    """Initializer of the bias."""
     scale_init: initializers.Initializer = initializers.ones
+    """Initializer of the scale."""
     reduction_axes: Axes = -1
+    """The axes the mean and variance are computed over."""
     feature_axes: Axes = -1
+    """The axes that get their own scale and bias."""
     axis_name: str | None = None
+    """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
+    averaged; ``None``: none."""
     axis_index_groups: Any = None
+    """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
+    """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -
+    E[x])^2]``."""
     force_float32_reductions: bool = True
+    """Computes the mean and variance in float32 whatever ``dtype`` is."""
 
     @compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
@@ -164,16 +198,30 @@ class RMSNorm(Module):
     """Scales each example by its root mean square over ``reduction_axes``: no centring, no bias."""
 
     epsilon: float = 1e-6
+    """Added to the mean square before its square root, to avoid dividing by zero."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     use_scale: bool = True
+    """Whether to multiply by a learned scale."""
     scale_init: initializers.Initializer = initializers.ones
+    """Initializer of the scale."""
     reduction_axes: Axes = -1
+    """The axes the mean square is computed over."""
     feature_axes: Axes = -1
+    """The axes that get their own scale and bias."""
     axis_name: str | None = None
+    """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
+    averaged; ``None``: none."""
     axis_index_groups: Any = None
+    """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
+    """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -
+    E[x])^2]``."""
     force_float32_reductions: bool = True
+    """Computes the mean and variance in float32 whatever ``dtype`` is."""
 
     @compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
@@ -191,19 +239,38 @@ class GroupNorm(Module):
     """
 
     num_groups: int | None = 32
+    """Number of groups the channels are split into (``None``: set by ``group_size``)."""
     group_size: int | None = None
+    """Number of channels per group (``None``: set by ``num_groups``); give exactly one of the
+    two."""
     epsilon: float = 1e-6
+    """Added to the variance before its square root, to avoid dividing by zero."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     use_scale: bool = True
+    """Whether to multiply by a learned scale."""
     bias_init: initializers.Initializer = initializers.zeros
+    """Initializer of the bias."""
     scale_init: initializers.Initializer = initializers.ones
+    """Initializer of the scale."""
     reduction_axes: Axes | None = None
+    """The axes the statistics are computed over besides the group's channels (``None``: every
+    axis but the first)."""
     axis_name: str | None = None
+    """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
+    averaged; ``None``: none."""
     axis_index_groups: Any = None
+    """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
+    """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -
+    E[x])^2]``."""
     force_float32_reductions: bool = True
+    """Computes the mean and variance in float32 whatever ``dtype`` is."""
 
     @compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
@@ -228,17 +295,32 @@ class InstanceNorm(Module):
     """
 
     epsilon: float = 1e-6
+    """Added to the variance before its square root, to avoid dividing by zero."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     use_scale: bool = True
+    """Whether to multiply by a learned scale."""
     bias_init: initializers.Initializer = initializers.zeros
+    """Initializer of the bias."""
     scale_init: initializers.Initializer = initializers.ones
+    """Initializer of the scale."""
     feature_axes: Axes = -1
+    """The axes that get their own scale and bias."""
     axis_name: str | None = None
+    """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
+    averaged; ``None``: none."""
     axis_index_groups: Any = None
+    """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
+    """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -
+    E[x])^2]``."""
     force_float32_reductions: bool = True
+    """Computes the mean and variance in float32 whatever ``dtype`` is."""
 
     @compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:

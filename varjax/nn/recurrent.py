@@ -58,15 +58,29 @@ class RNN(Module):
     """
 
     cell: RNNCellBase
+    """The recurrent cell applied at each step (an ``RNNCellBase``)."""
     time_major: bool = False
+    """Whether time is the first axis of the inputs (``[time, batch, ...]``) rather than the one
+    after the batch axes."""
     return_carry: bool = False
+    """Whether to return ``(carry, outputs)`` rather than the outputs alone."""
     reverse: bool = False
+    """Whether to run over the sequence from its end."""
     keep_order: bool = False
+    """With ``reverse``, whether to return the outputs in the input's order rather than
+    reversed."""
     unroll: int = 1
+    """How many steps each loop iteration runs (``jax.lax.scan``'s ``unroll``)."""
     variable_axes: Mapping[Any, int] = dataclasses.field(default_factory=dict)
+    """Collections whose variables have one slice per step, and the axis it is on
+    (``nn.scan``'s)."""
     variable_broadcast: Any = "params"
+    """Collections shared by every step (``nn.scan``'s; ``params`` by default)."""
     variable_carry: Any = False
+    """Collections carried from one step to the next (``nn.scan``'s)."""
     split_rngs: Mapping[Any, bool] = dataclasses.field(default_factory=lambda: {"params": False})
+    """RNG streams split per step (``nn.scan``'s; ``params`` is not, so every step has the same
+    parameters)."""
 
     def __call__(self, inputs: Array, *, initial_carry: Carry | None = None, init_key: Array | None = None,
                  seq_lengths: Array | None = None, return_carry: bool | None = None,
@@ -157,10 +171,16 @@ class Bidirectional(Module):
     """
 
     forward_rnn: RNNBase
+    """The ``RNN`` run over the sequence forwards."""
     backward_rnn: RNNBase
+    """The ``RNN`` run over the sequence backwards."""
     merge_fn: Callable[[Array, Array], Array] = _concatenate
+    """Combines the two directions' outputs (concatenation on the last axis by default)."""
     time_major: bool = False
+    """Whether time is the first axis of the inputs (``[time, batch, ...]``) rather than the one
+    after the batch axes."""
     return_carry: bool = False
+    """Whether to return ``(carry, outputs)`` rather than the outputs alone."""
 
     def __call__(self, inputs: Array, *, initial_carry: Carry | None = None, init_key: PRNGKey | None = None,
                  seq_lengths: Array | None = None, return_carry: bool | None = None,

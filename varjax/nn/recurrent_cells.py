@@ -82,14 +82,24 @@ class _GatedCell(_VectorCell):
     """The fields LSTM and GRU cells share (in Linen's order, so positional arguments port)."""
 
     features: int
+    """Size of the hidden state."""
     gate_fn: Callable[..., Any] = sigmoid
+    """The activation of the gates."""
     activation_fn: Callable[..., Any] = tanh
+    """The activation applied to the candidate state."""
     kernel_init: initializers.Initializer = default_kernel_init
+    """Initializer of the kernel."""
     recurrent_kernel_init: initializers.Initializer = initializers.orthogonal()
+    """Initializer of the hidden-to-hidden kernels."""
     bias_init: initializers.Initializer = initializers.zeros_init()
+    """Initializer of the gates' biases."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     carry_init: initializers.Initializer = initializers.zeros_init()
+    """Initializer of the carry made by ``initialize_carry``."""
 
 
 class LSTMCell(_GatedCell):
@@ -154,14 +164,24 @@ class SimpleCell(_VectorCell):
     """
 
     features: int
+    """Size of the hidden state."""
     activation_fn: Callable[..., Any] = tanh
+    """The activation applied to the candidate state."""
     kernel_init: initializers.Initializer = default_kernel_init
+    """Initializer of the kernel."""
     recurrent_kernel_init: initializers.Initializer = initializers.orthogonal()
+    """Initializer of the hidden-to-hidden kernels."""
     bias_init: initializers.Initializer = initializers.zeros_init()
+    """Initializer of the bias."""
     dtype: Any = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Any = jnp.float32
+    """The dtype the parameters are created in."""
     carry_init: initializers.Initializer = initializers.zeros_init()
+    """Initializer of the carry made by ``initialize_carry``."""
     residual: bool = False
+    """Whether to add the previous hidden state to the new one (a residual connection)."""
 
     @compact
     def __call__(self, carry: Array, inputs: Array) -> tuple[Array, Array]:
@@ -233,16 +253,28 @@ class MGUCell(_VectorCell):
     """
 
     features: int
+    """Size of the hidden state."""
     gate_fn: Callable[..., Any] = sigmoid
+    """The activation of the gates."""
     activation_fn: Callable[..., Any] = tanh
+    """The activation applied to the candidate state."""
     kernel_init: Initializer = default_kernel_init
+    """Initializer of the kernel."""
     recurrent_kernel_init: Initializer = initializers.orthogonal()
+    """Initializer of the hidden-to-hidden kernels."""
     forget_bias_init: Initializer = initializers.ones_init()
+    """Initializer of the forget gate's bias."""
     activation_bias_init: Initializer = initializers.zeros_init()
+    """Initializer of the candidate activation's bias."""
     dtype: Dtype | None = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Dtype = jnp.float32
+    """The dtype the parameters are created in."""
     carry_init: Initializer = initializers.zeros_init()
+    """Initializer of the carry made by ``initialize_carry``."""
     reset_gate: bool = True
+    """Whether the cell has a reset gate (without one: the minimal gated unit's simpler form)."""
 
     @compact
     def __call__(self, carry: Array, inputs: Array) -> tuple[Array, Array]:
@@ -270,13 +302,22 @@ class ConvLSTMCell(RNNCellBase):
     """
 
     features: int
+    """Number of output channels of the hidden state."""
     kernel_size: Sequence[int]
+    """The convolutions' kernel size in each spatial dimension."""
     strides: Sequence[int] | None = None
+    """The stride of each spatial dimension (``None``: 1)."""
     padding: str | Sequence[tuple[int, int]] = "SAME"
+    """``'SAME'``, ``'VALID'``, or ``(low, high)`` pairs per spatial dimension."""
     use_bias: bool = True
+    """Whether to add a learned bias."""
     dtype: Dtype | None = None
+    """The dtype of the computation and the result (``None``: promoted from the inputs and
+    parameters)."""
     param_dtype: Dtype = jnp.float32
+    """The dtype the parameters are created in."""
     carry_init: Initializer = initializers.zeros_init()
+    """Initializer of the carry made by ``initialize_carry``."""
 
     @compact
     def __call__(self, carry: tuple[Array, Array], inputs: Array) -> tuple[tuple[Array, Array], Array]:

@@ -36,9 +36,13 @@ class Dropout(Module):
     """
 
     rate: float
+    """The probability of zeroing an element."""
     broadcast_dims: Sequence[int] = ()
+    """Axes along which the same mask is used (the mask has size 1 there)."""
     deterministic: bool | None = None
+    """If true, no dropout; may be given to the call instead (``merge_param``)."""
     rng_collection: str = "dropout"
+    """The RNG stream the mask is drawn from."""
 
     @compact
     def __call__(self, inputs: jax.Array, deterministic: bool | None = None,

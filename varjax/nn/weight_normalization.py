@@ -63,13 +63,23 @@ class WeightNorm(Module):
     """
 
     layer_instance: Module
+    """The wrapped layer whose parameters are normalized."""
     epsilon: float = 1e-12
+    """Added to the norm before dividing by it."""
     dtype: Dtype | None = None
+    """The dtype of the computation (``None``: the parameter's)."""
     param_dtype: Dtype = jnp.float32
+    """The dtype the scale is created in."""
     use_scale: bool = True
+    """Whether to multiply the normalized parameter by a learned scale."""
     scale_init: Initializer = initializers.ones
+    """Initializer of the scale."""
     feature_axes: Axes | None = -1
+    """The axes that keep their own norm and scale (``None``: one norm over the whole
+    parameter)."""
     variable_filter: Iterable | None = dataclasses.field(default_factory=lambda: {"kernel"})
+    """Only the wrapped layer's variables whose name contains one of these are normalized
+    (``None``: every one)."""
 
     @compact
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -102,12 +112,19 @@ class SpectralNorm(Module):
     """
 
     layer_instance: Module
+    """The wrapped layer whose parameters are normalized."""
     n_steps: int = 1
+    """Power-iteration steps per call estimating the largest singular value."""
     epsilon: float = 1e-12
+    """Added to norms in the power iteration before dividing by them."""
     dtype: Dtype | None = None
+    """The dtype of the computation (``None``: the parameter's)."""
     param_dtype: Dtype = jnp.float32
+    """The dtype the power iteration's state is created in."""
     error_on_non_matrix: bool = False
+    """Whether a parameter of rank above 2 is an error instead of being reshaped to a matrix."""
     collection_name: str = "batch_stats"
+    """The collection holding the power iteration's state (``u`` and ``sigma``)."""
 
     @compact
     def __call__(self, *args: Any, update_stats: bool, **kwargs: Any) -> Any:

@@ -32,10 +32,13 @@ class Module(VariableAPI, LiftHooks, Tabulation):
     # ``typing.Any``, not ``Any``: the generated ``__init__`` of a subclass resolves this
     # annotation in the subclass's module, which need not import ``Any`` (pdoc does that).
     parent: typing.Any = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
+    """The module this one is a child of; set by the parent's ``setup`` or ``@compact`` method
+    (or ``None`` for a top-level module), as in Linen: not given by hand."""
     # The marker by which varjax.lifting.region recognises a module (``protocols.LiftableModule``):
     # lifted transforms close over a leading Module argument.
     _varjax_module = True
     name: str | None = dataclasses.field(default=None, kw_only=True)
+    """The child's name in its parent (its path segment, ``Dense_0`` when not given)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
