@@ -200,8 +200,7 @@ class Pass:
     # so cannot be rooted: it would apply to every argument of an object-mode call, with
     # paths its options were not written for.
     rootable: ClassVar[bool] = False
-    # Where the pass applies (see the module docstring); () is the whole program.  Not an
-    # option: set by ``rooted``, compared and hashed, so rooted pipelines cache apart.
+    # Compared and hashed, so rooted pipelines cache apart.
     roots: tuple[Root, ...] = dataclasses.field(default=(), init=False)
     """Where the pass applies: ``()`` is the whole program, else the module paths it is rooted
     at (set by ``Pass.rooted``, not an option)."""

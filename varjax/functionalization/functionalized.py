@@ -494,7 +494,30 @@ def _fresh_context(key: _Key) -> TraceContext:
 @errors.api_boundary
 def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),
                   dump_dir: str | None = None, verify: bool | None = None) -> Any:
-    """Decorator: ``@vj.functionalize`` or ``@vj.functionalize(passes="cast-params{...}")``."""
+    """A function that uses variables, given Linen's ``init`` / ``apply`` (a ``Functionalized``).
+
+    Inside ``fn``, ``vj.param``, ``vj.variable``, ``vj.make_rng`` and ``vj.sow`` read, write
+    and draw as a Linen module's methods do; the returned object turns them into arguments
+    and results::
+
+        @vj.functionalize
+        def scale(x):
+            w = vj.param("w", jax.nn.initializers.ones, x.shape[-1:])
+            return x * w
+
+        variables = scale.init({"params": jax.random.key(0)}, x)   # {'params': {'w': ...}}
+        y = scale.apply(variables, x)
+        y, updated = scale.apply(variables, x, mutable=["batch_stats"])
+
+    Used bare (``@vj.functionalize``) or with options
+    (``@vj.functionalize(passes="cast-params{dtype=bfloat16}")``).
+
+    ``passes``: passes (instances or a pipeline string) run on the traced program after the
+    default ones (``varjax.passes``).  ``dump_dir``: write the program after every pass
+    there.  ``verify``: check the IR after every pass (default: the ``VARJAX_VERIFY``
+    environment variable).  Each argument structure is traced and compiled once;
+    ``.jaxpr(x, variables=variables)`` and ``.functional_jaxpr(x, variables=variables)``
+    return the program before and after the passes."""
     if fn is None:
         return lambda f: Functionalized(f, passes=passes, dump_dir=dump_dir, verify=verify)
     return Functionalized(fn, passes=passes, dump_dir=dump_dir, verify=verify)

@@ -77,7 +77,20 @@ def _pick(cls: Any, fn: Callable | None, default: Callable) -> Callable:
 
 
 class Dense(Module):
-    """``y = x @ kernel + bias`` over the last axis of ``x``."""
+    """A fully connected layer, Linen's ``nn.Dense``: ``y = x @ kernel + bias`` over the last
+    axis of ``x``.
+
+    Creates ``params/kernel`` of shape ``(x.shape[-1], features)`` (``kernel_init``) and,
+    with ``use_bias``, ``params/bias`` of shape ``(features,)`` (``bias_init``), in
+    ``param_dtype``; the same values as Flax's from the same key.  The result has ``x``'s
+    shape with the last axis replaced by ``features``::
+
+        layer = nn.Dense(features=3)
+        variables = layer.init(jax.random.key(0), jnp.ones((4, 2)))   # kernel (2, 3), bias (3,)
+        y = layer.apply(variables, jnp.ones((4, 2)))                  # (4, 3)
+
+    ``DenseGeneral`` contracts several axes or produces several; ``Einsum`` takes any
+    equation."""
 
     features: int
     """Number of output features (the last axis of the result)."""

@@ -97,10 +97,31 @@ def _with_static(transform: str, make: Callable[[int, Callable], Callable], fn: 
 def jit(target: Any, variables: Any = True, rngs: Any = True, static_argnums: Any = (),
         static_argnames: Any = (), donate_argnums: Any = (), device: Any = None,
         backend: Any = None, methods: Any = None, passes: Any = ()) -> Any:
-    """Lifted ``jax.jit``.  Non-array arguments are static anyway (as in
-    ``vj.functionalize``); ``static_argnums``/``argnames`` may mark more (NumPy values).
-    Argument positions count the module first, as in Linen.  ``passes``: passes run on the
-    body's IR, after those of the enclosing program (``vj.lift``)."""
+    """``jax.jit`` for stateful code, in either of its two forms.
+
+    **Object mode** -- a function (``vj.jit(step)`` or ``@vj.jit``) called outside any
+    module method or functionalized function: its arguments may be objects holding
+    variables (a Linen module made by ``bind``, an object with ``vj.Variable`` attributes, a
+    ``vj.Rngs``).  Their variables are traced inputs, and what the call writes to them
+    (``batch_stats``, RNG counts, an optimizer's state) is written back to the objects
+    after it::
+
+        model = nn.Dense(3).bind(variables, rngs=vj.Rngs(dropout=1), mutable=True)
+        step = vj.jit(lambda model, x: model(x))   # compiled once per argument structure
+        y = step(model, x)
+
+    Object mode takes ``static_argnums``, ``donate_argnums`` and ``passes``; a Linen-only
+    option there is a ``TransformError``.
+
+    **Linen's lifted form** -- called on a Module class (``vj.jit(nn.Dense)``) or inside a
+    module method on a function whose first argument is the module, as ``nn.jit``:
+    non-array arguments are static anyway (as in ``vj.functionalize``);
+    ``static_argnums``/``argnames`` may mark more (NumPy values).  Argument positions count
+    the module first, as in Linen.  ``variables``/``rngs`` choose the collections and
+    streams the body sees; ``methods`` the methods a lifted class wraps.
+
+    ``passes``: passes run on the body's IR (after those of the enclosing program,
+    ``vj.lift``).  ``device``/``backend`` are deprecated in JAX and refused."""
     reject(device is not None or backend is not None, "jit", "device= and backend= are "
            "deprecated in JAX and not supported.", "place inputs with jax.device_put")
 
