@@ -107,9 +107,8 @@ def test_state_sharding_is_a_mapping_of_filters_to_specs_as_flax():
 
 
 def test_state_sharding_errors_match_flax_and_what_is_not_built_is_named():
-    """Tree mode and a Variable no filter matches are flax.nnx's ValueErrors; in out_specs,
-    nested in a prefix, and in nnx.jit's in_shardings (flax.nnx takes all three) it is not
-    built."""
+    """Tree mode and a Variable no filter matches are flax.nnx's ValueErrors; nested in a
+    prefix (flax.nnx takes it) it is not built."""
     for lib in (nnx, flax_nnx):
         shard_map_, state_sharding = _lib(lib)
         spec = state_sharding({lib.Param: P()})
@@ -120,10 +119,5 @@ def test_state_sharding_errors_match_flax_and_what_is_not_built_is_named():
         with pytest.raises(ValueError, match="No axis found"):
             shard_map_(lambda m: 0.0, mesh=MESH, in_specs=(spec,), out_specs=P())(m)
     spec = StateSharding({...: P()})
-    with pytest.raises(errors.NotProvidedError, match="out_specs"):
-        shard_map(lambda m: m, mesh=MESH, in_specs=(P(),), out_specs=spec)
     with pytest.raises(errors.NotProvidedError, match="in_specs"):
         shard_map(lambda m: m, mesh=MESH, in_specs=((spec, P()),), out_specs=P())
-    from varjax.nnx.transforms import jit
-    with pytest.raises(errors.NotProvidedError, match="in_shardings"):
-        jit(lambda m: m, in_shardings=(spec,))

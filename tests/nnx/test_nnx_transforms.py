@@ -82,8 +82,8 @@ def test_jit_decorator_with_options_and_a_train_step_on_grads():
 
 
 def test_unbuilt_options_are_refused_by_name():
-    with pytest.raises(errors.NotProvidedError, match="in_shardings"):
-        nnx.jit(lambda m: m, in_shardings=1)
+    with pytest.raises(errors.NotProvidedError, match="keep_unused"):
+        nnx.jit(lambda m: m, keep_unused=True)
     with pytest.raises(errors.NotProvidedError, match="holomorphic"):
         nnx.grad(_loss, holomorphic=True)
     with pytest.raises(errors.TransformError, match="argnums names argument 3"):
