@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import re
@@ -120,12 +121,19 @@ def _own_docstring(value: object) -> str | None:
     return doc.strip() if doc else None
 
 
+def _defined_by(value: object) -> str:
+    """The top-level package that defines ``value`` (a partial: its function's)."""
+    value = value.func if isinstance(value, functools.partial) else value
+    return str(getattr(value, "__module__", "")).split(".")[0]
+
+
 def undocumented(roots: tuple[str, ...] = ROOTS) -> list[str]:
     """``module.name`` of each public class or function of the pages without a docstring,
     and ``module.Class.field`` of each field of a ``CONFIGURED`` class without one (see the
     module docstring).  Names JAX defines are JAX's to document; typing aliases are not
     callables."""
     import pdoc.doc
+    from pdoc import doc_ast
 
     configured = tuple(getattr(importlib.import_module(path.rpartition(".")[0]),
                                path.rpartition(".")[2]) for path in CONFIGURED)
@@ -135,12 +143,17 @@ def undocumented(roots: tuple[str, ...] = ROOTS) -> list[str]:
     with _with_all(pages):
         for module_name, names in pages.items():
             module = sys.modules[module_name]
+            attribute_docs = doc_ast.walk_tree(module).var_docstrings
             for name in names:
                 value = getattr(module, name)
-                if not (inspect.isclass(value) or inspect.isroutine(value)) or \
-                        str(getattr(value, "__module__", "")).split(".")[0] not in packages:
+                if not callable(value) or type(value).__module__ == "typing" or \
+                        _defined_by(value) not in packages:
                     continue
-                if _own_docstring(value) is None:
+                if inspect.isclass(value) or inspect.isroutine(value):
+                    documented = _own_docstring(value) is not None
+                else:       # an attribute pdoc shows with its value (a partial)
+                    documented = bool(attribute_docs.get(name) or callable_docstring(value))
+                if not documented:
                     missing.append(f"{module_name}.{name}")
                 if inspect.isclass(value) and issubclass(value, configured):
                     doc = pdoc.doc.Class(value.__module__, value.__qualname__, value,
@@ -210,11 +223,26 @@ def _public_rendering() -> Iterator[None]:
         pdoc.doc.formatannotation, pdoc.doc._remove_memory_addresses = originals
 
 
-def _hide_decorators(namespace: object, packages: tuple[str, ...]) -> None:
-    """Drop ``_HIDDEN_DECORATORS`` from every function ``namespace`` (a pdoc Module or Class)
-    documents, its classes' methods included, and every decorator from a function another
-    package defines (``varjax.nn.relu`` is JAX's: ``@jax.jit``, ``@export`` are JAX's own
-    bookkeeping, not how a reader calls it)."""
+def callable_docstring(value: object) -> str | None:
+    """What the reference says of a callable that is neither a class nor a function: its own
+    docstring (``nn.relu``, a ``jax.custom_jvp``, carries JAX's), or for a
+    ``functools.partial`` the function it calls and what it fixes (``nnx.compat.jit``)."""
+    if isinstance(value, functools.partial):
+        func = value.func
+        fixed = ", ".join([*map(repr, value.args), *(f"{k}={v!r}" for k, v in value.keywords.items())])
+        wrapped = _own_docstring(func)
+        return wrapped and f"``{func.__module__}.{func.__qualname__}`` with ``{fixed}`` given." \
+            f"\n\n{wrapped.split(chr(10) * 2)[0]}"
+    doc = getattr(value, "__doc__", None)
+    return inspect.cleandoc(doc) if doc and doc is not type(value).__doc__ else None
+
+
+def _adjust(namespace: object, packages: tuple[str, ...]) -> None:
+    """What pdoc shows of ``namespace`` (a pdoc Module or Class) and its classes' members:
+    no ``_HIDDEN_DECORATORS``, and no decorator at all on a function another package
+    defines (``varjax.nn.relu`` is JAX's: ``@jax.jit``, ``@export`` are JAX's own
+    bookkeeping, not how a reader calls it); a callable attribute without an attribute
+    docstring gets its ``callable_docstring``."""
     import pdoc.doc
 
     for member in namespace.own_members:        # type: ignore[attr-defined]
@@ -223,7 +251,10 @@ def _hide_decorators(namespace: object, packages: tuple[str, ...]) -> None:
             shown = [d for d in member.decorators if ours and d not in _HIDDEN_DECORATORS]
             member.__dict__["decorators"] = shown     # pdoc caches it there
         elif isinstance(member, pdoc.doc.Class):
-            _hide_decorators(member, packages)
+            _adjust(member, packages)
+        elif isinstance(member, pdoc.doc.Variable) and not member.docstring \
+                and callable(member.default_value):
+            member.docstring = callable_docstring(member.default_value) or ""
 
 
 _REDIRECT = ('<!doctype html><meta charset="utf-8"><title>varjax API reference</title>'
@@ -247,7 +278,7 @@ def build(out_dir: str | Path, roots: tuple[str, ...] = ROOTS) -> list[warnings.
         warnings.simplefilter("always")
         modules = {name: pdoc.doc.Module(sys.modules[name]) for name in pages}
         for name, module in modules.items():
-            _hide_decorators(module, packages)
+            _adjust(module, packages)
             _exported_submodules(module, pages[name], modules)
             html = pdoc.render.html_module(module, modules)
             path = out / f"{name.replace('.', '/')}.html"

@@ -89,16 +89,19 @@ def test_signatures_show_public_names(docs):
     assert [p.name for p, html in pages.items() if re.search(r"jax\._src\.", html)] == []
     nn_page = (out / "varjax" / "nn.html").read_text()
     assert "jax.lax.Precision" in nn_page and "jax.sharding.Mesh" in nn_page
+    relu = nn_page.split('<section id="relu">')[1].split("</section>")[0]
+    assert 'class="docstring"' in relu           # JAX's docstring, shown for its custom_jvp
     functionalize = (out / "varjax.html").read_text().split('<section id="functionalize">')[1]
     functionalize = functionalize.split("</section>")[0]
     assert "dump_dir" in functionalize and "decorator" not in functionalize
 
 
 def test_an_undocumented_name_is_reported(tmp_path, monkeypatch):
-    """The coverage check has teeth: a bare function, a dataclass's generated docstring and
-    a layer's bare field are reported; documented ones are not."""
+    """The coverage check has teeth: a bare function, a partial of one, a dataclass's
+    generated docstring and a layer's bare field are reported; documented ones are not."""
     (tmp_path / "vjdocprobe2.py").write_text(textwrap.dedent('''\
         import dataclasses
+        import functools
 
         import varjax.nn as nn
 
@@ -108,6 +111,10 @@ def test_an_undocumented_name_is_reported(tmp_path, monkeypatch):
 
         def told(x):
             """Documented."""
+
+
+        bare_partial = functools.partial(bare, 1)
+        told_partial = functools.partial(told, 1)
 
 
         @dataclasses.dataclass
@@ -123,8 +130,10 @@ def test_an_undocumented_name_is_reported(tmp_path, monkeypatch):
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     missing = _load_build().undocumented(roots=("vjdocprobe2",))
-    assert {"vjdocprobe2.bare", "vjdocprobe2.Generated", "vjdocprobe2.Layer.hidden"} <= set(missing)
-    assert not {"vjdocprobe2.told", "vjdocprobe2.Layer", "vjdocprobe2.Layer.shown"} & set(missing)
+    assert {"vjdocprobe2.bare", "vjdocprobe2.bare_partial", "vjdocprobe2.Generated",
+            "vjdocprobe2.Layer.hidden"} <= set(missing)
+    assert not {"vjdocprobe2.told", "vjdocprobe2.told_partial", "vjdocprobe2.Layer",
+                "vjdocprobe2.Layer.shown"} & set(missing)
 
 
 def test_a_bad_annotation_is_reported(tmp_path, monkeypatch):
