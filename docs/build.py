@@ -2,20 +2,24 @@
 
     python -m docs.build docs/api        # or: make docs
 
-One page per public module: ``varjax``, ``varjax.nn``, ``varjax.passes`` and the
-modules they export by name (``varjax.errors``, whose page is ``varjax.ir.errors``,
-``varjax.nn.initializers``, ...).
+One page per public module: ``varjax``, ``varjax.nn``, ``varjax.passes``, ``varjax.nnx`` and
+the modules they export by name, and those modules' (``varjax.errors``, whose page is
+``varjax.ir.errors``, ``varjax.nn.initializers``, ``varjax.nnx.training.metrics``, ...); a page
+lists the modules it exports as its submodules.
 A page lists the module's public names: its ``__all__`` where it has one, else the
 names it defines or re-exports explicitly (``from m import x as x`` or a star import),
 which is how ``varjax/__init__.py`` marks its API.  Submodules that are not exported
 (``varjax.trace.variable_api``, ``varjax.nn.linear``, ...) get no page: their public names are
 documented where they are exported.
 
-Two things pdoc would show are not the API and are rewritten while it renders: the
+What pdoc would show that is not the API is rewritten while it renders: the
 ``@errors.api_boundary`` decorator (a traceback filter every public entry point wears; the
-signature shown is the function's own), and JAX's private ``jax._src`` paths in annotations
-(``jax._src.mesh.Mesh``), shown at their public names (``jax.sharding.Mesh``).
-``index.html`` forwards to ``varjax.html``, whose docstring is the overview a reader starts at.
+signature shown is the function's own) and the decorators of JAX's functions re-exported
+(``@export``); JAX's private ``jax._src`` paths in annotations and default values
+(``jax._src.mesh.Mesh``), shown at their public names (``jax.sharding.Mesh``).  A callable
+pdoc shows as an attribute (a ``functools.partial``, a ``jax.custom_jvp``) gets the docstring
+``callable_docstring`` gives it.  ``index.html`` forwards to ``varjax.html``, whose docstring
+is the overview a reader starts at.
 
 Every public class and function has a docstring of its own, and every field of a layer or a
 pass (``CONFIGURED``: a Linen layer's ``features``, a pass's ``rank``) a string literal right
