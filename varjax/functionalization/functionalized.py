@@ -18,9 +18,6 @@ no Python cache key.  An eager ``init`` runs once: rather than compile every ini
 every layer, it evaluates the pure jaxpr op by op from JAX's per-operation cache, as
 Linen's does (``jax.jit(init)`` is still one program).
 
-The pipeline verifies the IR after every pass when ``verify=True`` or the
-environment variable ``VARJAX_VERIFY`` is set (the test suite sets it).
-
 The cache key is everything the trace depended on: argument structure,
 avals and static values; the given variables' paths and types; the mutable
 filter; the RNG stream names and key types; whether this is ``init``.  On a
@@ -494,30 +491,10 @@ def _fresh_context(key: _Key) -> TraceContext:
 @errors.api_boundary
 def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),
                   dump_dir: str | None = None, verify: bool | None = None) -> Any:
-    """A function that uses variables, given Linen's ``init`` / ``apply`` (a ``Functionalized``).
-
-    Inside ``fn``, ``vj.param``, ``vj.variable``, ``vj.make_rng`` and ``vj.sow`` read, write
-    and draw as a Linen module's methods do; the returned object turns them into arguments
-    and results::
-
-        @vj.functionalize
-        def scale(x):
-            w = vj.param("w", jax.nn.initializers.ones, x.shape[-1:])
-            return x * w
-
-        variables = scale.init({"params": jax.random.key(0)}, x)   # {'params': {'w': ...}}
-        y = scale.apply(variables, x)
-        y, updated = scale.apply(variables, x, mutable=["batch_stats"])
-
-    Used bare (``@vj.functionalize``) or with options
-    (``@vj.functionalize(passes="cast-params{dtype=bfloat16}")``).
-
-    ``passes``: passes (instances or a pipeline string) run on the traced program after the
-    default ones (``varjax.passes``).  ``dump_dir``: write the program after every pass
-    there.  ``verify``: check the IR after every pass (default: the ``VARJAX_VERIFY``
-    environment variable).  Each argument structure is traced and compiled once;
-    ``.jaxpr(x, variables=variables)`` and ``.functional_jaxpr(x, variables=variables)``
-    return the program before and after the passes."""
+    """A function using ``vj.param``/``variable``/``make_rng``/``sow``, given Linen's ``init``
+    (``f.init({"params": key}, x)``: its variables) and ``apply`` (``f.apply(variables, x)``).
+    ``passes`` run after the defaults (``"cast-params{dtype=bfloat16}"``); ``dump_dir`` gets
+    the IR after each pass; ``verify`` (or env ``VARJAX_VERIFY``, set in tests) checks it."""
     if fn is None:
         return lambda f: Functionalized(f, passes=passes, dump_dir=dump_dir, verify=verify)
     return Functionalized(fn, passes=passes, dump_dir=dump_dir, verify=verify)
