@@ -60,7 +60,7 @@ def test_state_axes_is_a_mapping_of_filters_to_axes_as_flax():
     assert axes[...] is faxes[...] is None and list(axes) == [nnx.Param, ...]
 
 
-class Steps(nnx.Variable):
+class ScanSteps(nnx.Variable):
     pass
 
 
@@ -71,7 +71,7 @@ class FlaxSteps(flax_nnx.Variable):
 def _lib(lib):
     """The library's vmap, scan, StateAxes, Carry and step-counter type."""
     if lib is nnx:
-        return vmap, scan, StateAxes, Carry, Steps
+        return vmap, scan, StateAxes, Carry, ScanSteps
     return flax_nnx.vmap, flax_nnx.scan, flax_nnx.StateAxes, flax_nnx.Carry, FlaxSteps
 
 
@@ -136,7 +136,7 @@ class _Counter:
     def run(lib, graph_updates):
         class Model(lib.Module):
             def __init__(self):
-                self.c = (Steps if lib is nnx else FlaxSteps)(jnp.array(0))
+                self.c = (ScanSteps if lib is nnx else FlaxSteps)(jnp.array(0))
         m = Model()
 
         def body(m, x):

@@ -51,7 +51,8 @@ _WRITE_LINE = "test_raw_transform_writes.py:30"
 def test_a_closed_over_module_written_inside_a_transform_is_refused_at_the_write(model, transform):
     with pytest.raises(vj.errors.TransformError, match="holds it as a constant") as info:
         transform(model)
-    assert info.value.collection == "Count" and _WRITE_LINE in info.value.source
+    # the class's collection: 'Count', or 'Count@...' after another test's Count class
+    assert info.value.collection == model.calls.collection and _WRITE_LINE in info.value.source
     assert int(model.calls[...]) == 0            # no tracer was left in it
 
 
@@ -73,9 +74,9 @@ def test_the_module_passed_to_nnx_jit_is_written_back(model):
 
 def test_a_write_to_jax_jits_copy_not_returned_is_reported_at_the_next_use(model):
     jax.jit(lambda m, x: m(x))(model, X)
-    with pytest.raises(vj.errors.TransformError, match="'Count' was lost") as info:
+    with pytest.raises(vj.errors.TransformError, match="was lost") as info:
         model.calls[...]
-    assert info.value.collection == "Count" and _WRITE_LINE in info.value.source
+    assert info.value.collection == model.calls.collection and _WRITE_LINE in info.value.source
     assert int(model.calls[...]) == 0            # reported once; the model is as it was
 
 
