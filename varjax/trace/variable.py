@@ -341,13 +341,10 @@ def _flatten(v: Variable) -> tuple[tuple, tuple]:
     # Metadata keys JAX's caches by type and value (``tag=1`` and ``tag=1.0`` trace apart).
     # A held Variable's aux names it (``raw_writes.Origin``), so a copy JAX makes under a
     # transform can report a lost write; a copy flattened (returned) is not lost.
-    if v.path is not None:
-        return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))),
-                            raw_writes.NOWHERE)
     if v._source is not None:
         raw_writes.returned(v._source)
-    return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))),
-                        raw_writes.Origin(v))
+    origin = raw_writes.NOWHERE if v.path is not None else raw_writes.Origin(v)
+    return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))), origin)
 
 
 def held(cls: type[Variable], collection: str, value: Any, metadata: Mapping[str, Any]) -> Variable:
