@@ -42,6 +42,7 @@ import re
 import sys
 import time
 import types
+import typing
 import warnings
 from pathlib import Path
 from typing import Iterator
@@ -165,6 +166,74 @@ def undocumented(roots: tuple[str, ...] = ROOTS) -> list[str]:
                     missing += [f"{module_name}.{name}.{f.name}" for f in dataclasses.fields(value)
                                 if not f.name.startswith("_") and not doc._var_docstrings.get(f.name)]
     return list(dict.fromkeys(missing))
+
+
+_BARE_ANY = re.compile(r"(typing\.)?(Any|Optional\[Any\]|Union\[Any, NoneType\])")
+
+
+def _annotation_text(annotation: object) -> str:
+    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+
+
+def _bare_any_in(fn: object, label: str) -> list[str]:
+    """``label(parameter)`` (``label -> return``) for each annotation of ``fn``'s signature
+    that is ``Any`` alone (or ``Any | None``).  ``*args``/``**kwargs`` passed on to a user's
+    function are anything by nature and not listed."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:           # an annotation pdoc cannot evaluate either: its warning says so
+        hints = {}
+    found = [f"{label}({p.name})" for p in signature.parameters.values()
+             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+             and p.annotation is not p.empty
+             and _BARE_ANY.fullmatch(_annotation_text(hints.get(p.name, p.annotation)))]
+    if signature.return_annotation is not signature.empty and \
+            _BARE_ANY.fullmatch(_annotation_text(hints.get("return", signature.return_annotation))):
+        found.append(f"{label} -> Any")
+    return found
+
+
+def bare_any(roots: tuple[str, ...] = ROOTS) -> list[str]:
+    """Each parameter or return of a public signature annotated with a bare ``Any``, as
+    ``module.name(parameter)``, with the file defining it: the reference says what a
+    parameter takes by its annotation (``vj.typing``'s ``PyTree``, ``Dtype``,
+    ``CollectionFilter``, ...), and ``Any`` says nothing.  A class's signature and its public
+    methods count; names another package defines are that package's."""
+    pages = public_modules(roots)
+    packages = {root.split(".")[0] for root in roots}
+    seen: set[int] = set()
+    found: list[str] = []
+    for module_name, names in pages.items():
+        module = sys.modules[module_name]
+        for name in names:
+            value = getattr(module, name)
+            if id(value) in seen or not callable(value) or _defined_by(value) not in packages \
+                    or not (inspect.isclass(value) or inspect.isroutine(value)):
+                continue
+            seen.add(id(value))
+            label = f"{module_name}.{name}"
+            where = _source_of(value)
+            found += [f"{entry}  [{where}]" for entry in _bare_any_in(value, label)]
+            if inspect.isclass(value):
+                for attr, member in vars(value).items():
+                    member = member.__func__ if isinstance(member, (staticmethod, classmethod)) \
+                        else member
+                    if not attr.startswith("_") and inspect.isfunction(member):
+                        found += [f"{entry}  [{_source_of(member)}]"
+                                  for entry in _bare_any_in(member, f"{label}.{attr}")]
+    return found
+
+
+def _source_of(value: object) -> str:
+    try:
+        path = inspect.getsourcefile(value if inspect.isclass(value) else inspect.unwrap(value))
+    except TypeError:
+        return "?"
+    return str(Path(path).relative_to(Path(__file__).resolve().parents[1])) if path else "?"
 
 
 @contextlib.contextmanager

@@ -148,3 +148,11 @@ def test_a_bad_annotation_is_reported(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     caught = _load_build().build(tmp_path / "out", roots=("vjdocprobe",))
     assert any("NoSuchType" in str(w.message) for w in caught)
+
+
+def test_public_signatures_say_what_they_take_not_bare_any(docs):
+    """Issue 38: a parameter's annotation is the reference's word on what to pass.  A bare
+    ``Any`` says nothing; ``vj.typing`` names the kinds (``PyTree``, ``Dtype``,
+    ``CollectionFilter``, ``Passes``, ...)."""
+    build, _, _ = docs
+    assert build.bare_any() == []

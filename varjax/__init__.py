@@ -46,10 +46,11 @@ from typing import TYPE_CHECKING, Any
 # (``tests/tools/test_lazy_import.py`` checks that the two agree).
 #
 # public name -> the module it comes from; ``_SUBMODULES`` are modules themselves
-_SUBMODULES = ("errors", "passes")
+_SUBMODULES = ("errors", "passes", "typing")
 _API: dict[str, str] = {
     "errors": "varjax.ir.errors",
     "passes": "varjax.passes",
+    "typing": "varjax.ir.typing",
     "PARTITION_NAME": "varjax.ir.axis_metadata",
     "clear_caches": "varjax.ir.caches",
     "set_cache_size": "varjax.ir.caches",
@@ -170,6 +171,7 @@ if TYPE_CHECKING:
     from varjax.functionalization.functionalized import Functionalized as Functionalized
     from varjax.functionalization.functionalized import functionalize as functionalize
     from varjax.ir import errors as errors
+    from varjax.ir import typing as typing
     from varjax.ir.axis_metadata import PARTITION_NAME as PARTITION_NAME
     from varjax.ir.caches import clear_caches as clear_caches
     from varjax.ir.caches import set_cache_size as set_cache_size
