@@ -23,6 +23,9 @@ collection.  Where to start, by task:
   function wrapped by `functionalize` give it Linen's ``init``/``apply``.
 - **See the program**: `pretty` and `dump` print its IR, `dataflow` and `dead_params`
   say which variables feed what; ``python -m varjax dump`` does it from the shell.
+- **Read a signature**: an annotation names what a parameter takes; the kinds that are no
+  single class (``PyTree``, ``Dtype``, ``CollectionFilter``, ``Passes``, ``Filter``, ...) are
+  aliases of ``varjax.typing`` (its page: `varjax.ir.typing`), each saying what to pass.
 - **Read an error**: every error is a class of ``varjax.errors`` (its page:
   `varjax.ir.errors`) and names the variable's collection and path and the line of yours
   that caused it.
