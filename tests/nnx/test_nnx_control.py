@@ -171,11 +171,6 @@ def test_fori_loop_body_returning_a_new_module_is_refused():
         fori_loop(0, 2, lambda i, c: (_model(nnx, 3), c[1]), (_model(nnx), X))
 
 
-def test_fori_loop_unroll_is_not_provided():
-    with pytest.raises(errors.NotProvidedError, match=r"nnx.fori_loop\(unroll=...\)"):
-        fori_loop(0, 2, _body, (_model(nnx), X), unroll=2)
-
-
 # --- eval_shape ----------------------------------------------------------------------------
 
 def test_eval_shape_of_a_constructor_gives_an_abstract_model_like_flax():

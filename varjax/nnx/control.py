@@ -29,7 +29,6 @@ from varjax.nnx.transform_checks import (
     as_given,
     checked,
     refuse_bound_method,
-    refuse_options,
     same_carry_objects,
 )
 from varjax.objects import control_flow, object_transforms
@@ -103,11 +102,11 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any, *,
               unroll: int | bool | None = None, graph: bool | None = None,
               graph_updates: bool | None = None, passes: Any = ()) -> Any:
     """``jax.lax.fori_loop`` over NNX objects in the carry (see ``while_loop``; ``passes``
-    run on the body's IR)."""
-    refuse_options("fori_loop", unroll=(unroll, None))
+    run on the body's IR).  ``unroll`` is JAX's, as flax.nnx passes it on: a ``scan``
+    unrolled that many steps per iteration, the bounds then concrete."""
     final = control_flow.fori_loop(
         lower, upper, checked(body_fun, "fori_loop", _fori_carry, loop=True), init_val,
-        passes=passes)
+        unroll=unroll, passes=passes)
     return as_given(init_val, final, resolve(graph, graph_updates)[1])
 
 

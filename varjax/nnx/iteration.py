@@ -56,7 +56,6 @@ from varjax.nnx.transform_checks import (
     objects_in,
     positional,
     refuse_bound_method,
-    refuse_options,
     same_carry_objects,
 )
 from varjax.objects import control_flow, split_merge
@@ -205,7 +204,6 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
     scanned along their axis or broadcast; a ``StateAxes`` entry gives each state of a
     module its own (``Carry``, ``None`` or an int).  ``passes`` (beyond flax.nnx, as
     ``nnx.jit``'s) run on the step's IR before JAX scans it."""
-    refuse_options("scan", _split_transpose=(_split_transpose, False))
     modes = resolve(graph, graph_updates)
     if transform_metadata:
         not_provided("nnx.scan(transform_metadata=...)", "this option is not built yet.",
@@ -267,7 +265,8 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
                     tuple(lay.parts[k] for k in lay.fixed))
             xs = tuple(_move(lay.parts[k], lay.axes[k], True, "in_axes") for k in lay.scanned)
             run = control_flow.scan(steps(lay.key(), arg_carry), length=length,
-                                    reverse=reverse, unroll=unroll, passes=passes)
+                                    reverse=reverse, unroll=unroll,
+                                    _split_transpose=_split_transpose, passes=passes)
             (carry, _, _), ys = run(init, xs)
             carry = as_given(init[0], carry, modes[1])
             if out_carry is Carry:

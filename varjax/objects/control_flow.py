@@ -326,21 +326,26 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *,
 
 @errors.api_boundary
 def fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any, *,
-              passes: Any = ()) -> Any:
-    """``jax.lax.fori_loop`` over objects in the carry (``passes`` run on the body's IR)."""
+              unroll: int | bool | None = None, passes: Any = ()) -> Any:
+    """``jax.lax.fori_loop`` over objects in the carry (``passes`` run on the body's IR).
+    ``unroll`` is JAX's: the loop becomes a ``scan`` unrolled that many steps per iteration,
+    so the bounds must be concrete."""
     carried = _Carried("vj.fori_loop", body_fun, init_val, _trip_count(lower, upper), 1,
                        parse_entries(passes))
-    final = jax.lax.fori_loop(lower, upper, lambda i, v: carried.step((i, v))[0], init_val)
+    final = jax.lax.fori_loop(lower, upper, lambda i, v: carried.step((i, v))[0], init_val,
+                              unroll=unroll)
     carried.write_back(final)
     return final
 
 
 def scan(fn: Callable, *, length: int | None = None, reverse: bool = False,
-         unroll: int | bool = 1, passes: Any = ()) -> Callable:
+         unroll: int | bool = 1, _split_transpose: bool = False,
+         passes: Any = ()) -> Callable:
     """``jax.lax.scan`` over objects, as ``(carry, xs) -> (carry, ys)``: objects in the carry
     are carried (updated every step, followed by object: ``_Carried``), objects in ``xs``
     are sliced per step and their updates stacked along axis 0.  ``passes`` (as ``cond``'s)
-    run on the body's IR."""
+    run on the body's IR; ``_split_transpose`` is passed on to ``jax.lax.scan``, which (JAX
+    0.10) takes it and ignores it: its transpose is no longer split."""
     parsed = parse_entries(passes)
 
     def call(init: Any, xs: Any) -> Any:
@@ -352,7 +357,7 @@ def scan(fn: Callable, *, length: int | None = None, reverse: bool = False,
             (new_carry, y), _, result = carried.step((carry, x))
             return new_carry, (y, result.updates[n_carry:])
         final, (ys, stacked) = jax.lax.scan(step, init, xs, length=length, reverse=reverse,
-                                            unroll=unroll)
+                                            unroll=unroll, _split_transpose=_split_transpose)
         for (_, cell), value in zip(xs_graph.cells, stacked):
             if value is not None:
                 cell.set(value)

@@ -1,0 +1,103 @@
+"""The flax.nnx transform options varjax.nnx passes on to JAX, against flax.nnx 0.12.8: the
+same values and the same updates written back, bit for bit, and the option reaching JAX's
+primitive (its parameter in the jaxpr); and the options JAX itself no longer has, refused
+as JAX and flax.nnx refuse them."""
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx as flax_nnx
+
+from varjax import nnx
+from varjax.nnx.control import fori_loop
+from varjax.nnx.iteration import Carry, scan
+
+X = jnp.arange(6.0).reshape(3, 2) / 7
+
+
+def _model(lib, seed=0):
+    class Model(lib.Module):
+        def __init__(self, rngs):
+            self.lin = lib.Linear(2, 2, rngs=rngs)
+            self.count = lib.BatchStat(jnp.array(0))
+
+        def __call__(self, x):
+            self.count[...] += 1
+            return jnp.tanh(self.lin(x))
+    return Model(lib.Rngs(seed))
+
+
+def _same_state(ours, theirs):
+    a, b = nnx.to_pure_dict(nnx.state(ours)), flax_nnx.to_pure_dict(flax_nnx.state(theirs))
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+
+
+def _params(jaxpr, name):
+    """The ``name`` parameter of every ``scan`` equation of ``jaxpr``, nested ones too."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn.params[name])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found += _params(sub, name)
+    return found
+
+
+def _body(i, carry):
+    m, h = carry
+    return m, m(h)
+
+
+# --- fori_loop(unroll=...) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("unroll", [2, True])
+def test_fori_loop_unroll_matches_flax_and_writes_updates_back(unroll):
+    ours, theirs = _model(nnx), _model(flax_nnx)
+    m, h = fori_loop(0, 3, _body, (ours, X), unroll=unroll)
+    fm, fh = flax_nnx.fori_loop(0, 3, _body, (theirs, X), unroll=unroll)
+    np.testing.assert_array_equal(h, fh)
+    assert m is ours
+    assert int(ours.count[...]) == 3
+    _same_state(ours, theirs)
+
+
+def test_fori_loop_unroll_reaches_jaxs_scan():
+    jaxpr = jax.make_jaxpr(lambda x: fori_loop(0, 4, lambda i, h: h * 2, x, unroll=2))(X)
+    assert _params(jaxpr.jaxpr, "unroll") == [2]
+
+
+def test_fori_loop_unroll_with_traced_bounds_is_jaxs_error():
+    ours = _model(nnx)
+    with pytest.raises(ValueError, match="unroll"):
+        jax.jit(lambda n: fori_loop(0, n, _body, (ours, X), unroll=2)[1])(3)
+
+
+# --- scan(_split_transpose=...) ----------------------------------------------------------
+
+def _rnn_loss(lib, scan_):
+    def loss(m, xs):
+        def step(m, h, x):
+            return m(h + x), None
+        h, _ = scan_(step, in_axes=(None, lib.Carry, 0), out_axes=(lib.Carry, 0),
+                     _split_transpose=True)(m, jnp.zeros(2), xs)
+        return h.sum()
+    return loss
+
+
+def test_scan_split_transpose_gradients_match_flax():
+    ours, theirs = _model(nnx), _model(flax_nnx)
+    g = nnx.grad(_rnn_loss(nnx, scan))(ours, X)
+    fg = flax_nnx.grad(_rnn_loss(flax_nnx, flax_nnx.scan))(theirs, X)
+    a, b = nnx.to_pure_dict(g), flax_nnx.to_pure_dict(fg)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+def test_scan_split_transpose_is_taken_and_ignored_as_jax_ignores_it():
+    def traced(**kw):
+        run = scan(lambda c, x: (c * x, c), in_axes=(Carry, 0), out_axes=(Carry, 0), **kw)
+        return str(jax.make_jaxpr(jax.grad(lambda c, xs: run(c, xs)[0]))(1.0, X[:, 0]))
+    assert traced(_split_transpose=True) == traced()
