@@ -18,6 +18,8 @@ import dataclasses
 import typing as tp
 
 from varjax.ir import errors
+from varjax.ir.typing import Filter
+from varjax.nnx.typing import Key
 from varjax.trace.rngs import RngStream
 from varjax.trace.variable import Variable
 
@@ -70,7 +72,7 @@ class PathContains:
     """Selects the leaves whose path contains ``key`` (an attribute name, index or stream
     name)."""
 
-    key: tp.Any
+    key: Key
 
     def __call__(self, path: tuple, value: tp.Any) -> bool:
         return self.key in path
@@ -79,7 +81,7 @@ class PathContains:
 class Any:  # noqa: A001  (NNX's name)
     """Selects a leaf that any of ``filters`` selects."""
 
-    def __init__(self, *filters: tp.Any):
+    def __init__(self, *filters: Filter):
         self.predicates = tuple(to_predicate(f) for f in filters)
 
     def __call__(self, path: tuple, value: tp.Any) -> bool:
@@ -89,7 +91,7 @@ class Any:  # noqa: A001  (NNX's name)
 class All:
     """Selects a leaf that every one of ``filters`` selects."""
 
-    def __init__(self, *filters: tp.Any):
+    def __init__(self, *filters: Filter):
         self.predicates = tuple(to_predicate(f) for f in filters)
 
     def __call__(self, path: tuple, value: tp.Any) -> bool:
@@ -99,7 +101,7 @@ class All:
 class Not:
     """Selects a leaf that ``filter`` does not."""
 
-    def __init__(self, filter: tp.Any):  # noqa: A002  (NNX's name)
+    def __init__(self, filter: Filter):  # noqa: A002  (NNX's name)
         self.predicate = to_predicate(filter)
 
     def __call__(self, path: tuple, value: tp.Any) -> bool:
@@ -120,7 +122,7 @@ class Nothing:
         return False
 
 
-def to_predicate(f: tp.Any) -> Predicate:
+def to_predicate(f: Filter) -> Predicate:
     """The predicate of filter ``f`` (module docstring)."""
     if f is Ellipsis or f is True:
         return Everything()

@@ -21,27 +21,27 @@ from typing import Any, Callable, Mapping
 
 import jax
 
+from varjax.ir.typing import Filter, Node
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graphlib import flatten_graph
 from varjax.nnx.state_axes import StateAxes
+from varjax.nnx.typing import PathParts, Prefix
 from varjax.objects.nodes import is_node
 from varjax.trace.unprovided import not_provided
 
 __all__ = ["prefix"]
 
-Path = tuple
 
-
-def _nnx_path(keypath: tuple) -> Path:
+def _nnx_path(keypath: tuple) -> PathParts:
     """A JAX key path as the NNX path of the same place (names, indices, dict keys)."""
     return tuple(getattr(k, "name", getattr(k, "idx", getattr(k, "key", k))) for k in keypath)
 
 
-def _by_filters(filter_map: Mapping[Any, Any]) -> Callable[[Path, Any], Any]:
+def _by_filters(filter_map: Mapping[Any, Any]) -> Callable[[PathParts, Any], Any]:
     predicates = tuple((to_predicate(f), value) for f, value in filter_map.items())
     filters = list(filter_map)
 
-    def prefix_fn(path: Path, leaf: Any) -> Any:
+    def prefix_fn(path: PathParts, leaf: Any) -> Any:
         for predicate, value in predicates:
             if predicate(path, leaf):
                 return value
@@ -50,8 +50,8 @@ def _by_filters(filter_map: Mapping[Any, Any]) -> Callable[[Path, Any], Any]:
     return prefix_fn
 
 
-def prefix(node: Any, filter_map: Mapping[Any, Any] | Callable[[Path, Any], Any], /, *,
-           graph: bool | None = None) -> Any:
+def prefix(node: Node, filter_map: Mapping[Filter, Prefix] | Callable[[PathParts, Any], Prefix],
+           /, *, graph: bool | None = None) -> Prefix:
     """``node`` with each leaf (Variable, stream, array) replaced by its prefix value:
     ``filter_map(path, leaf)``, or the value of the first filter of a mapping that matches
     it (``ValueError`` when none does); pass it as a transform's ``in_axes``.  ``graph`` is
@@ -84,8 +84,8 @@ class PrefixAxes(StateAxes):
     what ``None`` means for a whole argument (not what a ``StateAxes`` ``None`` means)."""
 
 
-def _at(path: Path) -> Callable[[Path, Any], bool]:
-    def under(p: Path, _: Any) -> bool:
+def _at(path: PathParts) -> Callable[[PathParts, Any], bool]:
+    def under(p: PathParts, _: Any) -> bool:
         return tuple(p[:len(path)]) == path
     return under
 
