@@ -13,14 +13,17 @@ could not follow both.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterable
 
 import jax
 
 from varjax.ir import errors
+from varjax.ir.typing import Node, PyTree
 from varjax.nnx.contexts import MergeContext, SplitContext, merge_context, split_context
 from varjax.nnx.graphlib import GraphDef, is_graph_node
 from varjax.nnx.state_ops import iter_graph
+from varjax.nnx.statelib import State
+from varjax.nnx.typing import Prefix
 from varjax.trace.variable import Variable
 
 __all__ = ["NodeStates", "to_tree", "from_tree", "default_split_fn", "merge_tree_node",
@@ -36,7 +39,7 @@ class NodeStates:
 
     _graphdef: GraphDef | None
     states: tuple
-    metadata: Any = None
+    metadata: Hashable = None
 
     @property
     def graphdef(self) -> GraphDef:
@@ -47,7 +50,7 @@ class NodeStates:
         return self._graphdef
 
     @property
-    def state(self) -> Any:
+    def state(self) -> State | Variable | Prefix:
         """The one state (an error if there are several)."""
         if len(self.states) != 1:
             raise errors.InvalidVariablesError(
@@ -56,16 +59,17 @@ class NodeStates:
         return self.states[0]
 
     @classmethod
-    def from_split(cls, graphdef: GraphDef | None, state: Any, /, *states: Any,
-                   metadata: Any = None) -> "NodeStates":
+    def from_split(cls, graphdef: GraphDef | None, state: State | Variable, /,
+                   *states: State | Variable, metadata: Hashable = None) -> "NodeStates":
         return cls(graphdef, (state, *states), metadata)
 
     @classmethod
-    def from_states(cls, state: Any, *states: Any) -> "NodeStates":
+    def from_states(cls, state: State | Variable, *states: State | Variable) -> "NodeStates":
         return cls(None, (state, *states), None)
 
     @classmethod
-    def from_prefixes(cls, prefixes: Any, /, *, metadata: Any = None) -> "NodeStates":
+    def from_prefixes(cls, prefixes: Iterable[Prefix], /, *,
+                      metadata: Hashable = None) -> "NodeStates":
         return cls(None, tuple(prefixes), metadata)
 
 
@@ -73,12 +77,12 @@ jax.tree_util.register_dataclass(NodeStates, data_fields=["_graphdef", "states"]
                                  meta_fields=["metadata"])
 
 
-def default_split_fn(ctx: SplitContext, path: tuple, prefix: Any, leaf: Any) -> NodeStates:
+def default_split_fn(ctx: SplitContext, path: tuple, prefix: Prefix, leaf: Node) -> NodeStates:
     """``split``'s ``GraphDef`` and state of ``leaf``, in the shared context."""
     return NodeStates.from_split(*ctx.split(leaf))
 
 
-def merge_tree_node(ctx: MergeContext, path: tuple, prefix: Any, leaf: Any) -> Any:
+def merge_tree_node(ctx: MergeContext, path: tuple, prefix: Prefix, leaf: NodeStates) -> Node:
     """The object of a ``NodeStates``, in the shared context."""
     if not isinstance(leaf, NodeStates):
         raise errors.InvalidVariablesError(
@@ -87,7 +91,7 @@ def merge_tree_node(ctx: MergeContext, path: tuple, prefix: Any, leaf: Any) -> A
     return ctx.merge(leaf.graphdef, *leaf.states)
 
 
-def is_tree_node(x: Any) -> bool:
+def is_tree_node(x: object) -> bool:
     """Whether ``x`` is a ``NodeStates`` (an object ``to_tree`` replaced)."""
     return isinstance(x, NodeStates)
 
@@ -123,10 +127,10 @@ def _check_aliasing(node: Any, prefix: Any, seen: dict[int, list[tuple[tuple, An
                     fix="give every place of a shared object the same prefix")
 
 
-def to_tree(tree: Any, /, *, prefix: Any = _MISSING,
-            split_fn: Callable[[SplitContext, tuple, Any, Any], Any] = default_split_fn,
+def to_tree(tree: PyTree, /, *, prefix: Prefix = _MISSING,
+            split_fn: Callable[[SplitContext, tuple, Prefix, Any], Any] = default_split_fn,
             map_non_graph_nodes: bool = False, ctxtag: Hashable | None = None,
-            check_aliasing: bool = True) -> Any:
+            check_aliasing: bool = True) -> PyTree:
     """``tree`` with each NNX object and Variable replaced by ``split_fn``'s result (a
     ``NodeStates``), all split in one context (module docstring); with
     ``map_non_graph_nodes`` the other leaves too."""
@@ -145,11 +149,11 @@ def to_tree(tree: Any, /, *, prefix: Any = _MISSING,
     return treedef.unflatten(out)
 
 
-def from_tree(tree: Any, /, *, prefix: Any = _MISSING,
-              merge_fn: Callable[[MergeContext, tuple, Any, Any], Any] = merge_tree_node,
+def from_tree(tree: PyTree, /, *, prefix: Prefix = _MISSING,
+              merge_fn: Callable[[MergeContext, tuple, Prefix, Any], Any] = merge_tree_node,
               is_node_leaf: Callable[[Any], bool] = is_tree_node,
               is_leaf: Callable[[Any], bool] = is_tree_node, map_non_graph_nodes: bool = False,
-              is_inner: bool | None = None, ctxtag: Hashable | None = None) -> Any:
+              is_inner: bool | None = None, ctxtag: Hashable | None = None) -> PyTree:
     """``to_tree`` undone: each ``NodeStates`` (what ``is_node_leaf`` accepts) merged back
     with ``merge_fn``, all in one context, so shared objects come back shared."""
     leaves, treedef = _with_prefixes(tree, prefix, is_leaf)

@@ -24,11 +24,13 @@ import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors
+from varjax.ir.typing import Filter, Node, PyTree
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graphlib import GraphDef, build, build_from_states, flat_of, flatten_graph, nested
 from varjax.nnx.pytree import Pytree, _Container
 from varjax.nnx.rng_variables import FIELDS, stream_variables
 from varjax.nnx.statelib import FlatState, State
+from varjax.nnx.typing import Key, PureDict, StateLike
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 
@@ -79,7 +81,7 @@ PureState = tuple[GraphDef, State]
 """A ``(graphdef, state)`` pair, as flax.nnx names it."""
 
 
-def graphdef(node: Any, /, *, graph: bool | None = None) -> GraphDef:
+def graphdef(node: Node, /, *, graph: bool | None = None) -> GraphDef:
     """``node``'s structure (``split``'s first result)."""
     return flatten_graph(node, graph)[0]
 
@@ -95,7 +97,8 @@ def _partition(entries: list, filters: tuple) -> list[State]:
     return [nested(part) for part in parts]
 
 
-def state(node: Any, *filters: Any, graph: bool | None = None) -> Any:
+def state(node: Node, *filters: Filter, graph: bool | None = None
+          ) -> State | tuple[State, ...]:
     """The leaves of ``node`` as a ``State`` (several filters: one ``State`` each, a leaf
     in the first whose filter matches)."""
     _, entries = flatten_graph(node, graph)
@@ -103,7 +106,7 @@ def state(node: Any, *filters: Any, graph: bool | None = None) -> Any:
     return parts[0] if len(parts) == 1 else tuple(parts)
 
 
-def split(node: Any, *filters: Any, graph: bool | None = None) -> tuple:
+def split(node: Node, *filters: Filter, graph: bool | None = None) -> tuple:
     """``(graphdef, state, ...)``: the object's structure and its leaves, one ``State`` per
     filter (no filter: one with everything); a leaf no filter matches is an error."""
     g, entries = flatten_graph(node, graph)
@@ -122,8 +125,8 @@ def _flat_paths(s: Any) -> set:
     return {()} if isinstance(s, Variable) else set(s.flat())
 
 
-def merge(graphdef_or_graphstate: Any, /, *states: Any, copy: bool = False,
-          recreate_variables: bool = True) -> Any:
+def merge(graphdef_or_graphstate: GraphDef | GraphState, /, *states: StateLike | Variable,
+          copy: bool = False, recreate_variables: bool = True) -> Node:
     """The object a ``GraphDef`` describes, its leaves from ``states`` (the Variables
     themselves, as NNX's ``merge`` uses them; copies with ``copy``; a plain value made a
     Variable of the split one's type again unless ``recreate_variables=False``).  Or the
@@ -170,7 +173,7 @@ def _set(node: Any, path: tuple, value: Any) -> None:
     set_child(parent, last, value)
 
 
-def set_child(parent: Any, key: Any, value: Any) -> None:
+def set_child(parent: Node, key: Key, value: Node | PyTree) -> None:
     """Puts ``value`` at ``key`` of ``parent``: into the Variable there (its value, as
     flax.nnx's graph nodes take one), else as the attribute, element or stream.  A tuple
     or other immutable container refuses, as in flax.nnx."""
@@ -200,7 +203,7 @@ def _child(parent: Any, k: Any) -> Any:
     return getattr(parent, k)
 
 
-def update(node: Any, *states: Any) -> None:
+def update(node: Node, *states: StateLike | Variable) -> None:
     """Writes the leaves of ``states`` into ``node``, in place."""
     known = set(graphdef(node).paths)
     for s in states:
@@ -213,8 +216,8 @@ def update(node: Any, *states: Any) -> None:
             _set(node, path, value)
 
 
-def clone(node: Any, variables: bool = True, *, arrays: bool = False,
-          graph: bool | None = None) -> Any:
+def clone(node: Node, variables: bool = True, *, arrays: bool = False,
+          graph: bool | None = None) -> Node:
     """A copy of ``node``'s structure (graph mode: what is shared in ``node`` is shared in
     the copy) holding new Variables with the same values, or ``node``'s own Variables with
     ``variables=False``; with ``arrays`` the values are copied too."""
@@ -229,7 +232,8 @@ def clone(node: Any, variables: bool = True, *, arrays: bool = False,
     return build(g, leaves.__getitem__, copy=variables and not arrays)
 
 
-def unpack(node: Any, *filters: Any, graph: bool | None = None) -> Any:
+def unpack(node: Node, *filters: Filter, graph: bool | None = None
+           ) -> GraphState | tuple[GraphState, ...]:
     """``split`` with the ``GraphDef`` carried by each state: one ``GraphState`` per filter
     (none or one filter: one ``GraphState``), which ``merge`` takes alone."""
     g, *states = split(node, *filters, graph=graph)
@@ -237,8 +241,8 @@ def unpack(node: Any, *filters: Any, graph: bool | None = None) -> Any:
     return out[0] if len(out) == 1 else out
 
 
-def flatten(node: Any, /, *, with_paths: bool = True, graph: bool | None = None
-            ) -> tuple[GraphDef, Any]:
+def flatten(node: Node, /, *, with_paths: bool = True, graph: bool | None = None
+            ) -> tuple[GraphDef, FlatState | list[PyTree]]:
     """``(graphdef, leaves)``: a ``FlatState`` of ``(path, leaf)`` in path order, or with
     ``with_paths=False`` the list of plain values (each Variable's value), which
     ``unflatten`` makes Variables of again."""
@@ -248,8 +252,8 @@ def flatten(node: Any, /, *, with_paths: bool = True, graph: bool | None = None
     return g, [leaf.value if isinstance(leaf, Variable) else leaf for _, leaf in entries]
 
 
-def unflatten(graphdef: GraphDef, state: Any, /, *, copy_variables: bool = False,
-              recreate_variables: bool = True) -> Any:
+def unflatten(graphdef: GraphDef, state: StateLike | FlatState | list[PyTree], /, *,
+              copy_variables: bool = False, recreate_variables: bool = True) -> Node:
     """The object of ``graphdef`` with the leaves of ``state``: a ``State``, a mapping, a
     ``FlatState``, or a list in ``flatten``'s order (plain values become Variables of the
     flattened ones' types)."""
@@ -266,11 +270,11 @@ def unflatten(graphdef: GraphDef, state: Any, /, *, copy_variables: bool = False
                  recreate_variables=recreate_variables)
 
 
-def to_pure_dict(s: Any) -> dict:
+def to_pure_dict(s: StateLike) -> dict:
     """A state's nested dict of plain values (Variables replaced by their values)."""
     return (s if isinstance(s, State) else State(s)).to_pure_dict()
 
 
-def replace_by_pure_dict(s: State, pure: Any) -> None:
+def replace_by_pure_dict(s: State, pure: PureDict) -> None:
     """Puts the values of ``pure`` (as ``to_pure_dict`` gives) into state ``s``."""
     s.replace_by_pure_dict(pure)

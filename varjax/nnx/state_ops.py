@@ -12,11 +12,12 @@ Variable once however many paths lead to it, so a shared layer is walked at its 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import jax
 
 from varjax.ir import errors
+from varjax.ir.typing import Filter, Node, PyTree
 from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graph import set_child
@@ -24,6 +25,7 @@ from varjax.nnx.graphlib import build, duplicate, flatten_graph
 from varjax.nnx.pytree import Dict, List, Pytree, children, flatten_node, in_order, is_node
 from varjax.nnx.statelib import FlatState, State
 from varjax.nnx.traversals import flatten_to_sequence
+from varjax.nnx.typing import PathParts, StateLike
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
@@ -33,39 +35,42 @@ __all__ = ["to_flat_state", "from_flat_state", "merge_state", "map_state", "spli
            "as_pure", "pure", "with_vars", "vars_as", "restore_int_paths"]
 
 
-def to_flat_state(state: Any) -> FlatState:
+def to_flat_state(state: StateLike) -> FlatState:
     """``state``'s ``(path, leaf)`` pairs, sorted by path."""
     return _as_state(state).flat_state()
 
 
-def from_flat_state(flat_state: Any, *, cls: type[State] = State) -> State:
+def from_flat_state(flat_state: Mapping[PathParts, Any] | Iterable[tuple[PathParts, Any]], *,
+                    cls: type[State] = State) -> State:
     """The nested state of ``(path, leaf)`` pairs or a ``{path: leaf}`` mapping."""
     return cls.from_flat_path(flat_state)
 
 
-def merge_state(state: Any, /, *states: Any, cls: type[State] = State) -> State:
+def merge_state(state: StateLike, /, *states: StateLike, cls: type[State] = State) -> State:
     """One state of the leaves of all, the last state giving a path winning."""
     return cls.merge(state, *states)
 
 
-def map_state(f: Callable[[tuple, Any], Any], state: Any) -> State:
+def map_state(f: Callable[[PathParts, Any], Any], state: StateLike) -> State:
     """A new state holding ``f(path, leaf)`` at each leaf's path."""
     return _as_state(state).map(f)
 
 
-def split_state(state: Any, first: Any, /, *filters: Any) -> Any:
+def split_state(state: StateLike, first: Filter, /, *filters: Filter
+                ) -> State | tuple[State, ...]:
     """One state per filter, a leaf in the first whose filter matches; every leaf must
     match one (end with ``...``)."""
     return _as_state(state).split(first, *filters)
 
 
-def filter_state(state: Any, first: Any, /, *filters: Any) -> Any:
+def filter_state(state: StateLike, first: Filter, /, *filters: Filter
+                 ) -> State | tuple[State, ...]:
     """As ``split_state``, leaving out the leaves no filter matches."""
     return _as_state(state).filter(first, *filters)
 
 
-def map(f: Callable[[tuple, Any], Any], node: Any, /, *, graph: bool | None = None,
-        recreate_variables: bool = True) -> Any:
+def map(f: Callable[[PathParts, Any], Any], node: Node, /, *, graph: bool | None = None,
+        recreate_variables: bool = True) -> Node:
     """A new object of ``node``'s structure holding ``f(path, leaf)`` at each leaf.  Where
     ``f`` maps a Variable to a plain value, the new object holds a Variable of the same type
     and metadata around it (with ``recreate_variables=False``, the value itself); a
@@ -75,21 +80,22 @@ def map(f: Callable[[tuple, Any], Any], node: Any, /, *, graph: bool | None = No
     return build(g, made.__getitem__, recreate=recreate_variables)
 
 
-def as_pure(tree: Any) -> Any:
+def as_pure(tree: PyTree) -> PyTree:
     """``tree`` with each Variable replaced by its value: a state without Variable types
     or metadata, for saving or exporting."""
     return jax.tree.map(lambda x: as_pure(x.value) if isinstance(x, Variable) else x, tree,
                         is_leaf=lambda x: isinstance(x, Variable))
 
 
-def pure(tree: Any) -> Any:
+def pure(tree: PyTree) -> PyTree:
     """``as_pure`` under its old name (deprecated in flax.nnx, which warns too)."""
     warnings.warn("nnx.pure is deprecated: use nnx.as_pure", DeprecationWarning, stacklevel=2)
     return as_pure(tree)
 
 
-def with_vars(node: Any, /, *, hijax: bool | None = None, ref: bool | None = None,
-              mutable: bool | None = None, only: Any = ..., allow_duplicates: bool = False) -> Any:
+def with_vars(node: Node, /, *, hijax: bool | None = None, ref: bool | None = None,
+              mutable: bool | None = None, only: Filter = ...,
+              allow_duplicates: bool = False) -> Node:
     """``node`` with the selected Variables in the given modes.  A varjax Variable is never
     a hijax type nor an array Ref and is always mutable (object mode makes its reads and
     writes effects of the transform's trace), so ``hijax=False``, ``ref=False`` and
@@ -108,7 +114,7 @@ def with_vars(node: Any, /, *, hijax: bool | None = None, ref: bool | None = Non
     return map(lambda _, leaf: leaf, node, recreate_variables=False)
 
 
-def vars_as(node: Any, /, **modes: Any) -> Any:
+def vars_as(node: Node, /, **modes: Any) -> Node:
     """``with_vars`` under its old name (deprecated in flax.nnx, which warns too)."""
     warnings.warn("nnx.vars_as is deprecated: use nnx.with_vars", DeprecationWarning,
                   stacklevel=2)
@@ -143,7 +149,7 @@ def _is_graph_node(x: Any) -> bool:
     return isinstance(x, (Pytree, Rngs, RngStream))
 
 
-def iter_graph(node: Any, /, *, graph: bool | None = None) -> Iterator[tuple[tuple, Any]]:
+def iter_graph(node: Node, /, *, graph: bool | None = None) -> Iterator[tuple[PathParts, Any]]:
     """Every node and leaf under ``node`` with its path, children before their parent and
     ``node`` last.  Graph mode: each object and Variable once (its first path), and the
     leaves include the static attributes.  Tree mode (``graph=False``): data only, a
@@ -196,8 +202,8 @@ def _iter_tree(node: Any) -> Iterator[tuple[tuple, Any]]:
         stack.extend(((*path, k), c, False) for k, c in reversed(children(current)))
 
 
-def recursive_map(f: Callable[[tuple, Any], Any], node: Any, /, *,
-                  graph: bool | None = None) -> Any:
+def recursive_map(f: Callable[[PathParts, Any], Any], node: Node, /, *,
+                  graph: bool | None = None) -> Node:
     """``f(path, x)`` applied to every node and leaf under ``node``, children first, each
     result put in its parent's place; returns ``f((), ...)`` of the rebuilt root.
 
@@ -260,7 +266,7 @@ def _recursive_map_tree(f: Callable[[tuple, Any], Any], node: Any) -> Any:
     return visit(node, ())
 
 
-def find_duplicates(node: Any, /, *, only: Any = ...) -> list[list[tuple]]:
+def find_duplicates(node: Node, /, *, only: Filter = ...) -> list[list[PathParts]]:
     """The paths of each NNX object or Variable reachable by more than one path (a shared
     layer, a tied weight), first path first.  ``only`` filters the repeated paths."""
     candidate = to_predicate(only)
@@ -281,7 +287,7 @@ def find_duplicates(node: Any, /, *, only: Any = ...) -> list[list[tuple]]:
     return [p for p in paths.values() if len(p) > 1]
 
 
-def pop(node: Any, *filters: Any) -> Any:
+def pop(node: Node, *filters: Filter) -> State | tuple[State, ...]:
     """Removes from ``node`` the Variables each filter selects (a Variable in the first
     whose filter matches) and returns them, one ``State`` per filter.  A Variable reachable
     by several paths is popped at its first."""
