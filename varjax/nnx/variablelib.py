@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 from varjax.ir import errors
+from varjax.ir.typing import Metadata, PyTree
 from varjax.trace import variable as core
 from varjax.trace.unprovided import not_provided
 
@@ -59,9 +60,11 @@ def _no_hooks(hooks: Mapping[str, Any]) -> None:
                      by="varjax.nnx")
 
 
-def with_metadata(initializer: F, on_set_value: Any = (), on_get_value: Any = (),
-                  on_create_value: Any = (), on_add_axis: Any = (), on_remove_axis: Any = (),
-                  **metadata: Any) -> F:
+def with_metadata(initializer: F, on_set_value: Sequence[Callable[..., Any]] = (),
+                  on_get_value: Sequence[Callable[..., Any]] = (),
+                  on_create_value: Sequence[Callable[..., Any]] = (),
+                  on_add_axis: Sequence[Callable[..., Any]] = (),
+                  on_remove_axis: Sequence[Callable[..., Any]] = (), **metadata: Any) -> F:
     """``initializer`` whose result carries ``metadata`` into the Variable made from it
     (``VariableMetadata``): ``nnx.with_metadata(init, out_sharding=('a', None))``."""
     _no_hooks(dict(on_set_value=on_set_value, on_get_value=on_get_value,
@@ -108,7 +111,8 @@ def _unchanged() -> Iterator[None]:
     yield
 
 
-def var_defaults(*, hijax: bool | None = None, ref: bool | None = None) -> Any:
+def var_defaults(*, hijax: bool | None = None, ref: bool | None = None
+                 ) -> VarDefaults | contextlib.AbstractContextManager[None]:
     """With no argument the defaults (``VarDefaults``); with ``hijax=``/``ref=`` a context
     manager and decorator setting them, as flax.nnx's.  Only False is a mode varjax has,
     so setting it changes nothing and True raises ``NotProvidedError``."""
@@ -125,8 +129,8 @@ class Variable(core.Variable, collection="Variable"):
 
     __slots__ = ()
 
-    def __init__(self, value: Any, *, hijax: bool | None = None, ref: bool | None = None,
-                 **metadata: Any):
+    def __init__(self, value: PyTree | VariableMetadata, *, hijax: bool | None = None,
+                 ref: bool | None = None, **metadata: Any):
         _refuse_mode(f"nnx.{type(self).__name__}", hijax, ref)
         if isinstance(value, VariableMetadata):
             _no_hooks(dataclasses.asdict(value))
@@ -138,17 +142,18 @@ class Variable(core.Variable, collection="Variable"):
                 **errors.where(), fix="subclass nnx.Variable for a collection of your own")
         super().__init__(value, **metadata)
 
-    def get_value(self) -> Any:
+    def get_value(self) -> PyTree:
         return self.value
 
     def __getitem__(self, index: Any) -> Any:
         """``v[...]`` is the whole value, whatever it is (a tuple of sown values too)."""
         return self.value if index is Ellipsis else self.value[index]
 
-    def set_value(self, value: Any) -> None:
+    def set_value(self, value: PyTree) -> None:
         self.value = value
 
-    def get_metadata(self, name: str | None = None, default: Any = _MISSING) -> Any:
+    def get_metadata(self, name: str | None = None, default: object = _MISSING
+                     ) -> Metadata | object:
         """All metadata (a copy), or entry ``name`` (``default`` when absent, else
         ``KeyError``), as NNX's ``Variable.get_metadata``."""
         if name is None:
@@ -171,7 +176,7 @@ class Variable(core.Variable, collection="Variable"):
     def has_metadata(self, name: str) -> bool:
         return name in self._metadata
 
-    def replace(self, value: Any) -> "Variable":
+    def replace(self, value: PyTree) -> "Variable":
         """A new Variable of this type and metadata holding ``value``."""
         return type(self)(value, **self._metadata)
 
@@ -270,7 +275,9 @@ def variable_name_from_type(typ: type[core.Variable], /, *, allow_register: bool
     return name
 
 
-def register_variable_name(name: str, typ: Any = None, *, overwrite: bool = False) -> Any:
+def register_variable_name(name: str, typ: type[core.Variable] | None = None, *,
+                           overwrite: bool = False
+                           ) -> type[core.Variable] | Callable[[type[core.Variable]], type[core.Variable]]:
     """Makes ``name`` the collection of Variable type ``typ`` (NNX's link between a Linen
     collection and an NNX type); without ``typ``, a class decorator.  In varjax the name
     is the type's collection in the IR, so register it before making Variables of the
