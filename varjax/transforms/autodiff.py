@@ -11,13 +11,16 @@ no derivative.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
+from varjax.ir.filters import DenyList
+from varjax.ir.protocols import LiftableModule
+from varjax.ir.typing import AxisName, CollectionFilter, Passes, PyTree
 from varjax.lifting.groups import group_to_variables, is_array, partition, variables_to_group
 from varjax.lifting.region import lift
 from varjax.objects import object_transforms as objects
@@ -41,8 +44,9 @@ def _no_reduce_axes(name: str, reduce_axes: Any) -> None:
            "sum the gradients yourself (e.g. with jax.lax.psum)")
 
 
-def jvp(fn: Callable, mdl: Any, primals: tuple, tangents: tuple,
-        variable_tangents: Mapping[str, Any], variables: Any = True, rngs: Any = True) -> Any:
+def jvp(fn: Callable, mdl: LiftableModule | None, primals: tuple, tangents: tuple,
+        variable_tangents: Mapping[str, Any], variables: CollectionFilter = True,
+        rngs: bool | str | Sequence[str] | DenyList = True) -> tuple[PyTree, PyTree]:
     """Lifted ``jax.jvp``: ``(fn(mdl, *primals), tangent_out)``.  ``variable_tangents``
     gives tangents for variables (``{'params': {...}}``, relative to ``mdl``); variables
     of collections it does not name have zero tangent."""
@@ -68,9 +72,11 @@ def _vjp_back(vjp_fn: Callable, cotangent: Any, *, path: tuple) -> tuple:
     return (group_to_variables(var_grads, path), *arg_grads)
 
 
-def vjp(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axes: Any = (),
-        vjp_variables: Any = "params", variables: Any = True, rngs: Any = True,
-        multi_scope: bool = False) -> Any:
+def vjp(fn: Callable, mdl: LiftableModule | None, *primals: Any, has_aux: bool = False,
+        reduce_axes: Sequence[AxisName] = (), vjp_variables: CollectionFilter = "params",
+        variables: CollectionFilter = True, rngs: bool | str | Sequence[str] | DenyList = True,
+        multi_scope: bool = False
+        ) -> tuple[PyTree, Callable[..., tuple]] | tuple[PyTree, Callable[..., tuple], PyTree]:
     """Lifted ``jax.vjp``: ``(out, vjp_fn)`` (``(out, vjp_fn, aux)`` with ``has_aux``),
     where ``vjp_fn(ct) -> (variable_grads, *primal_grads)`` and ``variable_grads`` covers
     the ``vjp_variables`` collections.  ``vjp_fn`` may be called after the transform, and
@@ -95,9 +101,11 @@ def vjp(fn: Callable, mdl: Any, *primals: Any, has_aux: bool = False, reduce_axe
     return call_direct(lifted, mdl, *primals)
 
 
-def value_and_grad(fn: Callable, mdl: Any = NO_INIT, *primals: Any, has_aux: bool = False,
-                   reduce_axes: Any = (), variables: Any = True, rngs: Any = True,
-                   argnums: Any = 0, passes: Any = ()) -> Any:
+def value_and_grad(fn: Callable, mdl: LiftableModule | None = NO_INIT, *primals: Any,
+                   has_aux: bool = False, reduce_axes: Sequence[AxisName] = (),
+                   variables: CollectionFilter = True, rngs: bool | str | Sequence[str] | DenyList = True,
+                   argnums: int | Sequence[int] = 0, passes: Passes = ()
+                   ) -> tuple[PyTree, PyTree] | Callable[..., Any]:
     """Lifted ``jax.value_and_grad`` with respect to every primal (not the variables):
     ``(value, grads)``, or ``((value, aux), grads)``; ``fn`` returns a scalar.
 
@@ -130,9 +138,10 @@ def value_and_grad(fn: Callable, mdl: Any = NO_INIT, *primals: Any, has_aux: boo
     return call_direct(lifted, mdl, *primals)
 
 
-def grad(fn: Callable, mdl: Any = NO_INIT, *primals: Any, has_aux: bool = False,
-         reduce_axes: Any = (), variables: Any = True, rngs: Any = True, argnums: Any = 0,
-         passes: Any = ()) -> Any:
+def grad(fn: Callable, mdl: LiftableModule | None = NO_INIT, *primals: Any,
+         has_aux: bool = False, reduce_axes: Sequence[AxisName] = (),
+         variables: CollectionFilter = True, rngs: bool | str | Sequence[str] | DenyList = True,
+         argnums: int | Sequence[int] = 0, passes: Passes = ()) -> PyTree | Callable[..., Any]:
     """Lifted ``jax.grad`` with respect to every primal: ``grads``, or ``(grads, aux)``.
     Without a module, the object-mode ``vj.grad(fn, argnums=..., has_aux=...)``.
     ``passes``: as ``value_and_grad``'s."""
@@ -182,8 +191,8 @@ def _per_nondiff(make: Callable[[set[int]], Callable], nondiff_argnums: Any,
 
 
 def custom_vjp(fn: Callable, forward_fn: Callable | None = None,
-               backward_fn: Callable | None = None, grad_vars: Any = "params",
-               nondiff_argnums: tuple = ()) -> Any:
+               backward_fn: Callable | None = None, grad_vars: CollectionFilter = "params",
+               nondiff_argnums: tuple = ()) -> Callable[..., Any]:
     """Lifted ``jax.custom_vjp``, called as ``f(mdl, *args)``: ``forward_fn(mdl, *args) ->
     (out, residuals)``, ``backward_fn(*nondiff_args, residuals, ct) -> (variable_grads,
     *arg_grads)``, where ``variable_grads`` covers ``grad_vars`` (``{'params': {...}}``,

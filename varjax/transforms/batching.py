@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
 from varjax.ir import errors, filters
+from varjax.ir.typing import AxesPrefix, AxisName, Passes, ShardingLike, Target
 from varjax.lifting.groups import is_array, set_aside
 from varjax.lifting.region import lift
 from varjax.objects import object_transforms as objects
@@ -47,11 +48,14 @@ _AXES_FIX = ("add '{collection}' to variable_axes: an axis to give each member i
              "copy, or None to share one")
 
 
-def vmap(target: Any = None, variable_axes: Mapping[Any, int | None] | None = None,
-         split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
-         axis_size: int | None = None, axis_name: Any = None, spmd_axis_name: Any = None,
-         metadata_params: Mapping[str, Any] | None = None, methods: Any = None,
-         passes: Any = ()) -> Any:
+def vmap(target: Target | None = None, variable_axes: Mapping[Any, int | None] | None = None,
+         split_rngs: Mapping[Any, bool] | None = None, in_axes: AxesPrefix = 0,
+         out_axes: AxesPrefix = 0, axis_size: int | None = None,
+         axis_name: AxisName | None = None,
+         spmd_axis_name: AxisName | tuple[AxisName, ...] | None = None,
+         metadata_params: Mapping[str, Any] | None = None,
+         methods: Sequence[str] | Mapping[str, Mapping[str, Any]] | None = None,
+         passes: Passes = ()) -> Target:
     """Lifted ``jax.vmap`` (Linen's ``nn.vmap``).
 
     ``metadata_params={nn.PARTITION_NAME: name}`` inserts ``name`` into the partition
@@ -137,10 +141,10 @@ def _infer_size(args: tuple, arg_axes: tuple, groups: tuple, var_axes: tuple) ->
     return sizes.most_common(1)[0][0] if sizes else None
 
 
-def shard_map(target: Any, mesh: Any, in_specs: Any, out_specs: Any,
-              variable_specs: Mapping[Any, Any] | None = None,
+def shard_map(target: Target, mesh: jax.sharding.Mesh, in_specs: ShardingLike,
+              out_specs: ShardingLike, variable_specs: Mapping[Any, Any] | None = None,
               split_rngs: Mapping[Any, bool] | None = None, check_vma: bool = True,
-              methods: Any = None) -> Any:
+              methods: Sequence[str] | None = None) -> Target:
     """Lifted ``jax.shard_map`` (Flax has none): the body runs once per shard.
 
     ``variable_specs`` maps collection filters to a ``PartitionSpec`` for every
@@ -153,9 +157,11 @@ def shard_map(target: Any, mesh: Any, in_specs: Any, out_specs: Any,
                     fix="add '{collection}' to variable_specs with its PartitionSpec")
 
 
-def pmap(target: Any, variable_axes: Mapping[Any, int | None] | None = None,
-         split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
-         axis_name: str = "devices", devices: Any = None, methods: Any = None) -> Any:
+def pmap(target: Target, variable_axes: Mapping[Any, int | None] | None = None,
+         split_rngs: Mapping[Any, bool] | None = None,
+         in_axes: int | None | tuple[int | None, ...] = 0, out_axes: int | None = 0,
+         axis_name: str = "devices", devices: Sequence[jax.Device] | None = None,
+         methods: Sequence[str] | None = None) -> Target:
     """``pmap`` as a thin wrapper of the lifted ``shard_map`` over a one-axis mesh of
     ``devices`` (default: all): mapped arguments, outputs and variables have a leading
     axis of one entry per device, and the body sees one entry (axes 0 or None only)."""

@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from varjax.ir.filters import DenyList
+from varjax.ir.typing import CollectionFilter, Passes, Target
 from varjax.lifting.groups import group_to_variables, is_array, partition, variables_to_group
 from varjax.lifting.region import is_module, lift
 from varjax.objects import object_transforms as objects
@@ -94,9 +96,12 @@ def _with_static(transform: str, make: Callable[[int, Callable], Callable], fn: 
     return call
 
 
-def jit(target: Any, variables: Any = True, rngs: Any = True, static_argnums: Any = (),
-        static_argnames: Any = (), donate_argnums: Any = (), device: Any = None,
-        backend: Any = None, methods: Any = None, passes: Any = ()) -> Any:
+def jit(target: Target, variables: CollectionFilter = True,
+        rngs: bool | str | Sequence[str] | DenyList = True,
+        static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
+        donate_argnums: int | Sequence[int] = (), device: jax.Device | None = None,
+        backend: str | None = None, methods: Sequence[str] | None = None,
+        passes: Passes = ()) -> Target:
     """``jax.jit`` for stateful code, in either of its two forms.
 
     **Object mode** -- a function (``vj.jit(step)`` or ``@vj.jit``) called outside any
@@ -147,9 +152,11 @@ def jit(target: Any, variables: Any = True, rngs: Any = True, static_argnums: An
             variables=(variables, True), rngs=(rngs, True), static_argnames=(static_argnames, ())))
 
 
-def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: bool = False,
-               prevent_cse: bool = True, static_argnums: Any = (), policy: Any = None,
-               methods: Any = None, passes: Any = ()) -> Any:
+def checkpoint(target: Target, variables: CollectionFilter = True,
+               rngs: bool | str | Sequence[str] | DenyList = True, concrete: bool = False,
+               prevent_cse: bool = True, static_argnums: int | Sequence[int] = (),
+               policy: Callable[..., bool] | None = None, methods: Sequence[str] | None = None,
+               passes: Passes = ()) -> Target:
     """Lifted ``jax.checkpoint``: the body's activations are recomputed on the backward
     pass.  As in Linen, Python numbers (positional or keyword) are traced unless
     ``static_argnums`` marks them (then the body gets the Python value); other non-array
@@ -182,7 +189,8 @@ def checkpoint(target: Any, variables: Any = True, rngs: Any = True, concrete: b
 remat = checkpoint
 
 
-def named_call(target: Any, name: str | None = None, methods: Any = None) -> Any:
+def named_call(target: Target, name: str | None = None,
+               methods: Sequence[str] | None = None) -> Target:
     """The body as one ``jit`` equation named ``name``, inside the transform's own
     equation: it shows under that name in the IR and in profiles (``jax.named_call``
     alone only extends the name stack).  The default name is Linen's: the module's name
@@ -216,7 +224,9 @@ def named_call(target: Any, name: str | None = None, methods: Any = None) -> Any
     return apply_to(target, "named_call", make, methods)
 
 
-def fold_rngs(target: Any, variables: Any = True, rngs: Any = True, methods: Any = None) -> Any:
+def fold_rngs(target: Target, variables: CollectionFilter = True,
+              rngs: bool | str | Sequence[str] | DenyList = True,
+              methods: Sequence[str] | None = None) -> Target:
     """The body draws from one fresh key per stream, drawn once from the enclosing stream
     per call (Linen's ``nn.fold_rngs``).  Every lift does this; ``fold_rngs`` does only
     this, so it isolates the body's randomness: adding or removing draws inside it leaves
@@ -233,11 +243,12 @@ def _identity(tree: Any) -> Any:
     return tree
 
 
-def map_variables(target: Any, mapped_collections: Any = True,
+def map_variables(target: Target, mapped_collections: CollectionFilter = True,
                   trans_in_fn: Callable[[Any], Any] = _identity,
                   trans_out_fn: Callable[[Any], Any] = _identity, init: bool = False,
-                  mutable: bool = False, rngs: Any = True, variables: Any = True,
-                  methods: Any = None, passes: Any = ()) -> Any:
+                  mutable: bool = False, rngs: bool | str | Sequence[str] | DenyList = True,
+                  variables: CollectionFilter = True, methods: Sequence[str] | None = None,
+                  passes: Passes = ()) -> Target:
     """Lifted variable mapping (Linen's ``nn.map_variables``): the body sees
     ``trans_in_fn(vars)`` of the mapped collections, as Linen's nested dict relative to
     the module; with ``mutable`` (or ``init``) what it writes is stored as

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors, filters
+from varjax.ir.protocols import LiftableModule
+from varjax.ir.typing import ArrayLike, AxesPrefix, CollectionFilter, Passes, PyTree, Target
 from varjax.lifting.groups import Group, set_aside
 from varjax.lifting.region import DerivedKeys, lift
 from varjax.objects import control_flow as objects
@@ -56,12 +58,14 @@ def _move(tree: Any, src: int, dst: int) -> Any:
     return tree if src == dst else jax.tree.map(lambda x: jnp.moveaxis(x, src, dst), tree)
 
 
-def scan(target: Any, variable_axes: Mapping[Any, int] | None = None,
-         variable_broadcast: Any = False, variable_carry: Any = False,
-         split_rngs: Mapping[Any, bool] | None = None, in_axes: Any = 0, out_axes: Any = 0,
-         length: int | None = None, reverse: bool = False, unroll: int = 1,
-         data_transform: Any = None, metadata_params: Mapping[str, Any] | None = None,
-         methods: Any = None, check_constancy_invariants: bool = True, passes: Any = ()) -> Any:
+def scan(target: Target, variable_axes: Mapping[Any, int] | None = None,
+         variable_broadcast: CollectionFilter = False, variable_carry: CollectionFilter = False,
+         split_rngs: Mapping[Any, bool] | None = None, in_axes: AxesPrefix = 0,
+         out_axes: int = 0, length: int | None = None, reverse: bool = False, unroll: int = 1,
+         data_transform: Callable[..., Any] | None = None,
+         metadata_params: Mapping[str, Any] | None = None,
+         methods: Sequence[str] | Mapping[str, Mapping[str, Any]] | None = None,
+         check_constancy_invariants: bool = True, passes: Passes = ()) -> Target:
     """Lifted ``jax.lax.scan`` (Linen's ``nn.scan``): the body is
     ``fn(carry, *xs) -> (carry, ys)`` (after the module, if any).
 
@@ -207,10 +211,12 @@ def _check_step(bcast: Group, carried: Group, bcast_out: Group, carried_out: Gro
                key)
 
 
-def remat_scan(target: Any, lengths: Sequence[int] = (), policy: Any = None,
-               variable_broadcast: Any = False, variable_carry: Any = False,
+def remat_scan(target: Target, lengths: Sequence[int] = (),
+               policy: Callable[..., bool] | None = None,
+               variable_broadcast: CollectionFilter = False,
+               variable_carry: CollectionFilter = False,
                variable_axes: Mapping[Any, int] | None = None,
-               split_rngs: Mapping[Any, bool] | None = None) -> Any:
+               split_rngs: Mapping[Any, bool] | None = None) -> Target:
     """``scan`` of ``remat`` nested once per entry of ``lengths``: the body
     ``fn(carry) -> carry`` runs ``prod(lengths)`` times with O(sum(lengths)) memory for
     the backward pass; variables get one leading axis per level (Linen's defaults:
@@ -233,9 +239,10 @@ def remat_scan(target: Any, lengths: Sequence[int] = (), policy: Any = None,
 
 
 @errors.api_boundary
-def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Any, init: Any = NO_INIT,
-               carry_variables: Any = False, broadcast_variables: Any = True,
-               split_rngs: Mapping[Any, bool] | None = None, passes: Any = ()) -> Any:
+def while_loop(cond_fn: Callable, body_fn: Callable, mdl: LiftableModule | PyTree,
+               init: PyTree = NO_INIT, carry_variables: CollectionFilter = False,
+               broadcast_variables: CollectionFilter = True,
+               split_rngs: Mapping[Any, bool] | None = None, passes: Passes = ()) -> PyTree:
     """Lifted ``jax.lax.while_loop``: ``cond_fn(mdl, c) -> bool``, ``body_fn(mdl, c) -> c``
     (without ``mdl`` when it is None).  Carry variables are threaded through the loop,
     broadcast ones are read-only; a split stream draws a fresh key per iteration.
@@ -305,9 +312,10 @@ def _check_loop_step(what: str, given: tuple[Group, Group], returned: tuple[Grou
 
 
 @errors.api_boundary
-def fori_loop(lower: int, upper: Any, body_fn: Callable, mdl: Any, init: Any = NO_INIT,
-              carry_variables: Any = False, broadcast_variables: Any = True,
-              split_rngs: Mapping[Any, bool] | None = None, passes: Any = ()) -> Any:
+def fori_loop(lower: int, upper: ArrayLike, body_fn: Callable, mdl: LiftableModule | PyTree,
+              init: PyTree = NO_INIT, carry_variables: CollectionFilter = False,
+              broadcast_variables: CollectionFilter = True,
+              split_rngs: Mapping[Any, bool] | None = None, passes: Passes = ()) -> PyTree:
     """Lifted ``jax.lax.fori_loop``: ``body_fn(mdl, i, c) -> c`` for ``lower <= i < upper``
     (``body_fn(i, c)`` when ``mdl`` is None); built on ``while_loop``.  Without ``init``,
     JAX's ``fori_loop(lower, upper, body_fun, init_val)`` in object mode."""
