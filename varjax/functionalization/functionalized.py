@@ -40,7 +40,6 @@ Sharp edges:
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from typing import Any, Callable, Mapping, Sequence
@@ -50,13 +49,14 @@ import numpy as np
 
 from varjax import _jax
 from varjax.functionalization import updates
+from varjax.functionalization.entries import Traced, _Effectful, _Key
 from varjax.functionalization.outputs import StaticOutputs
 from varjax.ir import axis_metadata, errors, filters, streams
 from varjax.ir.caches import LRU
 from varjax.ir.primitives import Key, VarType
 from varjax.ir.statics import typed
+from varjax.ir.typing import CollectionFilter, PRNGKey, PyTree, VariableDict
 from varjax.passes import Pass, PassContext, Pipeline
-from varjax.passes.default.discharge import Signature
 from varjax.passes.framework.pipeline import parse_entries
 from varjax.trace.context import TraceContext, activate, current
 from varjax.trace.pass_scopes import PassScopes
@@ -131,56 +131,6 @@ def _inputs(variables: Mapping[str, Any] | None, rngs: Any, mutable: Any):
     return flat, {}, mutable if mutable is True else [mutable, streams.STATE]
 
 
-# --- the cache entry ---------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class _Key:
-    """Everything a trace depends on: argument structure, static leaves (with their
-    positions, compared by type and value: ``statics.typed``), array avals, variable types,
-    mutable filter, RNG streams, init flag, the active mesh and logical axis rules (which
-    ``shard-variables`` and ``nn.with_logical_constraint`` read while tracing)."""
-
-    tree: Any
-    static: tuple
-    avals: tuple
-    variables: tuple
-    mutable: Any
-    rngs: tuple
-    initializing: bool
-    sharding: tuple
-    # The static leaves themselves, for the trace; ``static`` is what equality sees.
-    static_values: tuple = dataclasses.field(default=(), compare=False)
-
-
-@dataclasses.dataclass
-class _Effectful:
-    """A traced, not yet compiled, function: what ``.jaxpr()`` needs."""
-
-    jaxpr: _jax.ClosedJaxpr
-    out_tree: Any
-    context: TraceContext
-    key: _Key
-    # Linen draw counts a trace adopted from another start ends at (the counts when its
-    # passes run are its start: its Python did not run), for the passes' draws.
-    linen_end: dict | None = None
-
-
-@dataclasses.dataclass
-class Traced:
-    """One cache entry: the pure jaxpr, the variable layout, and the compiled call.
-
-    ``effectful`` is the trace it came from for a lifted body (``inline``), whose lift
-    keys Linen's draw counts on it, and None for a top-level function, which lets the
-    trace go (see the module docstring)."""
-
-    effectful: _jax.ClosedJaxpr | None
-    pure: _jax.ClosedJaxpr
-    signature: Signature
-    out_tree: Any
-    call: Callable[..., Any]
-    stats: dict
-
-
 def function_name(fn: Callable[..., Any]) -> str:
     """The name traces, dumps and errors give ``fn``: a ``functools.partial``'s is the
     function's it wraps, a callable object's its class's (neither has a ``__name__``)."""
@@ -229,7 +179,8 @@ class Functionalized:
 
     # -- public API -----------------------------------------------------------------
     @errors.api_boundary
-    def init(self, rngs: Any, *args: Any, mutable: Any = True, **kwargs: Any) -> dict[str, Any]:
+    def init(self, rngs: PRNGKey | Mapping[str, PRNGKey] | Rngs | None, *args: Any,
+             mutable: CollectionFilter = True, **kwargs: Any) -> VariableDict:
         """Create every variable: ``apply({}, *args, rngs=rngs, mutable=True)[1]``.
 
         ``mutable`` narrows which collections are returned (Module.init keeps Linen's
@@ -237,32 +188,36 @@ class Functionalized:
         return self._apply({}, args, kwargs, rngs, mutable, initializing=True)[1]
 
     @errors.api_boundary
-    def init_with_output(self, rngs: Any, *args: Any, mutable: Any = True,
-                         **kwargs: Any) -> tuple[Any, dict]:
+    def init_with_output(self, rngs: PRNGKey | Mapping[str, PRNGKey] | Rngs | None, *args: Any,
+                         mutable: CollectionFilter = True, **kwargs: Any) -> tuple[PyTree, VariableDict]:
         return self._apply({}, args, kwargs, rngs, mutable, initializing=True)
 
     @errors.api_boundary
-    def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None,
-              mutable: Any = False, **kwargs: Any) -> Any:
+    def apply(self, variables: VariableDict, *args: Any,
+              rngs: PRNGKey | Mapping[str, PRNGKey] | Rngs | None = None,
+              mutable: CollectionFilter = False, **kwargs: Any) -> PyTree | tuple[PyTree, VariableDict]:
         """Run with ``variables``; returns ``out``, or ``(out, updated)`` if anything is mutable."""
         out, updated = self._apply(variables, args, kwargs, rngs, mutable, initializing=False)
         return (out, updated) if mutable is not False else out
 
     @errors.api_boundary
-    def jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
-              mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
+    def jaxpr(self, *args: Any, variables: VariableDict | None = None,
+              rngs: PRNGKey | Mapping[str, PRNGKey] | Rngs | None = None,
+              mutable: CollectionFilter = False, **kwargs: Any) -> _jax.ClosedJaxpr:
         """The effectful jaxpr, as traced; no pass runs, so this works even when one fails."""
         return self._effectful(self._inspected(variables, args, kwargs, rngs, mutable)).jaxpr
 
     @errors.api_boundary
-    def functional_jaxpr(self, *args: Any, variables: Mapping[str, Any] | None = None,
-                         rngs: Any = None, mutable: Any = False, **kwargs: Any) -> _jax.ClosedJaxpr:
+    def functional_jaxpr(self, *args: Any, variables: VariableDict | None = None,
+                         rngs: PRNGKey | Mapping[str, PRNGKey] | Rngs | None = None,
+                         mutable: CollectionFilter = False, **kwargs: Any) -> _jax.ClosedJaxpr:
         """The pure jaxpr after the pass pipeline: ``(var inputs, args) -> (outs, var outputs)``."""
         return self.traced(*args, variables=variables, rngs=rngs, mutable=mutable, **kwargs).pure
 
     @errors.api_boundary
-    def traced(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
-               mutable: Any = False, **kwargs: Any) -> Traced:
+    def traced(self, *args: Any, variables: VariableDict | None = None,
+               rngs: PRNGKey | Mapping[str, PRNGKey] | Rngs | None = None,
+               mutable: CollectionFilter = False, **kwargs: Any) -> Traced:
         """The whole cache entry (jaxprs, signature, pass statistics) for these arguments."""
         return self._compiled(self._inspected(variables, args, kwargs, rngs, mutable))
 
@@ -346,8 +301,9 @@ class Functionalized:
         return _Effectful(jaxpr, out_tree_box[-1], ctx, key)
 
     @errors.api_boundary
-    def run_pipeline(self, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
-                     mutable: Any = False, pipeline: Pipeline | None = None,
+    def run_pipeline(self, *args: Any, variables: VariableDict | None = None,
+                     rngs: PRNGKey | Mapping[str, PRNGKey] | Rngs | None = None,
+                     mutable: CollectionFilter = False, pipeline: Pipeline | None = None,
                      **kwargs: Any) -> tuple[_jax.ClosedJaxpr, PassContext]:
         """Run ``pipeline`` (default: this function's) on the effectful trace, uncached:
         for tools that watch the passes (``vj.dump``).  Returns the result and the context."""
@@ -490,7 +446,8 @@ def _fresh_context(key: _Key) -> TraceContext:
 
 @errors.api_boundary
 def functionalize(fn: Callable[..., Any] | None = None, *, passes: Sequence[str | Pass] | str = (),
-                  dump_dir: str | None = None, verify: bool | None = None) -> Any:
+                  dump_dir: str | None = None, verify: bool | None = None
+                  ) -> Functionalized | Callable[[Callable[..., Any]], Functionalized]:
     """A function using ``vj.param``/``variable``/``make_rng``/``sow``, given Linen's ``init``
     (``f.init({"params": key}, x)``: its variables) and ``apply`` (``f.apply(variables, x)``).
     ``passes`` run after the defaults (``"cast-params{dtype=bfloat16}"``); ``dump_dir`` gets
