@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
+from varjax.ir.typing import Filter, PyTree, ShardingLike
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.state_ops import to_flat_state
 from varjax.nnx.statelib import State
+from varjax.nnx.typing import PathParts, Prefix
+from varjax.trace.variable import Variable
 
 __all__ = ["FilterMap", "StateSharding"]
 
@@ -50,19 +53,20 @@ class FilterMap(Mapping):
 
     _name = "FilterMap"
 
-    def __init__(self, filter_values: State | Mapping[Any, Any] | Iterable[tuple[Any, Any]], /):
+    def __init__(self, filter_values: State | Mapping[Filter, Prefix]
+                 | Iterable[tuple[Filter, Prefix]], /):
         pairs = _pairs(filter_values)
         self._filters = tuple(f for f, _ in pairs)
         self._values = tuple(v for _, v in pairs)
 
     @property
-    def filters(self) -> tuple[Any, ...]:
+    def filters(self) -> tuple[Filter, ...]:
         return self._filters
 
-    def items(self) -> Any:
+    def items(self) -> Iterator[tuple[Filter, Prefix]]:
         return zip(self._filters, self._values)
 
-    def map_prefix(self, path: tuple, leaf: Any) -> Any:
+    def map_prefix(self, path: PathParts, leaf: Variable | PyTree) -> Prefix:
         """The value of the first filter ``leaf`` at ``path`` matches."""
         for f, value in self.items():
             if to_predicate(f)(path, leaf):
@@ -96,5 +100,5 @@ class StateSharding(FilterMap):
     _name = "StateSharding"
 
     @property
-    def shardings(self) -> tuple[Any, ...]:
+    def shardings(self) -> tuple[ShardingLike, ...]:
         return self._values

@@ -33,7 +33,7 @@ class StateAxes(FilterMap):
     _name = "StateAxes"
 
     @property
-    def axes(self) -> tuple[Any, ...]:
+    def axes(self) -> tuple[int | None | type, ...]:
         return self._values
 
 
