@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from varjax.functional.dtypes import promote_dtype
+from varjax.ir.typing import Dtype, PrecisionLike
 
 __all__ = ["dot_product_attention_weights", "dot_product_attention", "make_attention_mask",
            "make_causal_mask", "combine_masks", "decode_cache_update"]
@@ -23,7 +24,7 @@ __all__ = ["dot_product_attention_weights", "dot_product_attention", "make_atten
 Array = jax.Array
 
 
-def _einsum(precision: Any, dot_general: Callable[..., Array] | None) -> Callable[..., Array]:
+def _einsum(precision: PrecisionLike, dot_general: Callable[..., Array] | None) -> Callable[..., Array]:
     """``jnp.einsum`` with a fixed precision and, when given, a custom ``dot_general``
     (how quantization libraries hook into attention)."""
     if dot_general is None:
@@ -34,7 +35,7 @@ def _einsum(precision: Any, dot_general: Callable[..., Array] | None) -> Callabl
 def dot_product_attention_weights(
     query: Array, key: Array, bias: Array | None = None, mask: Array | None = None, *,
     broadcast_dropout: bool = True, dropout_rng: Array | None = None, dropout_rate: float = 0.0,
-    deterministic: bool = False, dtype: Any = None, precision: Any = None,
+    deterministic: bool = False, dtype: Dtype | None = None, precision: PrecisionLike = None,
     force_fp32_for_softmax: bool = False, einsum_dot_general: Callable[..., Array] | None = None,
     einsum: Callable[..., Array] | None = None, record: Callable[[Array], Any] | None = None,
 ) -> Array:
@@ -79,7 +80,7 @@ def dot_product_attention_weights(
 def dot_product_attention(
     query: Array, key: Array, value: Array, bias: Array | None = None, mask: Array | None = None, *,
     broadcast_dropout: bool = True, dropout_rng: Array | None = None, dropout_rate: float = 0.0,
-    deterministic: bool = False, dtype: Any = None, precision: Any = None,
+    deterministic: bool = False, dtype: Dtype | None = None, precision: PrecisionLike = None,
     force_fp32_for_softmax: bool = False, einsum_dot_general: Callable[..., Array] | None = None,
     qk_attn_weights_einsum: Callable[..., Array] | None = None,
     attn_weights_value_einsum: Callable[..., Array] | None = None,
@@ -112,7 +113,7 @@ def dot_product_attention(
 
 def make_attention_mask(query_input: Array, key_input: Array,
                         pairwise_fn: Callable[..., Any] = jnp.multiply, extra_batch_dims: int = 0,
-                        dtype: Any = jnp.float32) -> Array:
+                        dtype: Dtype = jnp.float32) -> Array:
     """``pairwise_fn(query_input[..., :, None], key_input[..., None, :])`` with a
     singleton heads axis, ``[batch..., 1, q_length, kv_length]``: the mask shape
     attention broadcasts over heads.  ``extra_batch_dims`` prepends singleton axes."""
@@ -122,7 +123,7 @@ def make_attention_mask(query_input: Array, key_input: Array,
     return mask.astype(dtype)
 
 
-def make_causal_mask(x: Array, extra_batch_dims: int = 0, dtype: Any = jnp.float32) -> Array:
+def make_causal_mask(x: Array, extra_batch_dims: int = 0, dtype: Dtype = jnp.float32) -> Array:
     """``[batch..., 1, length, length]`` mask letting position ``i`` see positions
     ``<= i``; only ``x``'s shape ``[batch..., length]`` is used."""
     positions = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
@@ -130,7 +131,7 @@ def make_causal_mask(x: Array, extra_batch_dims: int = 0, dtype: Any = jnp.float
                                dtype=dtype)
 
 
-def combine_masks(*masks: Array | None, dtype: Any = jnp.float32) -> Array | None:
+def combine_masks(*masks: Array | None, dtype: Dtype = jnp.float32) -> Array | None:
     """Logical AND of the masks that are not ``None`` (all of one rank), as ``dtype``;
     ``None`` when none are given, so optional masks can be passed straight through."""
     given = [m for m in masks if m is not None]

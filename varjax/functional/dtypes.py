@@ -20,10 +20,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from varjax.ir.typing import Dtype
+
 __all__ = ["canonicalize_dtype", "promote_dtype", "cast"]
 
 
-def canonicalize_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> Any:
+def canonicalize_dtype(*args: Any, dtype: Dtype | None = None, inexact: bool = True) -> Dtype:
     """The dtype ``args`` (``None`` entries ignored) should be cast to.
 
     With ``inexact=True`` an inferred integer/bool dtype is widened to a
@@ -47,13 +49,13 @@ def canonicalize_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> A
     return dtype
 
 
-def promote_dtype(*args: Any, dtype: Any = None, inexact: bool = True) -> list[Any]:
+def promote_dtype(*args: Any, dtype: Dtype | None = None, inexact: bool = True) -> list[Any]:
     """``args`` cast to one common dtype (see ``canonicalize_dtype``); ``None`` stays ``None``."""
     dtype = canonicalize_dtype(*args, dtype=dtype, inexact=inexact)
     return [cast(x, dtype) for x in args]
 
 
-def cast(x: Any, dtype: Any) -> Any:
+def cast(x: Any, dtype: Dtype) -> jax.Array | None:
     """``x`` as an array of ``dtype``; an array that already is one is returned as is
     (layers promote on every call, and ``jnp.asarray`` costs trace time even then)."""
     if x is None:

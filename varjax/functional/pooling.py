@@ -18,20 +18,21 @@ Sharp edges:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from varjax.functional.dtypes import promote_dtype
+from varjax.ir.typing import ArrayLike
 
 __all__ = ["pool", "max_pool", "avg_pool", "min_pool"]
 
 Padding = str | Sequence[tuple[int, int]]
 
 
-def pool(inputs: jax.Array, init: Any, reduce_fn: Callable, window_shape: Sequence[int],
+def pool(inputs: jax.Array, init: ArrayLike, reduce_fn: Callable, window_shape: Sequence[int],
          strides: Sequence[int] | None, padding: Padding) -> jax.Array:
     """Reduces ``inputs`` with ``reduce_fn`` over sliding spatial windows (``lax.reduce_window``).
 

@@ -49,6 +49,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from varjax.ir import errors
+from varjax.ir.typing import PyTree
 
 __all__ = [
     "PARTITION_NAME", "AxisMetadata", "Partitioned", "LogicallyPartitioned", "LogicalNames",
@@ -83,7 +84,7 @@ class AxisMetadata(Generic[A], metaclass=abc.ABCMeta):
         """The boxed value itself (not unboxed further if it is a box too)."""
 
     @abc.abstractmethod
-    def replace_boxed(self, val: Any) -> AxisMetadata[Any]:
+    def replace_boxed(self, val: PyTree) -> AxisMetadata[Any]:
         """The same box around ``val``."""
 
     @abc.abstractmethod
@@ -153,7 +154,7 @@ class Partitioned(AxisMetadata[A]):
     is made a frozen dataclass and a pytree (``value`` its one child) on definition.
     """
 
-    value: Any
+    value: PyTree
     names: LogicalNames
     mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None
 
@@ -172,7 +173,7 @@ class Partitioned(AxisMetadata[A]):
         sharding = constraint_of(self) if apply_constraint else None
         return self.value if sharding is None else jax.lax.with_sharding_constraint(self.value, sharding)
 
-    def replace_boxed(self, val: Any) -> Partitioned[Any]:
+    def replace_boxed(self, val: PyTree) -> Partitioned[Any]:
         return self.replace(value=val)
 
     def _partition_name(self, params: dict[Any, Any]) -> Any:
@@ -220,12 +221,12 @@ class LogicallyPartitioned(Partitioned[A]):
     rules: LogicalRules | None = None
 
 
-def is_axis_metadata(val: Any) -> bool:
+def is_axis_metadata(val: object) -> bool:
     """Whether ``val`` is a metadata box (``Partitioned``, ``LogicallyPartitioned``, ...)."""
     return isinstance(val, AxisMetadata)
 
 
-def map_axis_meta(fn: Callable[[AxisMetadata[Any]], Any], tree: Any) -> Any:
+def map_axis_meta(fn: Callable[[AxisMetadata[Any]], Any], tree: PyTree) -> PyTree:
     """``tree`` with each box (outermost ones) replaced by ``fn(box)``."""
     return jax.tree.map(lambda x: fn(x) if isinstance(x, AxisMetadata) else x, tree,
                         is_leaf=is_axis_metadata)
@@ -235,7 +236,7 @@ def _open(box: AxisMetadata[Any], apply_constraint: bool) -> Any:
     return box.unbox(apply_constraint) if isinstance(box, Partitioned) else box.unbox()
 
 
-def unbox(tree: Any, apply_constraint: bool = True) -> Any:
+def unbox(tree: PyTree, apply_constraint: bool = True) -> PyTree:
     """``tree`` with every box (nested ones too) replaced by its value; see
     ``Partitioned.unbox`` for ``apply_constraint``."""
     if isinstance(tree, jax.Array):     # the common case, once per variable read
@@ -243,19 +244,19 @@ def unbox(tree: Any, apply_constraint: bool = True) -> Any:
     return map_axis_meta(lambda box: unbox(_open(box, apply_constraint), apply_constraint), tree)
 
 
-def add_axis(tree: Any, index: int, params: dict[Any, Any]) -> Any:
+def add_axis(tree: PyTree, index: int, params: dict[Any, Any]) -> PyTree:
     """``tree`` with axis ``index`` inserted into every metadata box in it (what a
     transform adding an axis, ``vmap`` or ``scan``, does to its variables' boxes)."""
     return map_axis_meta(lambda box: box.add_axis(index, params), tree)
 
 
-def remove_axis(tree: Any, index: int, params: dict[Any, Any]) -> Any:
+def remove_axis(tree: PyTree, index: int, params: dict[Any, Any]) -> PyTree:
     """``tree`` with axis ``index`` removed from every metadata box in it (the inverse of
     ``add_axis``)."""
     return map_axis_meta(lambda box: box.remove_axis(index, params), tree)
 
 
-def replace_boxed(tree: Any, updates: Any) -> Any:
+def replace_boxed(tree: PyTree, updates: PyTree) -> PyTree:
     """``tree``'s boxes around the values of ``updates`` (same structure, boxes as leaves)."""
     def put(old: Any, new: Any) -> Any:
         if not isinstance(old, AxisMetadata):
@@ -281,12 +282,12 @@ def _leaf_spec(x: Any) -> PartitionSpec | None:
     return PartitionSpec() if hasattr(x, "shape") else None   # an unboxed array: replicated
 
 
-def get_partition_spec(tree: Any) -> Any:
+def get_partition_spec(tree: PyTree) -> PyTree:
     """A ``PartitionSpec`` per box (and ``PartitionSpec()`` per plain array) of ``tree``."""
     return jax.tree.map(_leaf_spec, tree, is_leaf=is_axis_metadata)
 
 
-def get_sharding(tree: Any, mesh: jax.sharding.Mesh) -> Any:
+def get_sharding(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
     """A ``NamedSharding`` on ``mesh`` per box (and per plain array, replicated) of ``tree``."""
     def sharding(x: Any) -> jax.sharding.Sharding | None:
         if hasattr(x, "get_sharding"):

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Union
 
+from varjax.ir.typing import CollectionFilter
+
 
 @dataclasses.dataclass(frozen=True)
 class DenyList:
     """Matches every collection that ``deny`` does not match."""
 
-    deny: Any
+    deny: CollectionFilter
 
     def __post_init__(self):
         object.__setattr__(self, "deny", freeze(self.deny))

@@ -18,7 +18,8 @@ from typing_extensions import TypeAliasType
 
 __all__ = ["ArrayLike", "AxesPrefix", "AxisName", "Axes", "CollectionFilter", "DotGeneralT",
            "Dtype", "Filter", "Initializer", "Metadata", "Node", "PRNGKey", "Passes",
-           "PrecisionLike", "PyTree", "Shape", "ShardingLike", "Target", "VariableDict"]
+           "PrecisionLike", "PyTree", "RngSeed", "RngSplit", "RngsLike", "Shape", "ShardingLike",
+           "Target", "VariableDict"]
 
 PyTree = TypeAliasType("PyTree", Any)
 """A JAX pytree: nested tuples, lists, dicts and registered nodes, with arrays (or any other
@@ -33,6 +34,14 @@ PRNGKey = TypeAliasType("PRNGKey", jax.Array)
 
 Dtype = TypeAliasType("Dtype", Union[str, type, np.dtype, Any])
 """A dtype or what names one: ``jnp.float32``, ``np.dtype("bfloat16")``, ``"float16"``."""
+
+RngsLike = TypeAliasType("RngsLike", Union[jax.Array, Mapping[str, jax.Array], Any])
+"""Where a call draws its randomness (``rngs=``): a PRNG key (the ``params`` stream), a dict
+of stream name to key (typed or raw), or a ``vj.Rngs`` (whose streams the call advances)."""
+
+RngSeed = TypeAliasType("RngSeed", Union[int, jax.Array])
+"""What an RNG stream starts from: an int seed, or a PRNG key, typed (``jax.random.key(0)``)
+or raw (``jax.random.PRNGKey(0)``)."""
 
 Shape = TypeAliasType("Shape", Sequence[int])
 """An array shape."""
@@ -86,6 +95,12 @@ Filter = TypeAliasType("Filter", Any)
 """Which Variables of an object: a Variable type (``nnx.Param``), a collection name, a
 predicate ``f(path, variable) -> bool``, a tuple of filters (any of them), ``...`` or True
 (every one), None or False (none), or a filter object (``nnx.Not``, ``nnx.PathContains``)."""
+
+RngSplit = TypeAliasType(
+    "RngSplit", Union[int, Sequence[int], Mapping[Filter, Union[int, Sequence[int], None]]])
+"""How to split RNG streams along new leading axes: a count or a shape for every stream, or
+``{stream filter: count, shape or None}``, each stream taking its first matching filter's
+(None, or no match: not split)."""
 
 Node = TypeAliasType("Node", Any)
 """An object of a graph: a module, a Variable, an ``Rngs``, or a list, tuple or dict holding
