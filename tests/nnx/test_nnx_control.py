@@ -246,9 +246,7 @@ def test_vmap_broadcast_module_written_per_member_is_an_error():
         vmap(lambda m, x: m(x), in_axes=(None, 0))(ours, X[:, None, :])
 
 
-def test_vmap_transform_metadata_and_spmd_axis_name_are_not_provided():
-    with pytest.raises(errors.NotProvidedError, match="transform_metadata"):
-        vmap(lambda m: m, transform_metadata={"partition": "x"})
+def test_vmap_spmd_axis_name_is_not_provided():
     with pytest.raises(errors.NotProvidedError, match="spmd_axis_name"):
         vmap(lambda m: m, spmd_axis_name="x")
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx as flax_nnx
 
-from varjax import nnx
+from varjax import errors, nnx
+from varjax.nnx.batching import vmap
 from varjax.nnx.control import fori_loop
 from varjax.nnx.iteration import Carry, scan
 
@@ -101,3 +102,67 @@ def test_scan_split_transpose_is_taken_and_ignored_as_jax_ignores_it():
         run = scan(lambda c, x: (c * x, c), in_axes=(Carry, 0), out_axes=(Carry, 0), **kw)
         return str(jax.make_jaxpr(jax.grad(lambda c, xs: run(c, xs)[0]))(1.0, X[:, 0]))
     assert traced(_split_transpose=True) == traced()
+
+
+# --- vmap(transform_metadata=...) --------------------------------------------------------
+
+TM = {nnx.PARTITION_NAME: "layers"}
+
+
+def _layer(lib, seen):
+    class Layer(lib.Module):
+        def __init__(self, rngs):
+            self.w = lib.Param(rngs.params.uniform((2,)), out_sharding=("embed",))
+            seen.append(self.w.out_sharding)
+
+        def __call__(self, x):
+            seen.append(self.w.out_sharding)
+            return x * self.w[...]
+    return Layer
+
+
+def _vmapped_stack(lib, vmap_, out_axes=0):
+    seen = []
+    with flax_nnx.use_eager_sharding(False):    # no mesh: flax would place it eagerly
+        stack = vmap_(_layer(lib, seen), out_axes=out_axes, transform_metadata=TM)(
+            lib.Rngs(0).split(3))
+        y = vmap_(lambda m, x: m(x), in_axes=(out_axes, None), transform_metadata=TM)(
+            stack, X[0])
+    return stack, y, seen
+
+
+def test_vmap_transform_metadata_adds_the_partition_to_made_variables_as_flax():
+    ours, y, seen = _vmapped_stack(nnx, vmap)
+    theirs, fy, fseen = _vmapped_stack(flax_nnx, flax_nnx.vmap)
+    assert ours.w.out_sharding == theirs.w.out_sharding == ("layers", "embed")
+    assert seen == fseen == [("embed",), ("embed",)]    # inside: one member's names
+    np.testing.assert_array_equal(ours.w[...], theirs.w[...])
+    np.testing.assert_array_equal(y, fy)
+
+
+def test_vmap_transform_metadata_puts_the_partition_at_out_axes_as_flax():
+    ours, _, _ = _vmapped_stack(nnx, vmap, out_axes=1)
+    theirs, _, _ = _vmapped_stack(flax_nnx, flax_nnx.vmap, out_axes=1)
+    assert ours.w.out_sharding == theirs.w.out_sharding == ("embed", "layers")
+    assert ours.w.shape == theirs.w.shape == (2, 3)
+
+
+def test_vmap_transform_metadata_without_partition_name_changes_nothing_as_flax():
+    seen = []
+    stack = vmap(_layer(nnx, seen), transform_metadata={"other": "x"})(nnx.Rngs(0).split(2))
+    assert stack.w.out_sharding == ("embed",) and seen == [("embed",)]
+
+
+def test_vmap_transform_metadata_other_keys_and_state_axes_are_not_provided():
+    with pytest.raises(errors.NotProvidedError, match="'sharding_names'"):
+        vmap(lambda m: m, transform_metadata={**TM, "sharding_names": "x"})
+    with pytest.raises(errors.NotProvidedError, match="StateAxes entry"):
+        vmap(lambda m: m, in_axes=(nnx.StateAxes({nnx.Param: 0, ...: None}),),
+             transform_metadata=TM)
+
+
+def test_vmap_transform_metadata_of_another_partition_is_a_value_error_as_flax():
+    for lib, vmap_ in [(nnx, vmap), (flax_nnx, flax_nnx.vmap)]:
+        stack, _, _ = _vmapped_stack(lib, vmap_)
+        with pytest.raises(ValueError, match="'layers'"):
+            vmap_(lambda m: m.w[...], transform_metadata={nnx.PARTITION_NAME: "other"})(stack)

@@ -18,8 +18,12 @@ updates): the module is split into a state per filter, each mapped along its axi
 merged again inside (``state_axes``).  An ``out_axes`` entry may be one too: a module made
 inside comes back with each state stacked along its filter's axis (``state_axes.restacked``).
 
+``transform_metadata={nnx.PARTITION_NAME: name}`` adds the mapped axis's name to each
+Variable's ``out_sharding`` as it leaves and removes it as it enters (``metadata_option``).
+
 Not built, refused with ``NotProvidedError`` by name: a ``StateAxes`` nested in a prefix, an
-``out_axes`` ``StateAxes`` with a ``None`` axis, ``transform_metadata``, ``spmd_axis_name``.
+``out_axes`` ``StateAxes`` with a ``None`` axis, ``transform_metadata`` with a ``StateAxes``
+entry or keys other than ``PARTITION_NAME``, ``spmd_axis_name``.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import jax
 from varjax.ir import errors
 from varjax.nnx.config import resolve
 from varjax.nnx.graph_updates import carrying, finish
+from varjax.nnx.metadata_option import with_partition
 from varjax.nnx.state_axes import (
     StateAxes,
     check_state_axes,
@@ -76,8 +81,10 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
          graph_updates: bool | None = None, passes: Any = ()) -> Any:
     """``jax.vmap`` over NNX objects: a module argument's Variables are mapped along its
     ``in_axes`` entry (``None``: broadcast), and their updates come back to it.
-    ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run on the body's IR, once, before JAX
-    batches it."""
+    ``transform_metadata={nnx.PARTITION_NAME: name}`` takes ``name`` out of the arguments'
+    Variables' ``out_sharding`` at their axis inside and adds it to the returned ones' at
+    ``out_axes`` (``metadata_option``).  ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run
+    on the body's IR, once, before JAX batches it."""
     refuse_options("vmap", spmd_axis_name=(spmd_axis_name, None))
     modes = resolve(graph, graph_updates)
     if isinstance(in_axes, StateAxes):
@@ -86,17 +93,15 @@ def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
             "so a StateAxes is one argument's entry.", **errors.where(),
             fix="in_axes=(state_axes, ...), one entry per argument")
     by_state = isinstance(in_axes, tuple) and any(isinstance(a, StateAxes) for a in in_axes)
-    if transform_metadata:
-        not_provided("nnx.vmap(transform_metadata=...)", "this option is not built yet.",
-                     "call nnx.vmap without transform_metadata", by="varjax.nnx")
     _int_axes("in_axes", in_axes, modes[0])
     _int_axes("out_axes", out_axes, modes[0])
     stacked = zeros(out_axes)
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "vmap")
+        named = with_partition("vmap", fn, transform_metadata, in_axes, out_axes)
         mapped = None if by_state else objects.vmap(
-            carrying(fn, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
+            carrying(named, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
             axis_size=axis_size, axis_name=axis_name, passes=passes)
         made: dict[tuple, Callable] = {}     # per GraphDefs of the split arguments
 

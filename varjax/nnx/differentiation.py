@@ -24,7 +24,8 @@ tangent or cotangent is a module of the same structure, as flax.nnx returns it. 
 0.12.8 runs them only without graph updates (its default raises ``NotImplementedError``);
 so does varjax.nnx, with the same error.
 ``DiffState`` in ``custom_vjp``'s ``nondiff_argnums``, ``symbolic_zeros``, tree-mode
-``jvp``/``vjp`` and ``reduce_axes`` are refused by name.
+``jvp``/``vjp`` and ``reduce_axes`` (which JAX no longer has: ``jax.vjp`` raises
+``NotImplementedError`` for it, as flax.nnx does) are refused by name.
 """
 from __future__ import annotations
 
@@ -100,7 +101,11 @@ def vjp(f: Callable | None = None, *primals: Any, has_aux: bool = False,
     ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run on ``f``'s IR before JAX
     differentiates it."""
     _modes("vjp", graph, graph_updates)
-    refuse_options("vjp", reduce_axes=(tuple(reduce_axes), ()))
+    if reduce_axes:
+        not_provided("nnx.vjp(reduce_axes=...)", "JAX no longer has this option: jax.vjp "
+                     "raises NotImplementedError for it ('deprecated'), and flax.nnx 0.12.8 "
+                     "raises the same.", "call nnx.vjp without reduce_axes; sum the "
+                     "cotangents over the axis (jax.lax.psum) instead", by="varjax.nnx")
     if f is None:
         return functools.partial(vjp, has_aux=has_aux, graph=graph, graph_updates=graph_updates,
                                  passes=passes)

@@ -1,0 +1,58 @@
+"""The ``transform_metadata`` option of ``nnx.vmap``, ``nnx.pmap`` and ``nnx.scan``.
+
+``transform_metadata={nnx.PARTITION_NAME: 'layers'}`` is flax.nnx's shorthand for placing
+``nnx.transform_metadata(in_axes=..., out_axes=..., partition='layers')`` inside the
+transform, with the transform's own axes: each argument Variable's ``out_sharding`` loses
+the partition name at its mapped axis while the function runs (it sees one member's
+shape) and gets it back after; each Variable it returns gets it at its ``out_axes`` entry.
+So this is ``vj.transform_metadata`` (``varjax/objects/metadata.py``) wrapped around the
+function, a loop's ``nnx.Carry`` entries (not mapped) treated as ``None``.
+
+As in flax.nnx, a mapping without ``PARTITION_NAME`` changes nothing.  flax.nnx also
+inserts the value of each other key into the Variable metadata of that name, and calls a
+Variable's ``on_add_axis``/``on_remove_axis`` hooks; neither is built, nor a ``StateAxes``
+entry together with the option: each is refused by name.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import jax
+
+from varjax.ir.axis_metadata import PARTITION_NAME
+from varjax.nnx.state_axes import StateAxes
+from varjax.objects import metadata
+from varjax.trace.unprovided import not_provided
+
+
+def _plain(what: str, axes: Any, not_mapped: Callable[[Any], bool]) -> Any:
+    """``axes`` with each entry ``not_mapped`` says is no axis (``nnx.Carry``) made None;
+    a ``StateAxes`` entry is refused."""
+    def entry(x: Any) -> Any:
+        if isinstance(x, StateAxes):
+            not_provided(f"nnx.{what}(transform_metadata=...) with a StateAxes entry",
+                         "the partition name is added at int axes of plain prefixes only.",
+                         "give the arguments int or None axes, or place "
+                         "nnx.transform_metadata(...) inside the transform", by="varjax.nnx")
+        return None if not_mapped(x) else x
+    return jax.tree.map(entry, axes, is_leaf=lambda x: x is None or isinstance(x, StateAxes)
+                        or not_mapped(x))
+
+
+def with_partition(what: str, fn: Callable, transform_metadata: Mapping[str, Any] | None,
+                   in_axes: Any, out_axes: Any,
+                   not_mapped: Callable[[Any], bool] = lambda x: False) -> Callable:
+    """``fn`` with the partition name of ``transform_metadata`` removed from its arguments'
+    Variables at ``in_axes`` and added to its outputs' at ``out_axes`` (the module
+    docstring); ``fn`` itself where the mapping has no ``PARTITION_NAME``."""
+    if not transform_metadata or PARTITION_NAME not in transform_metadata:
+        return fn
+    others = sorted(k for k in transform_metadata if k != PARTITION_NAME)
+    if others:
+        not_provided(f"nnx.{what}(transform_metadata={{{others[0]!r}: ...}})",
+                     "metadata keys other than nnx.PARTITION_NAME are not built.",
+                     f"give nnx.{what} transform_metadata={{nnx.PARTITION_NAME: ...}} only",
+                     by="varjax.nnx")
+    return metadata.transform_metadata(
+        fn, in_axes=_plain(what, in_axes, not_mapped), out_axes=_plain(what, out_axes, not_mapped),
+        partition=transform_metadata[PARTITION_NAME])
