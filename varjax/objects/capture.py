@@ -9,9 +9,10 @@ of the trace, so ``vj.grad`` with respect to it is the gradient of the intermedi
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from varjax.ir import errors
+from varjax.ir.typing import VariableDict
 from varjax.objects.nodes import is_node
 from varjax.objects.run import arg_names, graph_of, run
 from varjax.objects.split_merge import flatten_state
@@ -20,7 +21,8 @@ from varjax.trace.variable_dicts import unflatten_variables
 _SELF = "self"
 
 
-def capture(target: Any, *collections: str, init: Mapping[str, Any] | None = None) -> Callable:
+def capture(target: Callable[..., Any], *collections: str, init: VariableDict | None = None
+            ) -> Callable[..., Any]:
     """``f(*args) -> (out, captured)``: ``target`` (a function, or a bound module, which is
     called) with ``collections`` captured; with only ``init=``, ``f(*args) -> out``.
 

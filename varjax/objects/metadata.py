@@ -30,6 +30,7 @@ from typing import Any, Callable
 import jax
 
 from varjax.ir import axis_metadata, errors
+from varjax.ir.typing import AxesPrefix
 from varjax.objects.nodes import is_node
 from varjax.trace.variable_api import Variable
 
@@ -83,8 +84,8 @@ def _prefix(axes: Any, n: int) -> tuple:
     return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,) * n
 
 
-def transform_metadata(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
-                       partition: str | None) -> Any:
+def transform_metadata(fn: Callable | None = None, *, in_axes: AxesPrefix = 0,
+                       out_axes: AxesPrefix = 0, partition: str | None) -> Callable[..., Any]:
     """Remove ``partition`` from the arguments' variables' names at their axis while ``fn``
     runs, and add it to the output's (see the module docstring)."""
     if fn is None:

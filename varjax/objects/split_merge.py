@@ -24,6 +24,7 @@ import jax
 
 from varjax.ir import errors, filters
 from varjax.ir.primitives import Key, VarType
+from varjax.ir.typing import Filter, Node, VariableDict
 from varjax.objects.graph import Graph
 from varjax.trace import type_checks
 from varjax.trace.variable_dicts import unflatten_variables, variable_entries
@@ -39,7 +40,7 @@ class GraphDef:
     variable it is (a plain leaf) or the index of the object; ``objects``: per object,
     its own treedef and the ``(variable, number of leaves)`` of each of its cells."""
 
-    outer: Any
+    outer: jax.tree_util.PyTreeDef
     parts: tuple[tuple[str, Any], ...]
     objects: tuple[tuple[Any, tuple[tuple[Key, int], ...]], ...]
     # Per object, its leaves that are not variables: the keys and call count of a module
@@ -124,7 +125,7 @@ def _matches(f: Any, key: Key, value: Any) -> bool:
     return filters.matches(f, key[0])
 
 
-def split(node: Any, *filters_: Any) -> tuple:
+def split(node: Node, *filters_: Filter) -> tuple:
     """``(graphdef, state)``, or ``(graphdef, s1, ..., sn)``: one state per filter, each
     variable in the first filter it matches (``TransformError`` if none)."""
     return _split(node, filters_, "vj.split")
@@ -147,7 +148,7 @@ def _split(node: Any, filters_: tuple, what: str) -> tuple:
     return (graphdef, *(unflatten_variables(dict(g)) for g in groups))
 
 
-def state(node: Any, *filters_: Any) -> Any:
+def state(node: Node, *filters_: Filter) -> VariableDict | tuple[VariableDict, ...]:
     """The state of ``node``: one dict, or a tuple of dicts for several filters.  Unlike
     ``split``, a variable that matches no filter is left out (it is not asked for)."""
     if not filters_:
@@ -172,7 +173,7 @@ def flatten_state(state_: Any, into: dict[Key, Any]) -> dict[Key, Any]:
     return into
 
 
-def merge(graphdef: GraphDef, *states: Any) -> Any:
+def merge(graphdef: GraphDef, *states: VariableDict) -> Node:
     """The node that ``split`` took apart, as new objects holding the states' values."""
     if not isinstance(graphdef, GraphDef):
         raise errors.TransformError(
@@ -236,7 +237,7 @@ def _check_type(what: str, key: Key, value: Any, want: VarType | None, lifted: b
                                       fix=_FIX_TYPE, **errors.where())
 
 
-def update(node: Any, *states: Any) -> None:
+def update(node: Node, *states: VariableDict) -> None:
     """Write the states' values into the variables of ``node``'s objects, in place (NNX's
     ``nnx.update``): the way to put new parameters into a bound module, also inside an
     object-mode transform, where each write is a ``var_set``.  All or nothing: a state

@@ -38,6 +38,7 @@ import numpy as np
 
 from varjax import _jax
 from varjax.ir import errors, filters, streams
+from varjax.ir.typing import ArrayLike, RngSeed, RngSplit, VariableDict
 from varjax.trace import raw_writes
 
 # jax.random functions taking a key first that manage keys instead of sampling.
@@ -140,7 +141,7 @@ class RngStream(_Samplers):
     _made: Any = None
     _source: Any = None
 
-    def __init__(self, key: Any, count: Any = None, *, tag: str = streams.DEFAULT):
+    def __init__(self, key: RngSeed, count: ArrayLike | None = None, *, tag: str = streams.DEFAULT):
         self.tag = tag
         self.key = _as_key(key, tag)
         self.count = jnp.zeros(_batch_shape(self.key), jnp.uint32) if count is None else count
@@ -224,7 +225,8 @@ class Rngs(_Samplers):
     unknown name (``rngs.dropout()``) draw from ``default``.  Pass it to ``init``/``apply``
     (as ``rngs``) to draw from it inside a model."""
 
-    def __init__(self, default: Any = None, /, **streams_: Any):
+    def __init__(self, default: RngSeed | RngStream | None = None, /,
+                 **streams_: RngSeed | RngStream):
         if default is not None and streams.DEFAULT in streams_:
             raise errors.ConfigError(
                 "the default stream was given twice: as the positional seed and as default=.",
@@ -260,7 +262,7 @@ class Rngs(_Samplers):
     def __call__(self) -> jax.Array:
         return self[streams.DEFAULT]()
 
-    def fork(self, split: Any = None) -> "Rngs":
+    def fork(self, split: RngSplit | None = None) -> "Rngs":
         """A new ``Rngs`` whose every stream is keyed by a draw from this one (which advances).
 
         ``split=n`` (or a shape) gives keys and counts a leading axis ``n``, to pass through
@@ -274,14 +276,14 @@ class Rngs(_Samplers):
         forked._streams = {name: s.fork(split_of(name)) for name, s in self._streams.items()}
         return forked
 
-    def split(self, k: Any) -> "Rngs":
+    def split(self, k: RngSplit) -> "Rngs":
         """A new ``Rngs`` whose streams are this one's split (``RngStream.split``) to ``k``
         (a shape), or with ``{stream filter: shape or None}`` the streams the first matching
         filter gives a shape.  The other streams restart from their keys at count 0: NNX
         makes the new ``Rngs`` from each stream's key."""
         return self._each("split", k)
 
-    def broadcast(self, k: Any) -> "Rngs":
+    def broadcast(self, k: RngSplit) -> "Rngs":
         """As ``split``, each chosen stream broadcast (``RngStream.broadcast``) to ``k``."""
         return self._each("broadcast", k)
 
@@ -335,7 +337,7 @@ class Rngs(_Samplers):
             stream.count = count
 
 
-def reseed(target: Any, **seeds: Any) -> Any:
+def reseed(target: VariableDict | Rngs, **seeds: RngSeed) -> VariableDict | Rngs:
     """A copy of ``target`` (a variables dict with an ``rngs`` collection, or an ``Rngs``)
     whose named streams restart: new key from the seed or key, count 0.  A forked stream
     (keys with a leading axis) gets the new key split to the same shape.

@@ -19,6 +19,7 @@ import jax
 
 from varjax.ir import errors, streams
 from varjax.ir.primitives import Path, VarType, bind_draw, is_internal
+from varjax.ir.typing import PyTree
 from varjax.trace.context import TraceContext, current, run_init, site
 from varjax.trace.type_checks import check_type, expect_given, expected_type
 from varjax.trace.variable import Variable
@@ -139,7 +140,7 @@ def _linen_draw(ctx: TraceContext, stream: str, module: Path, count: int) -> jax
     return bind_draw(stream, ctx.rng_streams[stream], module, count)
 
 
-def param(name: str, init_fn: Callable[..., Any], *init_args: Any) -> Any:
+def param(name: str, init_fn: Callable[..., Any], *init_args: Any) -> PyTree:
     """Read parameter ``name``, creating it with ``init_fn(make_rng('params'), *init_args)``.
 
     An existing parameter is checked against the abstract result of ``init_fn``
@@ -225,7 +226,7 @@ def append(xs: tuple, x: Any) -> tuple:
     return tuple(xs) + (x,)
 
 
-def sow(collection: str, name: str | Sequence[str], value: Any,
+def sow(collection: str, name: str | Sequence[str], value: PyTree,
         reduce_fn: Callable[[Any, Any], Any] = append,
         init_fn: Callable[[], Any] = tuple) -> bool:
     """Store ``value`` in ``collection`` if it is mutable; a no-op (returning False) if not.
