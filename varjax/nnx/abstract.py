@@ -16,6 +16,7 @@ from typing import Any, Callable, TypeVar
 import jax
 from jax.sharding import NamedSharding
 
+from varjax.ir.typing import Node
 from varjax.nnx.control import eval_shape
 from varjax.nnx.graph import GraphDef, split
 from varjax.nnx.spmd import get_named_sharding, get_partition_spec
@@ -56,7 +57,7 @@ def abstract_with_sharding(tree: A, graph: bool | None = None) -> A:
     return as_abstract(tree, graph)
 
 
-def get_abstract_model(init_fn: Callable[[], Any], mesh: jax.sharding.Mesh, *,
+def get_abstract_model(init_fn: Callable[[], Node], mesh: jax.sharding.Mesh, *,
                        graph: bool | None = None) -> tuple[GraphDef, State]:
     """``(graphdef, abstract state)`` of the model ``init_fn`` builds, under ``mesh``: each
     leaf a ``ShapeDtypeStruct`` carrying its ``NamedSharding`` on ``mesh`` (from its
