@@ -166,3 +166,27 @@ def test_vmap_transform_metadata_of_another_partition_is_a_value_error_as_flax()
         stack, _, _ = _vmapped_stack(lib, vmap_)
         with pytest.raises(ValueError, match="'layers'"):
             vmap_(lambda m: m.w[...], transform_metadata={nnx.PARTITION_NAME: "other"})(stack)
+
+
+# --- scan(transform_metadata=...) --------------------------------------------------------
+
+def _scanned(lib, vmap_, scan_):
+    stack, _, seen = _vmapped_stack(lib, vmap_)
+    seen.clear()
+    with flax_nnx.use_eager_sharding(False):
+        h = scan_(lambda m, h: m(h), in_axes=(0, lib.Carry), out_axes=lib.Carry,
+                  transform_metadata=TM)(stack, X[0])
+        ys = scan_(lambda c, x: (c, lib.Variable(x, out_sharding=("embed",))),
+                   in_axes=(lib.Carry, 0), out_axes=(lib.Carry, 0),
+                   transform_metadata=TM)(jnp.zeros(()), X)[1]
+    return stack, h, seen, ys
+
+
+def test_scan_transform_metadata_removes_and_adds_the_partition_as_flax():
+    ours, h, seen, ys = _scanned(nnx, vmap, scan)
+    theirs, fh, fseen, fys = _scanned(flax_nnx, flax_nnx.vmap, flax_nnx.scan)
+    assert seen == fseen == [("embed",)]                # inside a step: one layer's names
+    assert ours.w.out_sharding == theirs.w.out_sharding == ("layers", "embed")
+    assert ys.out_sharding == fys.out_sharding == ("layers", "embed")
+    np.testing.assert_array_equal(h, fh)
+    np.testing.assert_array_equal(ys[...], fys[...])

@@ -25,8 +25,12 @@ flax.nnx, when the function returns each carry object in the place it came in (w
 updates, new objects holding the caller's Variables, as flax.nnx returns them then); a
 structural change inside is a ``TransformError``, as flax.nnx refuses it too; elsewhere
 ``transform_checks`` refuses what object mode cannot keep (an argument's object returned
-as an output).  A module (or state) scanned along an axis other than 0, a ``StateAxes``
-nested in a prefix, ``transform_metadata`` and ``_split_transpose`` are refused by name.
+as an output).  ``transform_metadata={nnx.PARTITION_NAME: name}`` removes the scanned axis's
+name from a Variable's ``out_sharding`` as it enters a step and adds it as it leaves
+(``metadata_option``); ``_split_transpose`` is passed on to ``jax.lax.scan`` (which, in JAX
+0.10, takes it and ignores it).  A module (or state) scanned along an axis other than 0, a
+``StateAxes`` nested in a prefix, and ``transform_metadata`` with a ``StateAxes`` entry are
+refused by name.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ import jax.numpy as jnp
 
 from varjax.nnx.config import resolve
 from varjax.nnx.graph import merge
+from varjax.nnx.metadata_option import with_partition
 from varjax.nnx.prefixes import PrefixAxes, axes_by_path
 from varjax.nnx.pytree import Pytree
 from varjax.nnx.state_axes import (
@@ -202,12 +207,12 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
          passes: Any = ()) -> Any:
     """``jax.lax.scan`` over NNX objects: the ``Carry`` argument is carried, the others
     scanned along their axis or broadcast; a ``StateAxes`` entry gives each state of a
-    module its own (``Carry``, ``None`` or an int).  ``passes`` (beyond flax.nnx, as
-    ``nnx.jit``'s) run on the step's IR before JAX scans it."""
+    module its own (``Carry``, ``None`` or an int).  ``transform_metadata={nnx.PARTITION_NAME:
+    name}`` takes ``name`` out of a scanned argument's Variables' ``out_sharding`` at its
+    axis inside each step and adds it to the stacked outputs' (``metadata_option``).
+    ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run on the step's IR before JAX scans
+    it."""
     modes = resolve(graph, graph_updates)
-    if transform_metadata:
-        not_provided("nnx.scan(transform_metadata=...)", "this option is not built yet.",
-                     "call nnx.scan without transform_metadata", by="varjax.nnx")
     _check_axes(in_axes, out_axes, modes[0])
     out_carry = next((i for i, x in enumerate(out_axes) if x is Carry), None) \
         if isinstance(out_axes, tuple) else (Carry if out_axes is Carry else None)
@@ -216,6 +221,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "scan")
+        named = with_partition("scan", fn, transform_metadata, in_axes, out_axes, _is_axis)
 
         @functools.cache
         def steps(key: tuple, arg_carry: int | None) -> Callable:
@@ -226,7 +232,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
             every step the states it was given)."""
             n, _, _, carry_at, carried, fixed, scanned, split_fixed = key
             restored = fixed if modes[1] else split_fixed
-            body = checked(fn, "scan", _carry_kept(arg_carry, out_carry), loop=True)
+            body = checked(named, "scan", _carry_kept(arg_carry, out_carry), loop=True)
 
             def step(c: Any, x: Any) -> Any:
                 parts: list[Any] = [None] * n
