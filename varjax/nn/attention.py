@@ -56,7 +56,7 @@ def _sower(module: Module | None) -> Callable[[Array], Any] | None:
 def dot_product_attention_weights(
     query: Array, key: Array, bias: Array | None = None, mask: Array | None = None,
     broadcast_dropout: bool = True, dropout_rng: Array | None = None, dropout_rate: float = 0.0,
-    deterministic: bool = False, dtype: Any = None, precision: Any = None,
+    deterministic: bool = False, dtype: Dtype | None = None, precision: PrecisionLike = None,
     module: Module | None = None, force_fp32_for_softmax: bool = False,
     einsum_dot_general: Callable[..., Array] | None = None,
     einsum: Callable[..., Array] | None = None,
@@ -79,7 +79,7 @@ def dot_product_attention_weights(
 def dot_product_attention(
     query: Array, key: Array, value: Array, bias: Array | None = None, mask: Array | None = None,
     broadcast_dropout: bool = True, dropout_rng: Array | None = None, dropout_rate: float = 0.0,
-    deterministic: bool = False, dtype: Any = None, precision: Any = None,
+    deterministic: bool = False, dtype: Dtype | None = None, precision: PrecisionLike = None,
     module: Module | None = None, force_fp32_for_softmax: bool = False,
     einsum_dot_general: Callable[..., Array] | None = None,
     qk_attn_weights_einsum: Callable[..., Array] | None = None,
@@ -117,10 +117,10 @@ class MultiHeadDotProductAttention(Module):
 
     num_heads: int
     """Number of attention heads; ``qkv_features`` must be divisible by it."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     qkv_features: int | None = None
     """Dimension of the query, key and value projections, all heads together (``None``: the
@@ -133,7 +133,7 @@ class MultiHeadDotProductAttention(Module):
     """Dropout rate of the attention weights."""
     deterministic: bool | None = None
     """If true, no dropout of the attention weights; may be given to the call instead."""
-    precision: Any = None
+    precision: PrecisionLike = None
     """``jax.lax.Precision`` of the projections and the attention matmuls."""
     kernel_init: initializers.Initializer = default_kernel_init
     """Initializer of the query, key, value and (unless ``out_kernel_init``) output kernels."""
@@ -155,13 +155,13 @@ class MultiHeadDotProductAttention(Module):
     """Whether to apply ``LayerNorm`` to the queries and keys (QK-normalization)."""
     force_fp32_for_softmax: bool = False
     """Computes the softmax in float32 whatever ``dtype`` is."""
-    qkv_dot_general: Any = None
+    qkv_dot_general: DotGeneralT | None = None
     """Replaces ``jax.lax.dot_general`` in the query, key and value projections."""
-    out_dot_general: Any = None
+    out_dot_general: DotGeneralT | None = None
     """Replaces ``jax.lax.dot_general`` in the output projection."""
-    qkv_dot_general_cls: Any = None
+    qkv_dot_general_cls: Callable[..., DotGeneralT] | None = None
     """A class whose instance replaces the projections' ``dot_general``."""
-    out_dot_general_cls: Any = None
+    out_dot_general_cls: Callable[..., DotGeneralT] | None = None
     """A class whose instance replaces the output projection's ``dot_general``."""
     qk_attn_weights_einsum_cls: Callable[..., Callable[..., Array]] | None = None
     """A factory of the einsum computing the attention weights from queries and keys."""

@@ -8,7 +8,7 @@ keys in sorted order and a mapping whose nested dicts are frozen too.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Hashable, Iterator, Mapping
 
 import jax
 
@@ -62,7 +62,7 @@ class FrozenDict(Mapping):
         """A new ``FrozenDict`` with the entries of ``add_or_replace`` added or replaced."""
         return FrozenDict({**self._dict, **_frozen(dict(add_or_replace or {}))})
 
-    def pop(self, key: Any) -> tuple[FrozenDict, Any]:  # type: ignore[override]
+    def pop(self, key: Hashable) -> tuple[FrozenDict, Any]:  # type: ignore[override]
         """``(a copy without key, its value)``: the frozen counterpart of ``dict.pop``."""
         value = self[key]
         return FrozenDict({k: v for k, v in self._dict.items() if k != key}), value

@@ -96,10 +96,10 @@ class Dense(Module):
     """Number of output features (the last axis of the result)."""
     use_bias: bool = True
     """Whether to add a learned bias."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     precision: PrecisionLike = None
     """``jax.lax.Precision`` of the matmul or convolution (``None``: the default)."""
@@ -110,9 +110,9 @@ class Dense(Module):
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
     """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
     it)."""
-    dot_general: Callable | None = None
+    dot_general: DotGeneralT | None = None
     """Replaces ``jax.lax.dot_general`` for the matmul."""
-    dot_general_cls: Any = None
+    dot_general_cls: Callable[..., DotGeneralT] | None = None
     """A class whose instance replaces ``jax.lax.dot_general`` (made once per call, as in
     Linen)."""
 
@@ -144,10 +144,10 @@ class DenseGeneral(Module):
     """Leading axes that get a separate kernel per index (not contracted)."""
     use_bias: bool = True
     """Whether to add a learned bias."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     kernel_init: initializers.Initializer = default_kernel_init
     """Initializer of the kernel."""
@@ -158,9 +158,9 @@ class DenseGeneral(Module):
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
     """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
     it)."""
-    dot_general: Callable | None = None
+    dot_general: DotGeneralT | None = None
     """Replaces ``jax.lax.dot_general`` for the matmul."""
-    dot_general_cls: Any = None
+    dot_general_cls: Callable[..., DotGeneralT] | None = None
     """A class whose instance replaces ``jax.lax.dot_general`` (made once per call, as in
     Linen)."""
 
@@ -225,10 +225,10 @@ class _Conv(Module):
     """Whether to add a learned bias."""
     mask: jax.Array | None = None
     """A mask multiplied into the kernel (zeros cut connections), of the kernel's shape."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     precision: PrecisionLike = None
     """``jax.lax.Precision`` of the matmul or convolution (``None``: the default)."""
@@ -239,9 +239,9 @@ class _Conv(Module):
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
     """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
     it)."""
-    conv_general_dilated: Callable | None = None
+    conv_general_dilated: ConvGeneralDilatedT | None = None
     """Replaces ``jax.lax.conv_general_dilated`` for the convolution."""
-    conv_general_dilated_cls: Any = None
+    conv_general_dilated_cls: Callable[..., ConvGeneralDilatedT] | None = None
     """A class whose instance replaces ``jax.lax.conv_general_dilated`` (made once per call)."""
 
     @compact
@@ -328,10 +328,10 @@ class ConvTranspose(Module):
     """Whether to add a learned bias."""
     mask: jax.Array | None = None
     """A mask multiplied into the kernel (zeros cut connections), of the kernel's shape."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     precision: PrecisionLike = None
     """``jax.lax.Precision`` of the matmul or convolution (``None``: the default)."""
@@ -345,7 +345,7 @@ class ConvTranspose(Module):
     promote_dtype: PromoteDtypeFn = dtypes.promote_dtype
     """Casts the inputs and parameters to one dtype before the computation (``dtype`` given to
     it)."""
-    preferred_element_type: Any = None
+    preferred_element_type: Dtype | None = None
     """The dtype JAX accumulates in (``preferred_element_type`` of the ``lax`` call)."""
 
     @compact
@@ -372,9 +372,9 @@ class Embed(Module):
     """Number of embeddings (the vocabulary size)."""
     features: int
     """Size of each embedding vector."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the looked-up embeddings (``None``: the table's)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the embedding table is created in."""
     embedding_init: initializers.Initializer = default_embed_init
     """Initializer of the embedding table."""

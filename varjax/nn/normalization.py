@@ -37,7 +37,7 @@ Sharp edges:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -105,10 +105,10 @@ class BatchNorm(Module):
     """Decay of the running averages: ``new = momentum * old + (1 - momentum) * batch``."""
     epsilon: float = 1e-5
     """Added to the variance before its square root, to avoid dividing by zero."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     use_bias: bool = True
     """Whether to add a learned bias."""
@@ -121,7 +121,7 @@ class BatchNorm(Module):
     axis_name: str | None = None
     """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
     averaged; ``None``: none."""
-    axis_index_groups: Any = None
+    axis_index_groups: Sequence[Sequence[int]] | None = None
     """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
     """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -
@@ -160,10 +160,10 @@ class LayerNorm(Module):
 
     epsilon: float = 1e-6
     """Added to the variance before its square root, to avoid dividing by zero."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     use_bias: bool = True
     """Whether to add a learned bias."""
@@ -180,7 +180,7 @@ class LayerNorm(Module):
     axis_name: str | None = None
     """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
     averaged; ``None``: none."""
-    axis_index_groups: Any = None
+    axis_index_groups: Sequence[Sequence[int]] | None = None
     """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
     """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -
@@ -199,10 +199,10 @@ class RMSNorm(Module):
 
     epsilon: float = 1e-6
     """Added to the mean square before its square root, to avoid dividing by zero."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     use_scale: bool = True
     """Whether to multiply by a learned scale."""
@@ -215,7 +215,7 @@ class RMSNorm(Module):
     axis_name: str | None = None
     """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
     averaged; ``None``: none."""
-    axis_index_groups: Any = None
+    axis_index_groups: Sequence[Sequence[int]] | None = None
     """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
     """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -
@@ -245,10 +245,10 @@ class GroupNorm(Module):
     two."""
     epsilon: float = 1e-6
     """Added to the variance before its square root, to avoid dividing by zero."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     use_bias: bool = True
     """Whether to add a learned bias."""
@@ -264,7 +264,7 @@ class GroupNorm(Module):
     axis_name: str | None = None
     """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
     averaged; ``None``: none."""
-    axis_index_groups: Any = None
+    axis_index_groups: Sequence[Sequence[int]] | None = None
     """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
     """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -
@@ -296,10 +296,10 @@ class InstanceNorm(Module):
 
     epsilon: float = 1e-6
     """Added to the variance before its square root, to avoid dividing by zero."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     use_bias: bool = True
     """Whether to add a learned bias."""
@@ -314,7 +314,7 @@ class InstanceNorm(Module):
     axis_name: str | None = None
     """The named axis (of ``vmap``/``pmap``/``shard_map``) over which the statistics are also
     averaged; ``None``: none."""
-    axis_index_groups: Any = None
+    axis_index_groups: Sequence[Sequence[int]] | None = None
     """Groups of indices of ``axis_name`` to average over separately (as ``jax.lax.pmean``'s)."""
     use_fast_variance: bool = True
     """Computes the variance as ``E[x^2] - E[x]^2`` (one pass, less exact) rather than ``E[(x -

@@ -18,7 +18,7 @@ same job: ``nn.with_logical_partitioning`` on the initializer and
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Mapping, NoReturn
 
 # Registers the boxes with flax.serialization once the user imports it (see its docstring).
 import varjax.nn.serialization  # noqa: F401
@@ -26,6 +26,8 @@ from varjax.ir.axis_metadata import get_logical_axis_rules as get_axis_rules
 from varjax.ir.axis_metadata import logical_axis_rules as axis_rules
 from varjax.ir.axis_metadata import logical_to_mesh_axes as logical_to_mesh_axes
 from varjax.ir.axis_metadata import set_logical_axis_rules as set_axis_rules
+from varjax.ir.typing import Target
+from varjax.nn.module import Module
 from varjax.nn.spmd import RulesFallback as RulesFallback
 from varjax.nn.spmd import logical_to_mesh as logical_to_mesh
 from varjax.nn.spmd import with_logical_constraint as with_sharding_constraint
@@ -47,39 +49,40 @@ PartitionedVariable = unprovided_class("PartitionedVariable", _WHY, _FIX, __name
 
 
 def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args: Any,
-                    axes: tuple[str, ...] | None = None, module: Any = None, **init_kwargs: Any) -> NoReturn:
+                    axes: tuple[str, ...] | None = None, module: Module | None = None,
+                    **init_kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
     not_provided("nn.partitioning.param_with_axes", _WHY, _FIX, by="varjax.nn")
 
 
 def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], *init_args: Any,
-                       axes: tuple[str, ...] | None = None, module: Any = None,
+                       axes: tuple[str, ...] | None = None, module: Module | None = None,
                        fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED,
                        **init_kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
     not_provided("nn.partitioning.variable_with_axes", _WHY, _FIX, by="varjax.nn")
 
 
-def get_axis_names(axes_metadata: Any) -> NoReturn:
+def get_axis_names(axes_metadata: Mapping[str, Any]) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
     not_provided("nn.partitioning.get_axis_names", _WHY, _FIX, by="varjax.nn")
 
 
-def scan_with_axes(target: Any, *args: Any, **kwargs: Any) -> NoReturn:
+def scan_with_axes(target: Target, *args: Any, **kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
     not_provided("nn.partitioning.scan_with_axes", _WHY,
                  "nn.scan(..., metadata_params={nn.PARTITION_NAME: 'layers'}) over boxed variables",
                  by="varjax.nn")
 
 
-def vmap_with_axes(target: Any, *args: Any, **kwargs: Any) -> NoReturn:
+def vmap_with_axes(target: Target, *args: Any, **kwargs: Any) -> NoReturn:
     """Not provided (see the module docstring); raises ``NotProvidedError``."""
     not_provided("nn.partitioning.vmap_with_axes", _WHY,
                  "nn.vmap(..., metadata_params={nn.PARTITION_NAME: 'name'}) over boxed variables",
                  by="varjax.nn")
 
 
-def core_remat_static(fn: Any, *args: Any, **kwargs: Any) -> NoReturn:
+def core_remat_static(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> NoReturn:
     """Not provided: a lift of ``flax.core`` scope functions, which varjax does not have."""
     not_provided("nn.partitioning.core_remat_static",
                  "it lifts flax.core functions of a Scope; varjax.nn has no flax.core layer.",

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Protocol
 import jax
 import jax.numpy as jnp
 
+from varjax.ir.typing import CollectionFilter
 from varjax.nn.module import Module
 from varjax.nn.recurrent_cells import ConvLSTMCell as ConvLSTMCell
 from varjax.nn.recurrent_cells import DenseParams as DenseParams
@@ -26,6 +27,7 @@ from varjax.nn.recurrent_cells import MGUCell as MGUCell
 from varjax.nn.recurrent_cells import OptimizedLSTMCell as OptimizedLSTMCell
 from varjax.nn.recurrent_cells import RNNCellBase as RNNCellBase
 from varjax.nn.recurrent_cells import SimpleCell as SimpleCell
+from varjax.nn.typing import Carry as Carry
 from varjax.nn.typing import Dtype as Dtype
 from varjax.nn.typing import Initializer as Initializer
 from varjax.nn.typing import PrecisionLike as PrecisionLike
@@ -36,7 +38,6 @@ __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "MGUCell",
            "ConvLSTMCell", "RNN", "RNNBase", "Bidirectional", "flip_sequences"]
 
 Array = jax.Array
-Carry = Any
 Output = Any
 
 
@@ -74,9 +75,9 @@ class RNN(Module):
     variable_axes: Mapping[Any, int] = dataclasses.field(default_factory=dict)
     """Collections whose variables have one slice per step, and the axis it is on
     (``nn.scan``'s)."""
-    variable_broadcast: Any = "params"
+    variable_broadcast: CollectionFilter = "params"
     """Collections shared by every step (``nn.scan``'s; ``params`` by default)."""
-    variable_carry: Any = False
+    variable_carry: CollectionFilter = False
     """Collections carried from one step to the next (``nn.scan``'s)."""
     split_rngs: Mapping[Any, bool] = dataclasses.field(default_factory=lambda: {"params": False})
     """RNG streams split per step (``nn.scan``'s; ``params`` is not, so every step has the same
@@ -85,7 +86,7 @@ class RNN(Module):
     def __call__(self, inputs: Array, *, initial_carry: Carry | None = None, init_key: Array | None = None,
                  seq_lengths: Array | None = None, return_carry: bool | None = None,
                  time_major: bool | None = None, reverse: bool | None = None,
-                 keep_order: bool | None = None) -> Any:
+                 keep_order: bool | None = None) -> Output | tuple[Carry, Output]:
         return_carry = self.return_carry if return_carry is None else return_carry
         time_major = self.time_major if time_major is None else time_major
         reverse = self.reverse if reverse is None else reverse

@@ -31,13 +31,12 @@ from varjax.nn import initializers
 from varjax.nn.activation import sigmoid, tanh
 from varjax.nn.linear import Conv, Dense, default_kernel_init
 from varjax.nn.module import Module, compact, nowrap
-from varjax.nn.typing import Dtype, Initializer, PrecisionLike
+from varjax.nn.typing import Carry, Dtype, Initializer, PrecisionLike
 
 __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "MGUCell", "SimpleCell",
            "ConvLSTMCell", "DenseParams"]
 
 Array = jax.Array
-Carry = Any
 
 
 class RNNCellBase(Module):
@@ -93,10 +92,10 @@ class _GatedCell(_VectorCell):
     """Initializer of the hidden-to-hidden kernels."""
     bias_init: initializers.Initializer = initializers.zeros_init()
     """Initializer of the gates' biases."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     carry_init: initializers.Initializer = initializers.zeros_init()
     """Initializer of the carry made by ``initialize_carry``."""
@@ -173,10 +172,10 @@ class SimpleCell(_VectorCell):
     """Initializer of the hidden-to-hidden kernels."""
     bias_init: initializers.Initializer = initializers.zeros_init()
     """Initializer of the bias."""
-    dtype: Any = None
+    dtype: Dtype | None = None
     """The dtype of the computation and the result (``None``: promoted from the inputs and
     parameters)."""
-    param_dtype: Any = jnp.float32
+    param_dtype: Dtype = jnp.float32
     """The dtype the parameters are created in."""
     carry_init: initializers.Initializer = initializers.zeros_init()
     """Initializer of the carry made by ``initialize_carry``."""

@@ -29,19 +29,23 @@ from varjax.ir.axis_metadata import LogicallyPartitioned as LogicallyPartitioned
 from varjax.ir.axis_metadata import LogicalNames, LogicalRules
 from varjax.ir.axis_metadata import get_logical_axis_rules as get_logical_axis_rules
 from varjax.ir.axis_metadata import logical_to_mesh_axes as logical_to_mesh_axes
+from varjax.ir.typing import PyTree, ShardingLike
+from varjax.nn.typing import LogicalPartitionSpecPytree
 
 __all__ = ["LogicallyPartitioned", "RulesFallback", "get_logical_axis_rules", "logical_to_mesh",
            "logical_to_mesh_axes", "logical_to_mesh_sharding", "with_logical_constraint",
            "with_logical_partitioning"]
 
 
-def logical_to_mesh(tree: Any, rules: LogicalRules | None = None) -> Any:
+def logical_to_mesh(tree: LogicalPartitionSpecPytree,
+                    rules: LogicalRules | None = None) -> ShardingLike:
     """Each logical ``PartitionSpec`` in ``tree`` resolved to mesh axes (``logical_to_mesh_axes``)."""
     return jax.tree.map(lambda x: logical_to_mesh_axes(x, rules), tree,
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def logical_to_mesh_sharding(tree: Any, mesh: jax.sharding.Mesh, rules: LogicalRules | None = None) -> Any:
+def logical_to_mesh_sharding(tree: LogicalPartitionSpecPytree, mesh: jax.sharding.Mesh,
+                             rules: LogicalRules | None = None) -> ShardingLike:
     """Each logical ``PartitionSpec`` in ``tree`` as a ``NamedSharding`` on ``mesh``."""
     return jax.tree.map(lambda x: NamedSharding(mesh, x), logical_to_mesh(tree, rules),
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
@@ -87,9 +91,10 @@ def _is_logical_spec(x: Any) -> bool:
         isinstance(e, str) or e is PartitionSpec.UNCONSTRAINED or e is None for e in x))
 
 
-def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalRules | None = None,
+def with_logical_constraint(x: PyTree, logical_axis_resources: LogicalPartitionSpecPytree,
+                            rules: LogicalRules | None = None,
                             mesh: jax.sharding.Mesh | None = None,
-                            fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED) -> Any:
+                            fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED) -> PyTree:
     """``jax.lax.with_sharding_constraint`` by logical names: each leaf of
     ``logical_axis_resources`` (a tuple of names, or a ``PartitionSpec``) is resolved
     under ``rules`` (the active ones if None) and constrains the matching part of ``x``.

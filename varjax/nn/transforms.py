@@ -13,6 +13,7 @@ them with it, as ``nn.vmap``/``nn.scan`` with ``metadata_params`` do.  It is
 from typing import Any, Mapping
 
 from varjax.ir.axis_metadata import add_axis, remove_axis
+from varjax.ir.typing import CollectionFilter, Target
 from varjax.nn.frozen_dict import FrozenDict
 from varjax.transforms import *  # noqa: F403
 from varjax.transforms import __all__ as _lifted
@@ -21,8 +22,8 @@ from varjax.transforms import map_variables
 __all__ = [*_lifted, "add_metadata_axis"]
 
 
-def add_metadata_axis(target: Any, variable_axes: Mapping[Any, int | None] = FrozenDict(),
-                      metadata_params: Mapping[Any, Any] = FrozenDict()) -> Any:
+def add_metadata_axis(target: Target, variable_axes: Mapping[CollectionFilter, int | None] = FrozenDict(),
+                      metadata_params: Mapping[str, Any] = FrozenDict()) -> Target:
     """``target`` (a Module class or a function of a module) whose boxed variables of each
     collection in ``variable_axes`` lose the metadata axis at its index on the way in
     and gain it on the way out (``AxisMetadata.remove_axis`` / ``add_axis`` with

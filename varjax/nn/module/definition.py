@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import typing
 from typing import Any, Callable
 
 from varjax.ir import errors
@@ -29,9 +28,11 @@ class Module(VariableAPI, LiftHooks, Tabulation):
 
     Implements ``varjax.ir.protocols.Labelled``, ``LiftableModule`` and ``LiftableModuleClass``."""
 
-    # ``typing.Any``, not ``Any``: the generated ``__init__`` of a subclass resolves this
-    # annotation in the subclass's module, which need not import ``Any`` (pdoc does that).
-    parent: typing.Any = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
+    # The generated ``__init__`` of a subclass resolves this annotation in the subclass's
+    # module (pdoc does that): every module defining a layer imports ``Module``.  Besides a
+    # Module or None, ``bind``/``init``/``apply`` pass a root of ``binding`` here; no user does.
+    parent: Module | None = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False,
+                                              compare=False)
     """The module this one is a child of; set by the parent's ``setup`` or ``@compact`` method
     (or ``None`` for a top-level module), as in Linen: not given by hand."""
     # The marker by which varjax.lifting.region recognises a module (``protocols.LiftableModule``):

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import inspect
 import weakref
-from typing import Any, Callable, Mapping, Self, Sequence, Union
+from typing import Any, Callable, Mapping, Self
 
 import jax
 
@@ -20,14 +20,13 @@ from varjax import _jax
 from varjax.functionalization.functionalized import Functionalized, function_name
 from varjax.ir import errors, filters, liveness
 from varjax.ir.statics import typed
+from varjax.ir.typing import CollectionFilter, Passes, PyTree, RngsLike, VariableDict
 from varjax.nn.binding import BoundRoot, TraceRoot
 from varjax.nn.module.interception import cache_key
 from varjax.nn.module.lifecycle import Lifecycle
+from varjax.nn.typing import CaptureIntermediates
 from varjax.trace.context import current, site
 from varjax.trace.variable_dicts import flatten_variables
-
-# What ``passes=`` takes: a pipeline string or a sequence of ``Pass`` instances and strings.
-Passes = Union[str, Sequence[Any]]
 
 # Linen's default for init: sown intermediates are not part of the variables.
 DEFAULT_INIT_MUTABLE = filters.DenyList(["intermediates"])
@@ -38,8 +37,8 @@ class EntryPoints(Lifecycle):
     (``bind``)."""
 
     @errors.api_boundary
-    def bind(self, variables: Mapping[str, Any], *, rngs: Any = None, mutable: Any = False,
-             passes: Passes = ()) -> Self:
+    def bind(self, variables: VariableDict, *, rngs: RngsLike | None = None,
+             mutable: CollectionFilter = False, passes: Passes = ()) -> Self:
         """A bound clone with unlimited lifetime; mutable collections are updated in place.
         ``passes`` run on every call of it (see ``apply``)."""
         return self.clone(parent=BoundRoot(variables, rngs, mutable, _entries(passes)), name=None)
@@ -52,7 +51,8 @@ class EntryPoints(Lifecycle):
                 **site(about=self), fix="call unbind on the module that bind() returned")
         return self.clone(parent=None), self.scope.root.variables
 
-    def functionalize(self, method: Any = None, capture_intermediates: Any = False,
+    def functionalize(self, method: str | Callable[..., Any] | None = None,
+                      capture_intermediates: CaptureIntermediates = False,
                       passes: Passes = ()) -> Functionalized:
         """The ``vj.functionalize`` object behind ``init``/``apply`` for ``method``: use it
         for ``.jaxpr(...)`` / ``.functional_jaxpr(...)`` / ``.traced(...)`` of a module call.
@@ -80,15 +80,18 @@ class EntryPoints(Lifecycle):
         return Functionalized(bound_call, passes=passes)
 
     @errors.api_boundary
-    def init_with_output(self, rngs: Any, *args: Any, method: Any = None,
-                         mutable: Any = DEFAULT_INIT_MUTABLE, capture_intermediates: Any = False,
-                         passes: Passes = (), **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    def init_with_output(self, rngs: RngsLike, *args: Any, method: str | Callable[..., Any] | None = None,
+                         mutable: CollectionFilter = DEFAULT_INIT_MUTABLE,
+                         capture_intermediates: CaptureIntermediates = False,
+                         passes: Passes = (), **kwargs: Any) -> tuple[PyTree, dict[str, Any]]:
         fz = self.functionalize(method, capture_intermediates, passes)
         return fz.init_with_output(rngs, *args, mutable=mutable, **kwargs)
 
     @errors.api_boundary
-    def init(self, rngs: Any, *args: Any, method: Any = None, mutable: Any = DEFAULT_INIT_MUTABLE,
-             capture_intermediates: Any = False, passes: Passes = (), **kwargs: Any) -> dict[str, Any]:
+    def init(self, rngs: RngsLike, *args: Any, method: str | Callable[..., Any] | None = None,
+             mutable: CollectionFilter = DEFAULT_INIT_MUTABLE,
+             capture_intermediates: CaptureIntermediates = False, passes: Passes = (),
+             **kwargs: Any) -> dict[str, Any]:
         """All variables the method creates: ``apply({}, ..., mutable=True)[1]`` with the
         ``params`` stream given, minus ``intermediates`` (Linen's default).  Variables that
         ``passes`` create (LoRA adapters) are created here too."""
@@ -97,8 +100,8 @@ class EntryPoints(Lifecycle):
                                      **kwargs)[1]
 
     @errors.api_boundary
-    def lazy_init(self, rngs: Any, *args: Any, method: Any = None,
-                  mutable: Any = DEFAULT_INIT_MUTABLE, **kwargs: Any) -> dict[str, Any]:
+    def lazy_init(self, rngs: RngsLike, *args: Any, method: str | Callable[..., Any] | None = None,
+                  mutable: CollectionFilter = DEFAULT_INIT_MUTABLE, **kwargs: Any) -> dict[str, Any]:
         """``init`` with ``jax.ShapeDtypeStruct`` in place of inputs whose values the variables
         do not need: the forward pass is traced, and only what the variables depend on runs
         (Linen's ``lazy_init``).  A variable whose initial value depends on such an input
@@ -119,9 +122,10 @@ class EntryPoints(Lifecycle):
         return jax.tree.unflatten(jax.tree.structure(shapes), values)
 
     @errors.api_boundary
-    def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None, method: Any = None,
-              mutable: Any = False, capture_intermediates: Any = False, passes: Passes = (),
-              **kwargs: Any) -> Any:
+    def apply(self, variables: VariableDict, *args: Any, rngs: RngsLike | None = None,
+              method: str | Callable[..., Any] | None = None, mutable: CollectionFilter = False,
+              capture_intermediates: CaptureIntermediates = False, passes: Passes = (),
+              **kwargs: Any) -> PyTree | tuple[PyTree, dict[str, Any]]:
         """Runs ``method`` (default ``__call__``) of a bound clone; returns ``out`` or
         ``(out, updated_collections)`` when anything is mutable.  ``passes`` (a pipeline
         string such as ``"lora{rank=4}"`` or ``Pass`` instances) rewrite the call's IR after
@@ -181,7 +185,7 @@ def _raise_lazy(module: EntryPoints, closed: Any, shapes: dict[str, Any]) -> Non
                 fix="pass that input as an array (or use init)")
 
 
-def resolve_method(module: EntryPoints, method: Any) -> Callable:
+def resolve_method(module: EntryPoints, method: str | Callable[..., Any] | None) -> Callable:
     """The function ``method=`` names: a method name, a method of any instance (unbound), or
     a callable taking the module first (``None``: ``__call__``)."""
     if method is None:
@@ -241,8 +245,8 @@ def _capture_filter(capture: Any) -> Callable[[EntryPoints, str], bool] | None:
     return capture
 
 
-def apply(fn: Callable[..., Any], module: EntryPoints, mutable: Any = False,
-          capture_intermediates: Any = False) -> Callable[..., Any]:
+def apply(fn: Callable[..., Any], module: EntryPoints, mutable: CollectionFilter = False,
+          capture_intermediates: CaptureIntermediates = False) -> Callable[..., Any]:
     """Linen's ``nn.apply``: ``fn(bound_module, *args)`` as ``(variables, *args, rngs=)``."""
     def applied(variables: Mapping[str, Any], *args: Any, rngs: Any = None, **kwargs: Any) -> Any:
         return module.apply(variables, *args, rngs=rngs, method=fn, mutable=mutable,
@@ -250,8 +254,9 @@ def apply(fn: Callable[..., Any], module: EntryPoints, mutable: Any = False,
     return applied
 
 
-def init_with_output(fn: Callable[..., Any], module: EntryPoints, mutable: Any = DEFAULT_INIT_MUTABLE,
-                     capture_intermediates: Any = False) -> Callable[..., Any]:
+def init_with_output(fn: Callable[..., Any], module: EntryPoints,
+                     mutable: CollectionFilter = DEFAULT_INIT_MUTABLE,
+                     capture_intermediates: CaptureIntermediates = False) -> Callable[..., Any]:
     """Linen's ``nn.init_with_output``: ``fn(bound_module, *args)`` as
     ``(rngs, *args) -> (out, variables)``."""
     def initialized(rngs: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
@@ -260,8 +265,8 @@ def init_with_output(fn: Callable[..., Any], module: EntryPoints, mutable: Any =
     return initialized
 
 
-def init(fn: Callable[..., Any], module: EntryPoints, mutable: Any = DEFAULT_INIT_MUTABLE,
-         capture_intermediates: Any = False) -> Callable[..., Any]:
+def init(fn: Callable[..., Any], module: EntryPoints, mutable: CollectionFilter = DEFAULT_INIT_MUTABLE,
+         capture_intermediates: CaptureIntermediates = False) -> Callable[..., Any]:
     """Linen's ``nn.init``: ``fn(bound_module, *args)`` as ``(rngs, *args) -> variables``."""
     with_output = init_with_output(fn, module, mutable, capture_intermediates)
     return lambda rngs, *args, **kwargs: with_output(rngs, *args, **kwargs)[1]

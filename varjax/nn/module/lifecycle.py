@@ -259,11 +259,13 @@ class Lifecycle(Naming):
         return root.run(key, name, body, args, kwargs)
 
     # -- copies and printing ---------------------------------------------------------------
-    def clone(self, *, parent: Any = None, **updates: Any) -> Self:
-        """A new module with the same fields (plus ``updates``) and the given parent."""
+    def clone(self, *, parent: Lifecycle | None = None, **updates: Any) -> Self:
+        """A new module with the same fields (plus ``updates``) and the given parent (a
+        ``Module``, or None: unbound)."""
         return dataclasses.replace(self, parent=parent, **updates)
 
-    def copy(self, *, parent: Any = UNSPECIFIED, name: str | None = None, **updates: Any) -> Self:
+    def copy(self, *, parent: Lifecycle | None = UNSPECIFIED, name: str | None = None,
+             **updates: Any) -> Self:
         """A copy with the given fields replaced (Linen's ``copy``): by default its parent is
         the running module, so in a compact method it is a new auto-named child.  Submodules
         held by fields are copied too, detached, and one module held twice is copied once."""

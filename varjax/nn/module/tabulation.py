@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from varjax.ir import errors
+from varjax.ir.typing import CollectionFilter, RngsLike
 from varjax.nn.module.entry import DEFAULT_INIT_MUTABLE, EntryPoints, resolve_method
 from varjax.nn.module.interception import InterceptorContext, intercept_methods
 from varjax.nn.module.ir_summary import Row, summarize
@@ -49,8 +50,9 @@ class Call:
     outputs: Any
 
 
-def record_calls(module: EntryPoints, rngs: Any, *args: Any, method: Any = None,
-                 mutable: Any = DEFAULT_INIT_MUTABLE, **kwargs: Any) -> tuple[list[Call], Any]:
+def record_calls(module: EntryPoints, rngs: RngsLike, *args: Any,
+                 method: str | Callable[..., Any] | None = None,
+                 mutable: CollectionFilter = DEFAULT_INIT_MUTABLE, **kwargs: Any) -> tuple[list[Call], Any]:
     """The calls ``module.init(rngs, *args, **kwargs)`` makes, in order, and its IR summary."""
     calls: list[Call | None] = []      # in the order the calls start, as Linen numbers them
 
@@ -85,16 +87,16 @@ _NONE: Mapping[str, Any] = types.MappingProxyType({})
 class Tabulation(EntryPoints):
     """Linen's module inspection methods."""
 
-    def module_paths(self, rngs: Any, *args: Any, show_repeated: bool = False,
-                     mutable: Any = DEFAULT_INIT_MUTABLE, **kwargs: Any) -> dict[str, Any]:
+    def module_paths(self, rngs: RngsLike, *args: Any, show_repeated: bool = False,
+                     mutable: CollectionFilter = DEFAULT_INIT_MUTABLE, **kwargs: Any) -> dict[str, Any]:
         """``{path: unbound copy of the module}`` for every module ``init`` calls
         (``"sub/Dense_0"``; the root is ``""``), computed abstractly.  ``show_repeated`` is
         Linen's: repeated calls of a module have its path, so the dict is the same."""
         calls, _ = record_calls(self, rngs, *args, mutable=mutable, **kwargs)
         return {"/".join(c.path): c.module for c in calls}
 
-    def tabulate(self, rngs: Any, *args: Any, depth: int | None = None,
-                 show_repeated: bool = False, mutable: Any = DEFAULT_INIT_MUTABLE,
+    def tabulate(self, rngs: RngsLike, *args: Any, depth: int | None = None,
+                 show_repeated: bool = False, mutable: CollectionFilter = DEFAULT_INIT_MUTABLE,
                  console_kwargs: Mapping[str, Any] | None = None,
                  table_kwargs: Mapping[str, Any] = _NONE, column_kwargs: Mapping[str, Any] = _NONE,
                  compute_flops: bool = False, compute_vjp_flops: bool = False,
@@ -107,8 +109,9 @@ class Tabulation(EntryPoints):
                         compute_vjp_flops=compute_vjp_flops, **kwargs)(*args)
 
 
-def tabulate(module: Tabulation, rngs: Any, depth: int | None = None, show_repeated: bool = False,
-             mutable: Any = DEFAULT_INIT_MUTABLE, console_kwargs: Mapping[str, Any] | None = None,
+def tabulate(module: Tabulation, rngs: RngsLike, depth: int | None = None,
+             show_repeated: bool = False, mutable: CollectionFilter = DEFAULT_INIT_MUTABLE,
+             console_kwargs: Mapping[str, Any] | None = None,
              table_kwargs: Mapping[str, Any] = _NONE, column_kwargs: Mapping[str, Any] = _NONE,
              compute_flops: bool = False, compute_vjp_flops: bool = False,
              **kwargs: Any) -> Callable[..., str]:

@@ -15,6 +15,7 @@ import jax
 
 from varjax.ir import axis_metadata, errors, filters, streams
 from varjax.ir.primitives import Path, VarType
+from varjax.ir.typing import PyTree
 from varjax.nn.module.lifecycle import Lifecycle
 from varjax.trace import type_checks, variable_api
 from varjax.trace.context import TraceContext, site
@@ -45,7 +46,7 @@ class VariableAPI(Lifecycle):
         return self._run_bound(run, (), {}, method=False)
 
     def param(self, name: str, init_fn: Callable[..., Any], *init_args: Any, unbox: bool = True,
-              **init_kwargs: Any) -> Any:
+              **init_kwargs: Any) -> PyTree:
         """Parameter ``name`` of this module, created with
         ``init_fn(key, *init_args, **init_kwargs)``.
 
@@ -90,19 +91,19 @@ class VariableAPI(Lifecycle):
             return self.scope.root.has(col, self._path(name))
         return variable_api.has_at(self._ctx("Module.has_variable"), col, self._path(name))
 
-    def get_variable(self, col: str, name: str, default: Any = None) -> Any:
+    def get_variable(self, col: str, name: str, default: PyTree = None) -> PyTree:
         if not self.has_variable(col, name):
             return default
         if self.scope.eager():
             return self.scope.root.read(col, self._path(name))
         return variable_api.read_at(self._ctx("Module.get_variable"), col, self._path(name))
 
-    def put_variable(self, col: str, name: str, value: Any) -> None:
+    def put_variable(self, col: str, name: str, value: PyTree) -> None:
         if self.scope is not None and self.scope.eager():
             return self._eager(lambda m: m.put_variable(col, name, value))
         variable_api.write_at(self._ctx("Module.put_variable"), col, self._path(name), value)
 
-    def sow(self, col: str, name: str, value: Any,
+    def sow(self, col: str, name: str, value: PyTree,
             reduce_fn: Callable[[Any, Any], Any] = variable_api.append,
             init_fn: Callable[[], Any] = tuple) -> bool:
         """Store ``value`` if ``col`` is mutable (Linen's ``sow``); False if not."""
@@ -113,7 +114,7 @@ class VariableAPI(Lifecycle):
             self._reserve_variable("sown variable", col, name, anywhere=True)
         return variable_api.sow_at(ctx, col, self._path(name), value, reduce_fn, init_fn)
 
-    def perturb(self, name: str, value: Any, collection: str = "perturbations") -> Any:
+    def perturb(self, name: str, value: jax.Array, collection: str = "perturbations") -> jax.Array:
         """``value`` plus a zero-initialized variable, whose gradient is d loss / d value."""
         if self.is_mutable_collection(collection) and not self.has_variable(collection, name):
             self.put_variable(collection, name, jax.numpy.zeros_like(value))
