@@ -79,7 +79,8 @@ def _collected(module: Any, wanted: set[type]) -> State:
     return State.from_flat(flat)
 
 
-def capture(fn: Callable | type[Variable], *var_types: type[Variable], init: Any = None,
+def capture(fn: Callable | type[Variable], *var_types: type[Variable],
+            init: State | Mapping | None = None,
             method_outputs: type[Variable] | None = None) -> Callable:
     """``fn`` returning ``(out, state)`` (one state per type of ``var_types``, after
     ``out``; just ``out`` with none), the values ``sow``/``perturb`` put under the module

@@ -21,11 +21,13 @@ import contextlib
 import dataclasses
 import functools
 import threading
-from typing import Any, Callable, Hashable, Iterator, TypeVar
+from typing import Any, Callable, Hashable, Iterator, Mapping, TypeVar
 
 from varjax.ir import errors
+from varjax.ir.typing import Filter, Node
 from varjax.nnx.graphlib import GraphDef, RefMap, build, build_from_states, flatten_graph, nested
-from varjax.nnx.statelib import FlatState
+from varjax.nnx.statelib import FlatState, State
+from varjax.trace.variable import Variable
 
 __all__ = ["SplitContext", "MergeContext", "UpdateContext", "split_context", "merge_context",
            "update_context", "current_update_context"]
@@ -121,12 +123,12 @@ class SplitContext:
             return None
         return current_update_context(self.ctxtag).inner_outer_index
 
-    def split(self, node: Any, *filters: Any) -> tuple:
+    def split(self, node: Node, *filters: Filter) -> tuple:
         """``nnx.split`` in this context: ``(graphdef, state, ...)``."""
         g, *flats = self.flatten(node, *filters)
         return (g, *(nested(dict(f)) for f in flats))
 
-    def flatten(self, node: Any, *filters: Any, with_paths: bool = True) -> tuple:
+    def flatten(self, node: Node, *filters: Filter, with_paths: bool = True) -> tuple:
         """``(graphdef, flat_state, ...)``, one ``FlatState`` per filter; with
         ``with_paths=False`` (no filters) ``(graphdef, values)``."""
         if filters and not with_paths:
@@ -164,12 +166,14 @@ class MergeContext:
             return None
         return current_update_context(self.ctxtag).outer_objects
 
-    def merge(self, graphdef: GraphDef, state: Any, /, *states: Any) -> Any:
+    def merge(self, graphdef: GraphDef, state: State | Mapping | Variable, /,
+              *states: State | Mapping | Variable) -> Node:
         """``nnx.merge`` in this context, with copies of the states' Variables."""
         return build_from_states(graphdef, (state, *states), copy=True, built=self.built,
                                  outer=self._outer())
 
-    def unflatten(self, graphdef: GraphDef, flat_state: Any, /, *flat_states: Any) -> Any:
+    def unflatten(self, graphdef: GraphDef, flat_state: FlatState | list, /,
+                  *flat_states: FlatState) -> Node:
         """The object of ``flatten``'s results: ``FlatState``s, or one list of values."""
         if isinstance(flat_state, list):
             if flat_states or len(flat_state) != len(graphdef.paths):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from varjax.ir import errors
+from varjax.ir.typing import Filter, PyTree
 from varjax.nnx.graph import split
 from varjax.nnx.pytree import Pytree
 from varjax.nnx.variablelib import Variable
@@ -58,10 +59,10 @@ class Metric(Pytree):
     def update(self, **kwargs: Any) -> None:
         raise NotImplementedError("Must override `update()` method.")
 
-    def compute(self) -> Any:
+    def compute(self) -> PyTree:
         raise NotImplementedError("Must override `compute()` method.")
 
-    def split(self, *filters: Any) -> tuple:
+    def split(self, *filters: Filter) -> tuple:
         return split(self, *filters)
 
 

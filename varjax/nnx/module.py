@@ -10,12 +10,13 @@ value (or its perturbation) where ``nnx.capture`` collects it, as NNX does.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors
+from varjax.ir.typing import Node, PyTree
 from varjax.nnx.config import resolve
 from varjax.nnx.pytree import Dict, List, Pytree, children, is_node
 from varjax.nnx.state_ops import iter_graph
@@ -38,7 +39,7 @@ class Captured:
     be the same variable.  This pytree keeps the names static and the values as children:
     one variable whose structure grows."""
 
-    def __init__(self, items: Any = ()):
+    def __init__(self, items: Mapping[str, PyTree] | Iterable[tuple[str, PyTree]] = ()):
         self._items = tuple(dict(items).items())
 
     def items(self) -> tuple[tuple[str, Any], ...]:
@@ -50,7 +51,7 @@ class Captured:
     def __getitem__(self, name: str) -> Any:
         return dict(self._items)[name]
 
-    def put(self, name: str, value: Any) -> "Captured":
+    def put(self, name: str, value: PyTree) -> "Captured":
         return Captured({**dict(self._items), name: value})
 
     def tree_flatten(self) -> tuple[tuple, tuple]:
@@ -63,7 +64,7 @@ class Captured:
 Path = tuple[Any, ...]
 
 
-def iter_modules(node: Any, /, *, graph: bool | None = None
+def iter_modules(node: Node, /, *, graph: bool | None = None
                  ) -> Iterator[tuple[Path, Module | List | Dict]]:
     """Every module under ``node`` (``node`` included) with its path: ``iter_graph``'s
     walk (children first, keys in order, each object once in graph mode) keeping the
@@ -73,7 +74,8 @@ def iter_modules(node: Any, /, *, graph: bool | None = None
             yield path, value
 
 
-def iter_children(node: Any, /, *, graph: bool | None = None) -> Iterator[tuple[Any, Any]]:
+def iter_children(node: Node, /, *, graph: bool | None = None
+                  ) -> Iterator[tuple[Hashable, Node]]:
     """The objects directly under ``node`` with their keys, as flax.nnx's: every child that
     is a graph node (a module, an ``nnx.List``/``nnx.Dict`` itself, ``Rngs``, a stream, a
     Variable), in the walk's order; arrays and plain containers are not.  ``node`` must
@@ -123,21 +125,21 @@ class Module(Pytree):
         self.set_attributes(deterministic=True, use_running_average=True, **attributes,
                             raise_if_not_found=False)
 
-    def iter_modules(self) -> Iterator[tuple[Path, Any]]:
+    def iter_modules(self) -> Iterator[tuple[Path, Module | List | Dict]]:
         """``nnx.iter_modules(self)``; deprecated in flax.nnx, so it warns as there."""
         warnings.warn("Module.iter_modules() is deprecated: call nnx.iter_modules(module).",
                       DeprecationWarning, stacklevel=2)
         return iter_modules(self)
 
-    def iter_children(self) -> Iterator[tuple[Any, Any]]:
+    def iter_children(self) -> Iterator[tuple[Hashable, Node]]:
         """``nnx.iter_children(self)``; deprecated in flax.nnx, so it warns as there."""
         warnings.warn("Module.iter_children() is deprecated: call nnx.iter_children(module).",
                       DeprecationWarning, stacklevel=2)
         return iter_children(self)
 
-    def sow(self, variable_type: type[Variable] | str, name: str, value: Any,
-            reduce_fn: Callable[[Any, Any], Any] = lambda xs, x: (*xs, x),
-            init_fn: Callable[[], Any] = tuple) -> bool:
+    def sow(self, variable_type: type[Variable] | str, name: str, value: PyTree,
+            reduce_fn: Callable[[PyTree, PyTree], PyTree] = lambda xs, x: (*xs, x),
+            init_fn: Callable[[], PyTree] = tuple) -> bool:
         """Keeps ``value`` under ``name``, combined by ``reduce_fn`` with what was sown there
         before (``init_fn()`` the first time): by default a tuple of every value sown.
 
@@ -163,8 +165,8 @@ class Module(Pytree):
             existing.value = reduce_fn(existing.value, value)
         return True
 
-    def perturb(self, name: str, value: Any,
-                variable_type: type[Variable] | str = Perturbation) -> Any:
+    def perturb(self, name: str, value: jax.Array,
+                variable_type: type[Variable] | str = Perturbation) -> jax.Array:
         """``value`` plus the perturbation kept under ``name`` (zeros, made on first use):
         differentiating with respect to the perturbations gives the gradient with respect to
         the intermediate ``value``.  Under ``nnx.capture`` the perturbation lives in the

@@ -11,9 +11,10 @@ object reached at two paths is copied once, so sharing is kept in the copy.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Hashable, Iterator, TypeVar
 
 from varjax.ir import errors
+from varjax.ir.typing import Filter, Node
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graph import state
 from varjax.nnx.module import Module
@@ -55,7 +56,7 @@ def _map_copy(f: Callable[[Path, Any], Any], node: Any) -> Any:
     return copy(node, ())
 
 
-def view(node: A, /, *, only: Any = ..., raise_if_not_found: bool = True,
+def view(node: A, /, *, only: Filter = ..., raise_if_not_found: bool = True,
          graph: bool | None = None, **kwargs: Any) -> A:
     """A copy of ``node`` (same Variables) in which every module the filter ``only``
     selects that has a ``set_view`` method was given the ``kwargs`` its ``set_view``
@@ -87,7 +88,7 @@ def view(node: A, /, *, only: Any = ..., raise_if_not_found: bool = True,
     return out
 
 
-def with_attributes(node: A, /, *, only: Any = ..., raise_if_not_found: bool = True,
+def with_attributes(node: A, /, *, only: Filter = ..., raise_if_not_found: bool = True,
                     graph: bool | None = None, **attributes: Any) -> A:
     """A copy of ``node`` (same Variables) with ``attributes`` set on every module the
     filter ``only`` selects that has them; the original is unchanged (``set_attributes``
@@ -130,7 +131,7 @@ def _arg_docs(doc: str) -> dict[str, str]:
     return {k: "\n".join(v) for k, v in lines.items()}
 
 
-def view_info(node: Module, /, *, only: Any = ..., graph: bool | None = None) -> str:
+def view_info(node: Module, /, *, only: Filter = ..., graph: bool | None = None) -> str:
     """What ``view`` can set under ``node``: for each class with a ``set_view`` (by
     qualified name), its arguments with their annotations, defaults and the descriptions
     from its docstring's ``Args:``, in flax.nnx's text layout."""
@@ -160,8 +161,8 @@ def view_info(node: Module, /, *, only: Any = ..., graph: bool | None = None) ->
     return "\n".join(out)
 
 
-def iter_module_children(node: Any, /, *, graph: bool | None = None
-                         ) -> Iterator[tuple[Any, Any]]:
+def iter_module_children(node: Node, /, *, graph: bool | None = None
+                         ) -> Iterator[tuple[Hashable, Module | List | Dict]]:
     """The modules directly under ``node`` (an NNX object or a container), with their
     attribute names or keys.  An ``nnx.List``/``nnx.Dict`` child is listed itself, as
     flax.nnx lists its (module) containers; ``graph`` is accepted for its signature."""
@@ -174,7 +175,7 @@ def iter_module_children(node: Any, /, *, graph: bool | None = None
             yield key, child
 
 
-def set_metadata(node: Any, /, *, only: Any = Variable, **metadata: Any) -> None:
+def set_metadata(node: Node, /, *, only: Filter = Variable, **metadata: Any) -> None:
     """Sets ``metadata`` on every NNX Variable of ``node`` the filter ``only`` selects,
     in place: ``nnx.set_metadata(model, only=nnx.Param, differentiable=False)``."""
     for leaf in state(node, only).flat().values():

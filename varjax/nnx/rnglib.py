@@ -24,11 +24,12 @@ NNX refuses shared references there.  A stream is chosen by a filter (``only=``,
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import jax
 
 from varjax.ir import errors
+from varjax.ir.typing import Filter, Node, PRNGKey
 from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.pytree import flatten_node, in_order, is_node
@@ -41,6 +42,11 @@ __all__ = ["split_rngs", "fork_rngs", "with_rngs", "backup_keys", "restore_rngs"
 
 F = TypeVar("F", bound=Callable[..., Any])
 Path = tuple
+Splits = int | tuple[int, ...]
+"""How many keys a stream is split to: a count, or a shape."""
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+"""What each function here returns when called without a node: it wraps a function so that
+the function's arguments get the change for the call."""
 
 
 class _Missing:
@@ -140,9 +146,9 @@ def restore_rngs(backups: Iterable[tuple], /) -> None:
 
 # -- split_rngs -----------------------------------------------------------------------------
 
-def split_rngs(node: Any = _MISSING, /, *, splits: int | tuple[int, ...], only: Any = ...,
+def split_rngs(node: Node = _MISSING, /, *, splits: Splits, only: Filter = ...,
                squeeze: bool = False, graph: bool | None = None,
-               graph_updates: bool | None = None) -> Any:
+               graph_updates: bool | None = None) -> SplitBackups | Node | Decorator:
     """Each chosen stream (``only``) draws a key and is keyed by that key split to ``splits``
     (count 0 of that shape): one stream per member of a mapped axis.  ``squeeze=True`` (with
     ``splits=1``) keeps the first key and no new axis.
@@ -177,8 +183,10 @@ def split_rngs(node: Any = _MISSING, /, *, splits: int | tuple[int, ...], only: 
 
 # -- fork_rngs ------------------------------------------------------------------------------
 
-def fork_rngs(node: Any = _MISSING, /, *, split: Any = None, graph: bool | None = None,
-              graph_updates: bool | None = None) -> Any:
+def fork_rngs(node: Node = _MISSING, /, *,
+              split: Splits | Mapping[Filter, Splits | None] | None = None,
+              graph: bool | None = None,
+              graph_updates: bool | None = None) -> SplitBackups | Node | Decorator:
     """Each stream is keyed by a draw from itself (count 0): ``stream.fork(split=n)``, ``n``
     from ``split`` (None, a shape, or ``{filter: shape or None}``; a stream no filter
     matches is left alone).
@@ -238,9 +246,11 @@ def _rules(rule: Any) -> list[tuple[Any, Callable[[Path, Any], bool], Any]]:
     return [(f, to_predicate(f), n) for f, n in rule.items()]
 
 
-def with_rngs(node: Any = _MISSING, /, *, split: Any = None, fork: Any = None,
-              broadcast: Any = None, only: Any = True, graph: bool | None = None,
-              graph_updates: bool | None = None) -> Any:
+def with_rngs(node: Node = _MISSING, /, *, split: Splits | Mapping[Filter, Splits] | None = None,
+              fork: Filter | Sequence[Filter] | None = None,
+              broadcast: Splits | Mapping[Filter, Splits] | None = None, only: Filter = True,
+              graph: bool | None = None,
+              graph_updates: bool | None = None) -> Node | Decorator:
     """A copy of ``node`` whose chosen streams are new: split (``RngStream.split``) or
     broadcast (``RngStream.broadcast``) to a shape, or forked (``RngStream.fork``), by the
     first filter of each rule that matches the stream (a string matches a stream's tag:
@@ -296,7 +306,8 @@ def with_rngs(node: Any = _MISSING, /, *, split: Any = None, fork: Any = None,
     return _walk(node, graph, update)
 
 
-def backup_keys(node: Any, /, *, graph: bool | None = None) -> list[tuple[RngStream, Any]]:
+def backup_keys(node: Node, /, *, graph: bool | None = None
+                ) -> list[tuple[RngStream, PRNGKey]]:
     """``(stream, key)`` for every stream inside ``node``, in NNX's order: what
     ``restore_rngs`` takes to put the keys back (the counts stay as they are then)."""
     return [(stream, stream.key) for _, stream in _streams(node, resolve(graph)[0])]
@@ -321,8 +332,8 @@ def _match_shape(path: Path, key: Any, shape: tuple[int, ...]) -> Any:
 _POLICIES = {"scalars_only": _scalars_only, "match_shape": _match_shape}
 
 
-def reseed(node: Any, /, *, graph: bool | None = None,
-           policy: str | Callable[[Path, Any, tuple[int, ...]], Any] = "scalars_only",
+def reseed(node: Node, /, *, graph: bool | None = None,
+           policy: str | Callable[[Path, PRNGKey, tuple[int, ...]], PRNGKey] = "scalars_only",
            **stream_keys: Any) -> None:
     """Restart, in place, every stream inside ``node`` whose name is one of ``stream_keys``:
     its key becomes the next draw of ``vj.Rngs(**stream_keys)``'s stream of that name

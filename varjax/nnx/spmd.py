@@ -11,7 +11,7 @@ maps stays as it is (Linen's ``logical_to_mesh_axes`` drops it).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar, Union
+from typing import Any, Callable, Sequence, TypeVar, Union
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -29,7 +29,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 Initializer = Union[jax.nn.initializers.Initializer, Callable[..., Any]]
 
 
-def with_partitioning(initializer: F, sharding: Any, mesh: jax.sharding.Mesh | None = None,
+def with_partitioning(initializer: F, sharding: Sequence[str | tuple[str, ...] | None],
+                      mesh: jax.sharding.Mesh | None = None,
                       **metadata: Any) -> F:
     """``initializer`` whose Variable carries ``out_sharding=sharding`` (and ``mesh``)."""
     return with_metadata(initializer, out_sharding=sharding, mesh=mesh, **metadata)
