@@ -17,6 +17,7 @@ from jax import lax
 
 from varjax.functional import initializers
 from varjax.functional.convolution import PaddingLike, conv, conv_kernel_shape
+from varjax.ir.typing import Dtype, Initializer, Metadata, PrecisionLike, ShardingLike
 from varjax.nnx.call_options import no_out_sharding
 from varjax.nnx.linear import default_kernel_init
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
@@ -39,15 +40,15 @@ class Conv(Module):
                  strides: PerAxis = 1, *, padding: PaddingLike = "SAME",
                  input_dilation: PerAxis = 1, kernel_dilation: PerAxis = 1,
                  feature_group_count: int = 1, use_bias: bool = True,
-                 mask: jax.Array | None = None, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, precision: Any = None,
-                 kernel_init: Callable[..., Any] = default_kernel_init,
-                 bias_init: Callable[..., Any] = initializers.zeros_init(),
+                 mask: jax.Array | None = None, dtype: Dtype | None = None,
+                 param_dtype: Dtype = jnp.float32, precision: PrecisionLike = None,
+                 kernel_init: Initializer = default_kernel_init,
+                 bias_init: Initializer = initializers.zeros_init(),
                  conv_general_dilated: Callable[..., jax.Array] = lax.conv_general_dilated,
                  promote_dtype: Callable[..., Any] = default_promote_dtype,
-                 preferred_element_type: Any = None, rngs: Rngs,
-                 kernel_metadata: Mapping[str, Any] = _NO_METADATA,
-                 bias_metadata: Mapping[str, Any] = _NO_METADATA):
+                 preferred_element_type: Dtype | None = None, rngs: Rngs,
+                 kernel_metadata: Metadata = _NO_METADATA,
+                 bias_metadata: Metadata = _NO_METADATA):
         kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
         self.kernel_shape = conv_kernel_shape(kernel_size, in_features, out_features,
                                               feature_group_count)
@@ -64,7 +65,7 @@ class Conv(Module):
         self.conv_general_dilated, self.promote_dtype = conv_general_dilated, promote_dtype
         self.preferred_element_type = preferred_element_type
 
-    def __call__(self, inputs: jax.Array, out_sharding: Any = None) -> jax.Array:
+    def __call__(self, inputs: jax.Array, out_sharding: ShardingLike = None) -> jax.Array:
         no_out_sharding("Conv", out_sharding)
         convolve = self.conv_general_dilated
         if self.preferred_element_type is not None:

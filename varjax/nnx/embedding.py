@@ -7,13 +7,14 @@ are the shared functions Linen's ``Embed`` calls too.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from varjax.functional import initializers
 from varjax.functional.embedding import attend, embed
+from varjax.ir.typing import Dtype, Initializer, Metadata, ShardingLike
 from varjax.nnx.call_options import no_out_sharding
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
@@ -29,11 +30,11 @@ class Embed(Module):
     """A lookup table from integers in ``[0, num_embeddings)`` to ``features``-vectors;
     ``attend`` reuses it as an output projection (weight tying)."""
 
-    def __init__(self, num_embeddings: int, features: int, *, dtype: Any = None,
-                 param_dtype: Any = jnp.float32,
-                 embedding_init: Callable[..., Any] = default_embed_init,
+    def __init__(self, num_embeddings: int, features: int, *, dtype: Dtype | None = None,
+                 param_dtype: Dtype = jnp.float32,
+                 embedding_init: Initializer = default_embed_init,
                  promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
-                 embedding_metadata: Mapping[str, Any] = MappingProxyType({})):
+                 embedding_metadata: Metadata = MappingProxyType({})):
         self.embedding = Param(embedding_init(rngs.params(), (num_embeddings, features),
                                               param_dtype), **embedding_metadata)
         self.num_embeddings, self.features = num_embeddings, features
@@ -41,13 +42,13 @@ class Embed(Module):
         self.dtype = dtype or self.embedding.dtype
         self.param_dtype, self.promote_dtype = param_dtype, promote_dtype
 
-    def __call__(self, inputs: jax.Array, out_sharding: Any = None) -> jax.Array:
+    def __call__(self, inputs: jax.Array, out_sharding: ShardingLike = None) -> jax.Array:
         """The rows of the table at the integer ``inputs``."""
         no_out_sharding("Embed", out_sharding)
         return embed(inputs, self.embedding[...], dtype=self.dtype,
                      promote_dtype=lambda *a, **kw: self.promote_dtype(a, **kw))
 
-    def attend(self, query: jax.Array, out_sharding: Any = None) -> jax.Array:
+    def attend(self, query: jax.Array, out_sharding: ShardingLike = None) -> jax.Array:
         """``query @ embedding.T``: logits over the vocabulary."""
         no_out_sharding("Embed.attend", out_sharding)
         return attend(query, self.embedding[...], dtype=self.dtype,

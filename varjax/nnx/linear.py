@@ -13,6 +13,7 @@ from jax import lax
 
 from varjax.functional import dtypes, initializers
 from varjax.functional.linear import dense
+from varjax.ir.typing import DotGeneralT, Dtype, Initializer, PrecisionLike
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
 from varjax.nnx.variablelib import Param
@@ -24,7 +25,7 @@ default_kernel_init = initializers.lecun_normal()
 default_bias_init = initializers.zeros
 
 
-def promote_dtype(args: tuple, /, *, dtype: Any = None, inexact: bool = True) -> tuple:
+def promote_dtype(args: tuple, /, *, dtype: Dtype | None = None, inexact: bool = True) -> tuple:
     """NNX's form of the shared promotion: the arrays come as one tuple."""
     return tuple(dtypes.promote_dtype(*args, dtype=dtype, inexact=inexact))
 
@@ -33,10 +34,11 @@ class Linear(Module):
     """``y = x @ kernel + bias`` over the last axis of ``x``."""
 
     def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
-                 dtype: Any = None, param_dtype: Any = jax.numpy.float32, precision: Any = None,
-                 kernel_init: Callable[..., Any] = default_kernel_init,
-                 bias_init: Callable[..., Any] = default_bias_init,
-                 dot_general: Callable[..., Any] = lax.dot_general,
+                 dtype: Dtype | None = None, param_dtype: Dtype = jax.numpy.float32,
+                 precision: PrecisionLike = None,
+                 kernel_init: Initializer = default_kernel_init,
+                 bias_init: Initializer = default_bias_init,
+                 dot_general: DotGeneralT = lax.dot_general,
                  promote_dtype: Callable[..., Any] = promote_dtype, rngs: Rngs):
         self.kernel = Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
         self.bias = Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias \

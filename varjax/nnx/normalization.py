@@ -10,13 +10,14 @@ makes their outputs and running averages flax.nnx's bit for bit.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from varjax.functional import initializers
 from varjax.functional import normalization as F
+from varjax.ir.typing import Dtype, Initializer, Metadata
 from varjax.nnx.call_options import first_from
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
@@ -30,9 +31,9 @@ Axes = int | tuple[int, ...]
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
-def _learned(module: Module, num_features: int, rngs: Rngs, param_dtype: Any,
-             use_scale: bool, scale_init: Callable[..., Any], scale_metadata: Mapping[str, Any],
-             use_bias: bool, bias_init: Callable[..., Any], bias_metadata: Mapping[str, Any]
+def _learned(module: Module, num_features: int, rngs: Rngs, param_dtype: Dtype,
+             use_scale: bool, scale_init: Initializer, scale_metadata: Mapping[str, Any],
+             use_bias: bool, bias_init: Initializer, bias_metadata: Mapping[str, Any]
              ) -> None:
     """Sets ``module.scale`` and ``module.bias``: ``Param``s of ``(num_features,)``, each
     from one ``rngs.params()`` draw (scale first), or None when unused."""
@@ -51,16 +52,17 @@ class LayerNorm(Module):
     """Normalizes each example over ``reduction_axes`` (the features by default), then
     scales and shifts per feature."""
 
-    def __init__(self, num_features: int, *, epsilon: float = 1e-6, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, use_bias: bool = True, use_scale: bool = True,
-                 bias_init: Callable[..., Any] = initializers.zeros_init(),
-                 scale_init: Callable[..., Any] = initializers.ones_init(),
+    def __init__(self, num_features: int, *, epsilon: float = 1e-6, dtype: Dtype | None = None,
+                 param_dtype: Dtype = jnp.float32, use_bias: bool = True, use_scale: bool = True,
+                 bias_init: Initializer = initializers.zeros_init(),
+                 scale_init: Initializer = initializers.ones_init(),
                  reduction_axes: Axes = -1, feature_axes: Axes = -1,
-                 axis_name: str | None = None, axis_index_groups: Any = None,
+                 axis_name: str | None = None,
+                 axis_index_groups: Sequence[Sequence[int]] | None = None,
                  use_fast_variance: bool = True,
                  promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
-                 bias_metadata: Mapping[str, Any] = _NO_METADATA,
-                 scale_metadata: Mapping[str, Any] = _NO_METADATA):
+                 bias_metadata: Metadata = _NO_METADATA,
+                 scale_metadata: Metadata = _NO_METADATA):
         _learned(self, num_features, rngs, param_dtype, use_scale, scale_init, scale_metadata,
                  use_bias, bias_init, bias_metadata)
         self.num_features, self.epsilon = num_features, epsilon
@@ -91,15 +93,16 @@ class BatchNorm(Module):
 
     def __init__(self, num_features: int, *, use_running_average: bool | None = False,
                  axis: int = -1, momentum: float = 0.99, epsilon: float = 1e-5,
-                 dtype: Any = None, param_dtype: Any = jnp.float32, use_bias: bool = True,
-                 use_scale: bool = True,
-                 bias_init: Callable[..., Any] = initializers.zeros_init(),
-                 scale_init: Callable[..., Any] = initializers.ones_init(),
-                 axis_name: str | None = None, axis_index_groups: Any = None,
+                 dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+                 use_bias: bool = True, use_scale: bool = True,
+                 bias_init: Initializer = initializers.zeros_init(),
+                 scale_init: Initializer = initializers.ones_init(),
+                 axis_name: str | None = None,
+                 axis_index_groups: Sequence[Sequence[int]] | None = None,
                  use_fast_variance: bool = True,
                  promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
-                 bias_metadata: Mapping[str, Any] = _NO_METADATA,
-                 scale_metadata: Mapping[str, Any] = _NO_METADATA):
+                 bias_metadata: Metadata = _NO_METADATA,
+                 scale_metadata: Metadata = _NO_METADATA):
         # Running statistics are float32 whatever param_dtype, as NNX keeps them.
         self.mean = BatchStat(jnp.zeros((num_features,), jnp.float32))
         self.var = BatchStat(jnp.ones((num_features,), jnp.float32))
