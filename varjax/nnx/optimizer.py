@@ -14,22 +14,37 @@ so varjax does not depend on it.  ``optax.apply_updates`` is two lines, written 
 """
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors
+from varjax.ir.typing import Filter, PyTree
 from varjax.nnx.graph import state, update
 from varjax.nnx.pytree import Pytree, data
+from varjax.nnx.statelib import State
 from varjax.nnx.variablelib import OptState, Param
 from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
 
 __all__ = ["Optimizer", "ModelAndOptimizer", "OptState", "OptArray", "OptVariable",
-           "to_opt_state"]
+           "to_opt_state", "GradientTransformation"]
 
 M = TypeVar("M")
+
+
+class GradientTransformation(Protocol):
+    """What ``tx`` must be: an Optax transformation (``optax.adam(1e-3)``), or any object
+    with its ``init`` and ``update``.  A protocol rather than Optax's own class, because
+    varjax does not import Optax."""
+
+    def init(self, params: PyTree) -> PyTree:
+        """The optimizer state for ``params``."""
+
+    def update(self, updates: PyTree, state: PyTree, params: PyTree | None = None,
+               **extra_args: Any) -> tuple[PyTree, PyTree]:
+        """``(updates, new_state)`` for the gradient ``updates``."""
 
 
 class OptArray(OptState, collection="OptArray"):
@@ -54,7 +69,7 @@ def _values(tree: Any) -> Any:
                         is_leaf=_is_variable)
 
 
-def to_opt_state(tree: Any) -> Any:
+def to_opt_state(tree: PyTree) -> PyTree:
     """Each leaf of ``tree`` as an ``OptState`` Variable: a Variable's value as an
     ``OptVariable`` with its metadata (``optimizer_sharding`` becoming ``out_sharding``),
     any other leaf as an ``OptArray``."""
@@ -98,7 +113,8 @@ class Optimizer(Pytree, Generic[M]):
     ``tx.init`` of the selected variables with each leaf an ``OptState`` Variable; ``tx``
     and ``wrt`` are static.  The model is not held (``ModelAndOptimizer`` holds it)."""
 
-    def __init__(self, model: M, tx: Any, *, wrt: Any, graph: bool | None = None):
+    def __init__(self, model: M, tx: GradientTransformation, *, wrt: Filter,
+                 graph: bool | None = None):
         if graph is False:
             not_provided("nnx.Optimizer(graph=False)", "tree mode is not built yet.",
                          "leave graph out (graph mode)", by="varjax.nnx")
@@ -116,7 +132,7 @@ class Optimizer(Pytree, Generic[M]):
                 "pass it to update(model, grads), or use nnx.ModelAndOptimizer")
         raise AttributeError(name)
 
-    def update(self, model: M, grads: Any, /, **kwargs: Any) -> Any:
+    def update(self, model: M, grads: State, /, **kwargs: Any) -> PyTree:
         """Applies one Optax step: ``tx.update`` of ``grads`` (the gradient of the
         variables ``wrt`` selects, as ``nnx.grad`` returns it), the updates added to the
         model's variables and the new state written into ``opt_state``, ``step`` + 1.
@@ -140,9 +156,9 @@ class ModelAndOptimizer(Optimizer[M]):
     """An ``Optimizer`` that holds its model (``self.model``), so ``update(grads)`` takes
     only the gradient: flax.nnx's form of before 0.11, deprecated there."""
 
-    def __init__(self, model: M, tx: Any, *, wrt: Any = Param):
+    def __init__(self, model: M, tx: GradientTransformation, *, wrt: Filter = Param):
         super().__init__(model, tx, wrt=wrt)
         self.model = model
 
-    def update(self, grads: Any, /, **kwargs: Any) -> Any:  # type: ignore[override]
+    def update(self, grads: State, /, **kwargs: Any) -> PyTree:  # type: ignore[override]
         return super().update(self.model, grads, **kwargs)

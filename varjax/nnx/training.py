@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors
+from varjax.ir.typing import PyTree
 from varjax.nnx import metrics, optimizer
 from varjax.nnx.graphlib import ApplyCaller, GraphDef
-from varjax.nnx.optimizer import _apply_updates
+from varjax.nnx.optimizer import GradientTransformation, _apply_updates
 from varjax.nnx.pytree import static
 from varjax.nnx.statelib import State
 
@@ -52,16 +53,16 @@ class TrainState(Generic[M]):
 
     graphdef: GraphDef = static()
     params: State
-    opt_state: Any
+    opt_state: PyTree
     step: jax.Array
-    tx: Any = static()
+    tx: GradientTransformation = static()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _as_pytree_dataclass(cls)
 
     @classmethod
-    def create(cls: type[TS], graphdef: GraphDef, *, params: State, tx: Any, step: int = 0,
+    def create(cls: type[TS], graphdef: GraphDef, *, params: State, tx: GradientTransformation, step: int = 0,
                **kwargs: Any) -> TS:
         """A ``TrainState`` at ``step`` whose optimizer state is ``tx.init(params)``;
         ``kwargs`` fill a subclass's fields."""
