@@ -183,8 +183,8 @@ def _bare_any_in(fn: object, label: str) -> list[str]:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return []
-    try:
-        hints = typing.get_type_hints(fn)
+    try:                # a class's parameters are its __init__'s (a dataclass's: its fields)
+        hints = typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else fn)
     except Exception:           # an annotation pdoc cannot evaluate either: its warning says so
         hints = {}
     found = [f"{label}({p.name})" for p in signature.parameters.values()
@@ -218,13 +218,18 @@ def bare_any(roots: tuple[str, ...] = ROOTS) -> list[str]:
             label = f"{module_name}.{name}"
             where = _source_of(value)
             found += [f"{entry}  [{where}]" for entry in _bare_any_in(value, label)]
-            if inspect.isclass(value):
-                for attr, member in vars(value).items():
-                    member = member.__func__ if isinstance(member, (staticmethod, classmethod)) \
-                        else member
-                    if not attr.startswith("_") and inspect.isfunction(member):
-                        found += [f"{entry}  [{_source_of(member)}]"
-                                  for entry in _bare_any_in(member, f"{label}.{attr}")]
+            if inspect.isclass(value):      # its public methods, inherited from ours too
+                for base in value.__mro__:
+                    if _defined_by(base) not in packages:
+                        continue
+                    for attr, member in vars(base).items():
+                        member = member.__func__ \
+                            if isinstance(member, (staticmethod, classmethod)) else member
+                        if not attr.startswith("_") and inspect.isfunction(member) \
+                                and id(member) not in seen:
+                            seen.add(id(member))
+                            found += [f"{entry}  [{_source_of(member)}]"
+                                      for entry in _bare_any_in(member, f"{label}.{attr}")]
     return found
 
 
