@@ -34,6 +34,7 @@ import jax
 from varjax import _jax
 from varjax.ir import errors, filters, streams
 from varjax.ir.primitives import Key, Path, VarType, rng_draw_p, var_get_p, var_set_p
+from varjax.ir.typing import CollectionFilter
 from varjax.passes.framework.options import check_options, option_fields
 
 REGISTRY: dict[str, type["Pass"]] = {}
@@ -82,7 +83,7 @@ class PassContext:
     """
 
     variables: dict = dataclasses.field(default_factory=dict)
-    mutable: Any = False
+    mutable: CollectionFilter = False
     rng_streams: dict = dataclasses.field(default_factory=dict)
     results: dict = dataclasses.field(default_factory=dict)
     stats: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -99,7 +100,7 @@ class PassContext:
     asked: frozenset = frozenset()
 
     @classmethod
-    def for_inputs(cls, variables: Mapping[Key, VarType], mutable: Any = False,
+    def for_inputs(cls, variables: Mapping[Key, VarType], mutable: CollectionFilter = False,
                    rng_streams: Mapping[str, Any] | None = None,
                    reenter: Callable[[Mapping[Key, VarType]], ContextManager[Any]] | None = None,
                    ) -> "PassContext":
@@ -126,7 +127,7 @@ class PassContext:
             return None
         return named | {collection for collection, _ in (*self.variables, *self.asked)}
 
-    def in_module(self, where: Any) -> ContextManager[Any]:
+    def in_module(self, where: _jax.JaxprEqn | Path) -> ContextManager[Any]:
         """``with ctx.in_module(eqn):`` runs model code -- ``vj.param``, ``vj.variable``,
         ``vj.make_rng`` -- as the module that traced ``eqn`` would: variables are created at
         its path, read when they exist, and draw keys as that module's next draws.
@@ -152,7 +153,7 @@ class PassContext:
 _SCALAR = jax.tree.structure(0)
 
 
-def module_path(where: Any) -> Path:
+def module_path(where: _jax.JaxprEqn | Path) -> Path:
     """The module path an equation belongs to (see ``PassContext.in_module``)."""
     if isinstance(where, tuple) and all(isinstance(n, str) for n in where):
         return where

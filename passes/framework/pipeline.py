@@ -41,6 +41,7 @@ from typing import Any, Iterable, Sequence, Union
 import jax.numpy as jnp
 import networkx as nx
 import numpy as np
+from typing_extensions import TypeAliasType
 
 from varjax import _jax
 from varjax.ir.errors import PassError, PipelineError, VarjaxError, source_text
@@ -416,7 +417,9 @@ _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 
 def _from_text(kind: Any, text: str) -> Any:
     origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if kind is Any or kind is str:
+    # A ``vj.typing`` alias (``Dtype``) names what Python may pass, text among it: the pass
+    # reads the name itself (``jnp.dtype("bfloat16")``), and its constraints check it.
+    if kind is Any or kind is str or isinstance(kind, TypeAliasType):
         return text
     if kind is bool:
         if text.lower() in _TRUE | _FALSE:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from varjax import _jax
 from varjax.ir import nested
 from varjax.ir.primitives import var_get_p, var_set_p
+from varjax.ir.typing import Dtype
 from varjax.passes.framework.base import Pass, PassContext, Root, relative_path
 from varjax.passes.framework.options import FloatDtype
 from varjax.passes.framework.rewrite import Region, Rewriter, Rule
@@ -73,7 +74,7 @@ class CastParams(Pass):
     summary = "compute with floating params cast to `dtype`"
     before = ("forward-stores", "discharge")
     rootable = True
-    dtype: Annotated[Any, FloatDtype()] = "bfloat16"   # a name, or a dtype in Python
+    dtype: Annotated[Dtype, FloatDtype()] = "bfloat16"   # a name, or a dtype in Python
     """The floating dtype reads are cast to: a name (``bfloat16``) or a dtype."""
 
     def run(self, jaxpr: _jax.ClosedJaxpr, ctx: PassContext) -> _jax.ClosedJaxpr:

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any, Hashable, Iterable, Mapping
+from typing import Any, Callable, Hashable, Iterable
 
 import networkx as nx
 
@@ -63,6 +63,7 @@ from varjax import _jax
 from varjax.ir import nested
 from varjax.ir.effects import RngEffect
 from varjax.ir.primitives import Key, Path, rng_draw_p, var_get_p, var_set_p
+from varjax.ir.typing import CollectionFilter, RngsLike, VariableDict
 from varjax.passes.framework.analysis import key_of, touches_variables
 from varjax.tools.dot import render, to_dot
 from varjax.tools.target import as_functionalized
@@ -93,8 +94,9 @@ class DataflowGraph(nx.DiGraph):
         return render(self, path, format=format, name=name, legend=legend)
 
 
-def dataflow(target: Any, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
-             mutable: Any = False, **kwargs: Any) -> DataflowGraph:
+def dataflow(target: Callable[..., Any], *args: Any, variables: VariableDict | None = None,
+             rngs: RngsLike | None = None, mutable: CollectionFilter = False,
+             **kwargs: Any) -> DataflowGraph:
     """The variable dataflow graph of ``target`` called on ``args`` (see the module docstring).
 
     ``target`` is anything ``varjax.tools.target.as_functionalized`` accepts: a function, a
@@ -290,8 +292,9 @@ def unreachable(graph: nx.DiGraph, collection: str = "params") -> list[Path]:
     return sorted(dead)
 
 
-def dead_params(target: Any, *args: Any, variables: Mapping[str, Any], rngs: Any = None,
-                mutable: Any = False, **kwargs: Any) -> list[Path]:
+def dead_params(target: Callable[..., Any], *args: Any, variables: VariableDict,
+                rngs: RngsLike | None = None, mutable: CollectionFilter = False,
+                **kwargs: Any) -> list[Path]:
     """``unreachable(dataflow(...), "params")``: the params that cannot affect the result."""
     graph = dataflow(target, *args, variables=variables, rngs=rngs, mutable=mutable, **kwargs)
     return unreachable(graph, "params")

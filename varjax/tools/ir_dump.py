@@ -23,16 +23,18 @@ fails, the files written so far stay and the error is raised.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from varjax.ir import errors
+from varjax.ir.typing import CollectionFilter, RngsLike, VariableDict
 from varjax.objects import inspection
 from varjax.passes import Dump, Pass, Pipeline, Recorder
 from varjax.tools.target import as_functionalized, is_linen_target
 
 
-def dump(target: Any, *args: Any, variables: Mapping[str, Any] | None = None, rngs: Any = None,
-         mutable: Any = False, passes: Sequence[str | Pass] | str | None = None,
+def dump(target: Callable[..., Any], *args: Any, variables: VariableDict | None = None,
+         rngs: RngsLike | None = None, mutable: CollectionFilter = False,
+         passes: Sequence[str | Pass] | str | None = None,
          to: str | os.PathLike | None = None, source: bool = True,
          **kwargs: Any) -> list[tuple[str, str]]:
     """The IR of ``target(*args)`` before and after each pass (see the module docstring).
