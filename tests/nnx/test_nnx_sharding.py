@@ -92,11 +92,6 @@ def test_pmap_of_a_stacked_module_comes_back_stacked_as_flax():
     assert outs[0][1].shape == (1,)
 
 
-def test_pmap_refuses_static_broadcasted_argnums():
-    with pytest.raises(errors.NotProvidedError, match="static_broadcasted_argnums"):
-        pmap(lambda m: m, static_broadcasted_argnums=1)
-
-
 def _stack(lib, tm):
     @lib.split_rngs(splits=3)
     @lib.vmap(in_axes=0, out_axes=0)

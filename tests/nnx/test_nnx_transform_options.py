@@ -13,6 +13,7 @@ from varjax import errors, nnx
 from varjax.nnx.batching import vmap
 from varjax.nnx.control import fori_loop
 from varjax.nnx.iteration import Carry, scan
+from varjax.nnx.sharding_transforms import pmap
 
 X = jnp.arange(6.0).reshape(3, 2) / 7
 
@@ -190,3 +191,50 @@ def test_scan_transform_metadata_removes_and_adds_the_partition_as_flax():
     assert ys.out_sharding == fys.out_sharding == ("layers", "embed")
     np.testing.assert_array_equal(h, fh)
     np.testing.assert_array_equal(ys[...], fys[...])
+
+
+# --- pmap(static_broadcasted_argnums=, backend=, donate_argnums=, transform_metadata=) ----
+
+PMAP = {nnx: pmap, flax_nnx: flax_nnx.pmap}
+
+
+def _one_device_stack(lib, vmap_, seen):
+    with flax_nnx.use_eager_sharding(False):
+        return vmap_(_layer(lib, seen), transform_metadata=TM)(lib.Rngs(0).split(1))
+
+
+def _pmapped(lib, vmap_, **options):
+    seen = []
+    stack = _one_device_stack(lib, vmap_, seen)
+    seen.clear()
+
+    def apply(m, x, power):
+        return m(x) ** power
+    y = PMAP[lib](apply, in_axes=(0, 0, None), **options)(stack, X[None, 0], 2)
+    return stack, y, seen
+
+
+@pytest.mark.parametrize("options", [dict(static_broadcasted_argnums=2),
+                                     dict(static_broadcasted_argnums=(2,), backend="cpu"),
+                                     dict(donate_argnums=1, transform_metadata=TM)])
+def test_pmap_options_match_flax_and_write_updates_back(options):
+    ours, y, seen = _pmapped(nnx, vmap, **options)
+    theirs, fy, fseen = _pmapped(flax_nnx, flax_nnx.vmap, **options)
+    np.testing.assert_array_equal(y, fy)
+    assert ours.w.out_sharding == theirs.w.out_sharding == ("layers", "embed")
+    assert seen == fseen == [("embed",) if "transform_metadata" in options
+                             else ("layers", "embed")]
+
+
+def test_pmap_static_argument_reaches_jax_as_a_python_value():
+    got = []
+    pmap(lambda x, k: got.append(type(k)) or x * k, static_broadcasted_argnums=1)(X[None], 3)
+    assert got == [int]
+
+
+def test_pmap_static_or_donated_module_is_not_provided():
+    stack = _one_device_stack(nnx, vmap, [])
+    with pytest.raises(errors.NotProvidedError, match=r"static_broadcasted_argnums=.*argument 0"):
+        pmap(lambda m, x: m(x), static_broadcasted_argnums=0)(stack, X[None])
+    with pytest.raises(errors.NotProvidedError, match=r"donate_argnums=.*argument 0"):
+        pmap(lambda m, x: m(x), donate_argnums=0)(stack, X[None])

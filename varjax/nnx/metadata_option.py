@@ -15,6 +15,7 @@ entry together with the option: each is refused by name.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 import jax
@@ -53,6 +54,17 @@ def with_partition(what: str, fn: Callable, transform_metadata: Mapping[str, Any
                      "metadata keys other than nnx.PARTITION_NAME are not built.",
                      f"give nnx.{what} transform_metadata={{nnx.PARTITION_NAME: ...}} only",
                      by="varjax.nnx")
-    return metadata.transform_metadata(
-        fn, in_axes=_plain(what, in_axes, not_mapped), out_axes=_plain(what, out_axes, not_mapped),
-        partition=transform_metadata[PARTITION_NAME])
+    name = transform_metadata[PARTITION_NAME]
+    ins, outs = _plain(what, in_axes, not_mapped), _plain(what, out_axes, not_mapped)
+
+    @functools.wraps(fn)
+    def named(*args: Any, **kwargs: Any) -> Any:
+        """Keyword arguments (``nnx.pmap`` maps them along axis 0) are passed after the
+        positional ones, at axis 0."""
+        n, keys = len(args), tuple(kwargs)
+        axes = (tuple(ins) if isinstance(ins, (tuple, list)) else (ins,) * n) + (0,) * len(keys)
+        adjusted = metadata.transform_metadata(
+            lambda *a: fn(*a[:n], **dict(zip(keys, a[n:]))), in_axes=axes, out_axes=outs,
+            partition=name)
+        return adjusted(*args, *kwargs.values())
+    return named

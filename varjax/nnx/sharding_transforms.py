@@ -21,28 +21,31 @@ of specs (``nnx.prefix`` by its filters), so each Variable is split by its filte
 
 As in the other ``varjax.nnx`` transforms, a structural change inside, or returning an
 argument's object, is refused with ``NotProvidedError`` (``transform_checks``); options not
-built (a ``StateSharding`` nested in a prefix, ``StateAxes`` in
-``pmap``, donation, static arguments of ``pmap``) raise it by name.
+built (a ``StateSharding`` nested in a prefix, ``StateAxes`` in ``pmap``, an argument holding
+an object in ``pmap``'s ``static_broadcasted_argnums`` or ``donate_argnums``) raise it by
+name.  ``pmap``'s ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are
+``jax.pmap``'s, and its ``transform_metadata`` is ``nnx.vmap``'s (``metadata_option``).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 from jax.sharding import PartitionSpec
 
 from varjax.nnx.config import resolve
 from varjax.nnx.filter_maps import FilterMap, StateSharding
+from varjax.nnx.metadata_option import with_partition
 from varjax.nnx.output_states import by_state_specs, joined, split_by_state
 from varjax.nnx.prefixes import prefix
 from varjax.nnx.transform_checks import (
     as_decorator,
     checked,
     no_argument_returned,
+    objects_in,
     positional,
     refuse_bound_method,
-    refuse_options,
 )
 from varjax.objects import metadata
 from varjax.objects import object_transforms as objects
@@ -141,20 +144,34 @@ def shard_map(f: Callable | None = None, *, mesh: Any, in_specs: Any, out_specs:
     return as_decorator(f, build)
 
 
+def _argnums(given: int | Iterable[int]) -> tuple[int, ...]:
+    return (given,) if isinstance(given, int) else tuple(given)
+
+
+def _no_objects_at(what: str, option: str, nums: tuple[int, ...], args: tuple, why: str,
+                   fix: str) -> None:
+    """``NotProvidedError`` when an argument at ``nums`` holds an NNX object."""
+    for i in nums:
+        if i < len(args) and objects_in(args[i]):
+            not_provided(f"nnx.{what}({option}=...) for an argument holding an object "
+                         f"(argument {i}, a {type(args[i]).__name__})", why, fix,
+                         by="varjax.nnx")
+
+
 def pmap(f: Callable | None = None, *, axis_name: Any = None, in_axes: Any = 0,
-         out_axes: Any = 0, static_broadcasted_argnums: Any = (), devices: Any = None,
-         backend: str | None = None, axis_size: int | None = None, donate_argnums: Any = (),
-         transform_metadata: Any = None, graph: bool | None = None,
+         out_axes: Any = 0, static_broadcasted_argnums: int | Iterable[int] = (),
+         devices: Any = None, backend: str | None = None, axis_size: int | None = None,
+         donate_argnums: int | Iterable[int] = (),
+         transform_metadata: Mapping[str, Any] | None = None, graph: bool | None = None,
          graph_updates: bool | None = None) -> Any:
     """``jax.pmap`` over NNX objects: a module argument's Variables are mapped over devices
     along its ``in_axes`` entry (``None``: broadcast) and their updates come back stacked
-    along it; keyword arguments are mapped along axis 0, as ``jax.pmap`` maps them."""
-    refuse_options("pmap", static_broadcasted_argnums=(static_broadcasted_argnums, ()),
-                   backend=(backend, None), donate_argnums=(donate_argnums, ()))
-    if transform_metadata:
-        not_provided("nnx.pmap(transform_metadata=...)", "this option is not built yet.",
-                     "place nnx.transform_metadata(...) inside nnx.pmap instead",
-                     by="varjax.nnx")
+    along it; keyword arguments are mapped along axis 0, as ``jax.pmap`` maps them.
+    ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are ``jax.pmap``'s,
+    for arguments that hold no object (a module's Variables not written inside would keep
+    donated buffers: varjax writes back only the updates); ``transform_metadata`` as
+    ``nnx.vmap``'s (``metadata_option``)."""
+    static, donated = _argnums(static_broadcasted_argnums), _argnums(donate_argnums)
     _plain_prefix("pmap", "in_axes", in_axes, int, "int")
     _plain_prefix("pmap", "out_axes", out_axes, int, "int")
     axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
@@ -162,8 +179,23 @@ def pmap(f: Callable | None = None, *, axis_name: Any = None, in_axes: Any = 0,
     def build(fn: Callable) -> Callable:
         def make(p: Callable, result: Result, in_axes: Any) -> Callable:
             return jax.pmap(p, axis_name=axis_name, in_axes=in_axes,
-                            out_axes=(out_axes, result), devices=devices, axis_size=axis_size)
-        return _mapped(fn, "pmap", lambda args: axes, 0, make)
+                            out_axes=(out_axes, result), static_broadcasted_argnums=static,
+                            devices=devices, backend=backend, axis_size=axis_size,
+                            donate_argnums=donated)
+
+        def prefix_of(args: tuple) -> Any:
+            _no_objects_at("pmap", "static_broadcasted_argnums", static, args,
+                           "a static argument is hashed, and its Variables would not be "
+                           "traced.", "pass the module as a mapped or broadcast (None) "
+                           "argument")
+            _no_objects_at("pmap", "donate_argnums", donated, args,
+                           "varjax.nnx writes back only the Variables written inside, so "
+                           "the others would keep donated (deleted) buffers.",
+                           "donate array arguments only")
+            return axes
+        refuse_bound_method(fn, "pmap")
+        named = with_partition("pmap", fn, transform_metadata, in_axes, out_axes)
+        return _mapped(named, "pmap", prefix_of, 0, make)
     return as_decorator(f, build)
 
 
