@@ -107,7 +107,7 @@ class _Samplers:
 
 
 def _sampler(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def method(self: _Samplers, *args: Any, **kwargs: Any) -> Any:
+    def method(self: _Samplers, *args: Any, **kwargs: Any) -> jax.Array:
         return fn(self(), *args, **kwargs)
     signature = inspect.signature(fn)
     method.__name__ = method.__qualname__ = name
