@@ -12,6 +12,7 @@ from flax import nnx as flax_nnx
 from varjax import errors, nnx
 from varjax.nnx.batching import vmap
 from varjax.nnx.control import fori_loop
+from varjax.nnx.differentiation import vjp
 from varjax.nnx.iteration import Carry, scan
 from varjax.nnx.sharding_transforms import pmap
 
@@ -238,3 +239,14 @@ def test_pmap_static_or_donated_module_is_not_provided():
         pmap(lambda m, x: m(x), static_broadcasted_argnums=0)(stack, X[None])
     with pytest.raises(errors.NotProvidedError, match=r"donate_argnums=.*argument 0"):
         pmap(lambda m, x: m(x), donate_argnums=0)(stack, X[None])
+
+
+# --- vjp(reduce_axes=...): gone from JAX ----------------------------------------------------
+
+def test_vjp_reduce_axes_is_refused_as_jax_and_flax_refuse_it():
+    with pytest.raises(NotImplementedError, match="JAX no longer has this option"):
+        vjp(lambda x: x.sum(), X, reduce_axes=("i",), graph_updates=False)
+    with pytest.raises(NotImplementedError, match="deprecated"):
+        flax_nnx.vjp(lambda x: x.sum(), X, reduce_axes=("i",), graph_updates=False)
+    with pytest.raises(NotImplementedError, match="deprecated"):
+        jax.vjp(lambda x: x.sum(), X, reduce_axes=("i",))

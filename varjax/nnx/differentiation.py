@@ -43,7 +43,6 @@ from varjax.nnx.transform_checks import (
     objects_in,
     positional,
     refuse_bound_method,
-    refuse_options,
 )
 from varjax.nnx.transforms import DiffState
 from varjax.objects import object_transforms as objects
@@ -184,7 +183,7 @@ class _StateCotangents:
         return [i for i, a in enumerate(args) if i not in self.nums and isinstance(a, Pytree)]
 
     def defvjp(self, fwd: Callable, bwd: Callable, symbolic_zeros: bool = False) -> None:
-        refuse_options("custom_vjp.defvjp", symbolic_zeros=(symbolic_zeros, False))
+        _refuse_symbolic_zeros(symbolic_zeros)
 
         def backward(*rest: Any, updates_g: tuple) -> tuple:
             *nondiff, residual, g = rest
@@ -205,6 +204,16 @@ class _StateCotangents:
                                 f"in custom_vjp is not supported. Got False at path [{i}] for "
                                 f"value {type(args[i]).__name__}.")
         return self.custom(*args)
+
+
+def _refuse_symbolic_zeros(symbolic_zeros: bool) -> None:
+    if symbolic_zeros:
+        not_provided("nnx.custom_vjp.defvjp(symbolic_zeros=True)",
+                     "JAX then hands fwd a CustomVJPPrimal (value, perturbed) in place of each "
+                     "array leaf, a Variable's value included, and bwd SymbolicZero cotangents; "
+                     "varjax's Variables are read and written as arrays of one trace, so this "
+                     "is not built.", "call defvjp without symbolic_zeros (bwd gets dense "
+                     "zeros)", by="varjax.nnx")
 
 
 def _module_of(template: Any, given: Any) -> Any:
@@ -239,7 +248,7 @@ class _SameTypeCotangents:
         self.custom = object_custom_vjp(fun, nondiff_argnums=nondiff_argnums)
 
     def defvjp(self, fwd: Callable, bwd: Callable, symbolic_zeros: bool = False) -> None:
-        refuse_options("custom_vjp.defvjp", symbolic_zeros=(symbolic_zeros, False))
+        _refuse_symbolic_zeros(symbolic_zeros)
         self.custom.defvjp(fwd, bwd)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
