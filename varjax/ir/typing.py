@@ -16,10 +16,10 @@ import jax
 import numpy as np
 from typing_extensions import TypeAliasType
 
-__all__ = ["ArrayLike", "AxesPrefix", "AxisName", "Axes", "CollectionFilter", "DotGeneralT",
-           "Dtype", "Filter", "Initializer", "Metadata", "Node", "PRNGKey", "Passes",
-           "PrecisionLike", "PyTree", "RngSeed", "RngSplit", "RngsLike", "Shape", "ShardingLike",
-           "Target", "VariableDict"]
+__all__ = ["ArrayLike", "Axes", "AxesPrefix", "AxisName", "CollectionFilter", "DotGeneralT",
+           "Dtype", "Filter", "Initializer", "Key", "Metadata", "Node", "PRNGKey", "Passes",
+           "PathParts", "PrecisionLike", "Prefix", "PureDict", "PyTree", "RngSeed", "RngSplit",
+           "RngsLike", "Shape", "ShardingLike", "StateLike", "Target", "VariableDict"]
 
 PyTree = TypeAliasType("PyTree", Any)
 """A JAX pytree: nested tuples, lists, dicts and registered nodes, with arrays (or any other
@@ -105,3 +105,24 @@ RngSplit = TypeAliasType(
 Node = TypeAliasType("Node", Any)
 """An object of a graph: a module, a Variable, an ``Rngs``, or a list, tuple or dict holding
 them (and plain values)."""
+
+Key = TypeAliasType("Key", Hashable)
+"""One step of a path in an object (an NNX module, a container of Variables): an attribute
+name, a list index, a dict key, or an RNG stream's name (``"rngs"``, ``"default"``)."""
+
+PathParts = TypeAliasType("PathParts", tuple[Key, ...])
+"""The path of a leaf or node in an object, from its root: ``("layers", 0, "kernel")``, as
+``nnx.state`` names it and filters see it."""
+
+StateLike = TypeAliasType("StateLike", Mapping[Key, Any])
+"""A state: an ``nnx.State`` (``nnx.state``'s, ``split``'s), a ``GraphState``, or a nested
+mapping of path keys to Variables and values that ``nnx.State(...)`` takes."""
+
+PureDict = TypeAliasType("PureDict", Mapping[Key, Any])
+"""A state's nested dict of plain values, Variables replaced by their values, as
+``nnx.to_pure_dict`` gives it and a checkpoint stores it."""
+
+Prefix = TypeAliasType("Prefix", Any)
+"""A transform's value for each part of a pytree, as a JAX prefix of it: an axis
+(``in_axes``), a sharding, None, an ``nnx.StateAxes``, or a pytree of those, each standing for
+the whole subtree under it."""

@@ -18,12 +18,11 @@ from typing import Any, Callable, Hashable, Iterable
 import jax
 
 from varjax.ir import errors
-from varjax.ir.typing import Node, PyTree
+from varjax.ir.typing import Node, Prefix, PyTree
 from varjax.nnx.contexts import MergeContext, SplitContext, merge_context, split_context
 from varjax.nnx.graphlib import GraphDef, is_graph_node
 from varjax.nnx.state_ops import iter_graph
 from varjax.nnx.statelib import State
-from varjax.nnx.typing import Prefix
 from varjax.trace.variable import Variable
 
 __all__ = ["NodeStates", "to_tree", "from_tree", "default_split_fn", "merge_tree_node",

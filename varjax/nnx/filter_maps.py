@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
-from varjax.ir.typing import Filter, PyTree, ShardingLike
+from varjax.ir.typing import Filter, PathParts, Prefix, PyTree, ShardingLike
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.state_ops import to_flat_state
 from varjax.nnx.statelib import State
-from varjax.nnx.typing import PathParts, Prefix
 from varjax.trace.variable import Variable
 
 __all__ = ["FilterMap", "StateSharding"]

@@ -18,8 +18,7 @@ import dataclasses
 import typing as tp
 
 from varjax.ir import errors
-from varjax.ir.typing import Filter
-from varjax.nnx.typing import Key
+from varjax.ir.typing import Filter, Key
 from varjax.trace.rngs import RngStream
 from varjax.trace.variable import Variable
 

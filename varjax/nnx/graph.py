@@ -24,13 +24,12 @@ import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors
-from varjax.ir.typing import Filter, Node, PyTree
+from varjax.ir.typing import Filter, Key, Node, PureDict, PyTree, StateLike
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graphlib import GraphDef, build, build_from_states, flat_of, flatten_graph, nested
 from varjax.nnx.pytree import Pytree, _Container
 from varjax.nnx.rng_variables import FIELDS, stream_variables
 from varjax.nnx.statelib import FlatState, State
-from varjax.nnx.typing import Key, PureDict, StateLike
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 

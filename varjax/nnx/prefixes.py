@@ -21,11 +21,10 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-from varjax.ir.typing import Filter, Node
+from varjax.ir.typing import Filter, Node, PathParts, Prefix
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graphlib import flatten_graph
 from varjax.nnx.state_axes import StateAxes
-from varjax.nnx.typing import PathParts, Prefix
 from varjax.objects.nodes import is_node
 from varjax.trace.unprovided import not_provided
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import jax
 
 from varjax.ir import errors
-from varjax.ir.typing import Filter, Node, PyTree
+from varjax.ir.typing import Filter, Node, PathParts, PyTree, StateLike
 from varjax.nnx.config import resolve
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graph import set_child
@@ -25,7 +25,6 @@ from varjax.nnx.graphlib import build, duplicate, flatten_graph
 from varjax.nnx.pytree import Dict, List, Pytree, children, flatten_node, in_order, is_node
 from varjax.nnx.statelib import FlatState, State
 from varjax.nnx.traversals import flatten_to_sequence
-from varjax.nnx.typing import PathParts, StateLike
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
