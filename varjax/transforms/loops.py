@@ -61,7 +61,8 @@ def _move(tree: Any, src: int, dst: int) -> Any:
 def scan(target: Target, variable_axes: Mapping[Any, int] | None = None,
          variable_broadcast: CollectionFilter = False, variable_carry: CollectionFilter = False,
          split_rngs: Mapping[Any, bool] | None = None, in_axes: AxesPrefix = 0,
-         out_axes: int = 0, length: int | None = None, reverse: bool = False, unroll: int = 1,
+         out_axes: AxesPrefix = 0, length: int | None = None, reverse: bool = False,
+         unroll: int = 1,
          data_transform: Callable[..., Any] | None = None,
          metadata_params: Mapping[str, Any] | None = None,
          methods: Sequence[str] | Mapping[str, Mapping[str, Any]] | None = None,
@@ -69,7 +70,9 @@ def scan(target: Target, variable_axes: Mapping[Any, int] | None = None,
     """Lifted ``jax.lax.scan`` (Linen's ``nn.scan``): the body is
     ``fn(carry, *xs) -> (carry, ys)`` (after the module, if any).
 
-    ``in_axes`` gives each ``xs`` argument's scanned axis, or ``vj.broadcast``.
+    ``in_axes`` gives each ``xs`` argument's scanned axis, or ``vj.broadcast``;
+    ``out_axes`` where each output of ``ys`` is stacked: an axis, or a pytree prefix of
+    ``ys`` with axes at its leaves (Linen's ``vj.broadcast`` outputs are not supported).
     Under Linen's RNG convention the body is traced once before the loop, as Linen does
     to check that broadcast variables are loop invariants: that trace creates the
     broadcast variables and advances the draw counts, so keys equal Linen's
@@ -82,6 +85,7 @@ def scan(target: Target, variable_axes: Mapping[Any, int] | None = None,
     passes run on the body's IR, after those of the enclosing program (``vj.lift``)."""
     reject(data_transform is not None, "scan", "data_transform is not supported.",
            "annotate shardings inside the body instead")
+    _check_out_axes(out_axes)
     if isinstance(methods, Mapping):
         return lift_methods(target, "scan", methods, lambda options, names: scan(
             target, **options, methods=names))
@@ -149,7 +153,7 @@ def scan(target: Target, variable_axes: Mapping[Any, int] | None = None,
                 parts = (stacked, first_part) if reverse else (first_part, stacked)
                 stacked = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *parts)
         ys, var_out = stacked
-        ys = _move(ys, 0, out_axes) if isinstance(out_axes, int) else ys
+        ys = _stack_outputs(ys, out_axes)
         var_out = axis_names([_move(g, 0, ax) for g, (_, ax) in zip(var_out, axes)],
                              [ax for _, ax in axes], metadata_params, add=True)
         var_out = [{**a, **g} for a, g in zip(aside, var_out)]
@@ -164,6 +168,27 @@ def scan(target: Target, variable_axes: Mapping[Any, int] | None = None,
             variable_axes=(variable_axes, None), variable_broadcast=(variable_broadcast, False),
             variable_carry=(variable_carry, False), split_rngs=(split_rngs, None),
             in_axes=(in_axes, 0), out_axes=(out_axes, 0), metadata_params=(metadata_params, None)))
+
+
+def _check_out_axes(out_axes: AxesPrefix) -> None:
+    """``out_axes`` holds axes only: a loop-invariant (``vj.broadcast``) output, which Linen
+    computes once outside the loop, is refused rather than stacked."""
+    for ax in jax.tree.leaves(out_axes, is_leaf=lambda x: x is broadcast):
+        reject(ax is broadcast, "scan", "out_axes=vj.broadcast (an output computed once, "
+               "outside the loop) is not supported.", "return it as part of the carry instead")
+        reject(not isinstance(ax, int), "scan", f"out_axes has {ax!r}; its leaves are the axes "
+               "along which ys are stacked.", "give an int, or a pytree prefix of ys of ints")
+
+
+def _stack_outputs(ys: PyTree, out_axes: AxesPrefix) -> PyTree:
+    """``ys`` (stacked along axis 0 by ``lax.scan``) with each part's axis at its
+    ``out_axes`` entry."""
+    try:
+        return jax.tree.map(lambda ax, y: _move(y, 0, ax), out_axes, ys)
+    except ValueError as e:
+        raise errors.TransformError(
+            f"vj.scan: out_axes {out_axes!r} is not a pytree prefix of the body's ys ({e}).",
+            **site(), fix="give one axis, or one per part of ys") from None
 
 
 def _scan(step: Callable, carry: Any, carried: Any, bcast: Any, sliced: Any, length: int,
