@@ -157,12 +157,6 @@ def test_scan_axes_errors_as_flax_raises_them():
         scan(lambda *c: c[0], in_axes=Carry, out_axes=Carry)(jnp.ones(()), jnp.ones(()))
 
 
-def test_scan_module_off_axis_zero_is_not_provided():
-    stack = vmap(lambda r: _block(nnx)(r))(nnx.Rngs(0).fork(split=2))
-    with pytest.raises(errors.NotProvidedError, match="module at in_axes 1"):
-        scan(lambda x, m: m(x), in_axes=(Carry, 1), out_axes=Carry)(X[0], stack)
-
-
 def test_scan_returning_an_argument_module_as_output_is_not_provided():
     stack = vmap(lambda r: _block(nnx)(r))(nnx.Rngs(0).fork(split=2))
     with pytest.raises(errors.NotProvidedError, match="returning an argument's Block"):

@@ -250,3 +250,52 @@ def test_vjp_reduce_axes_is_refused_as_jax_and_flax_refuse_it():
         flax_nnx.vjp(lambda x: x.sum(), X, reduce_axes=("i",), graph_updates=False)
     with pytest.raises(NotImplementedError, match="deprecated"):
         jax.vjp(lambda x: x.sum(), X, reduce_axes=("i",))
+
+
+# --- scan over a module along an axis other than 0 ---------------------------------------
+
+def _counted_layer(lib):
+    class Layer(lib.Module):
+        def __init__(self, rngs):
+            self.lin = lib.Linear(2, 2, rngs=rngs)
+            self.count = lib.BatchStat(jnp.zeros((1,)))
+
+        def __call__(self, x):
+            self.count[...] += 1
+            return self.lin(x)
+    return Layer
+
+
+def _scan_along_1(lib, scan_, axes, jit=False):
+    stack = lib.vmap(_counted_layer(lib), out_axes=1)(lib.Rngs(0).split(3))
+    run = scan_(lambda h, m: m(h), in_axes=(lib.Carry, axes), out_axes=lib.Carry)
+    h = (lib.jit(run) if jit else run)(X[0], stack)
+    return stack, h
+
+
+@pytest.mark.parametrize("state_axes", [False, True])
+def test_scan_over_a_module_along_axis_1_matches_flax_and_writes_updates_back(state_axes):
+    def axes(lib):
+        return lib.StateAxes({lib.Param: 1, ...: 1}) if state_axes else 1
+    ours, h = _scan_along_1(nnx, scan, axes(nnx))
+    theirs, fh = _scan_along_1(flax_nnx, flax_nnx.scan, axes(flax_nnx))
+    np.testing.assert_array_equal(h, fh)
+    assert ours.lin.kernel.shape == (2, 3, 2) and ours.count.shape == (1, 3)
+    _same_state(ours, theirs)
+    np.testing.assert_array_equal(ours.count[...], jnp.ones((1, 3)))
+
+
+def test_scan_over_a_module_along_axis_1_inside_nnx_jit_matches_eager():
+    ours, h = _scan_along_1(nnx, scan, 1, jit=True)
+    eager, eh = _scan_along_1(nnx, scan, 1)
+    np.testing.assert_array_equal(h, eh)
+    np.testing.assert_array_equal(ours.count[...], eager.count[...])
+
+
+def test_scan_returns_a_variable_made_inside_along_out_axes_1_as_flax():
+    def made(lib, scan_):
+        return scan_(lambda c, x: (c, lib.Param(jnp.stack([x, 2 * x]))), in_axes=(lib.Carry, 0),
+                     out_axes=(lib.Carry, 1))(jnp.zeros(()), X)[1]
+    ours, theirs = made(nnx, scan), made(flax_nnx, flax_nnx.scan)
+    assert ours.shape == theirs.shape == (2, 3, 2)
+    np.testing.assert_array_equal(ours[...], theirs[...])

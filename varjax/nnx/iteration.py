@@ -28,9 +28,10 @@ structural change inside is a ``TransformError``, as flax.nnx refuses it too; el
 as an output).  ``transform_metadata={nnx.PARTITION_NAME: name}`` removes the scanned axis's
 name from a Variable's ``out_sharding`` as it enters a step and adds it as it leaves
 (``metadata_option``); ``_split_transpose`` is passed on to ``jax.lax.scan`` (which, in JAX
-0.10, takes it and ignores it).  A module (or state) scanned along an axis other than 0, a
-``StateAxes`` nested in a prefix, and ``transform_metadata`` with a ``StateAxes`` entry are
-refused by name.
+0.10, takes it and ignores it).  A module (or state) scanned along an axis other than 0 is
+scanned as a copy with that axis moved to 0, whose updates are written back to the caller's
+Variables with the axis moved back (``_move``).  A ``StateAxes`` nested in a prefix and
+``transform_metadata`` with a ``StateAxes`` entry are refused by name.
 """
 from __future__ import annotations
 
@@ -118,20 +119,29 @@ def _check_axes(in_axes: Any, out_axes: Any, graph: bool) -> None:
                          f"Carry. Got in_axes={in_axes!r}, out_axes={out_axes!r}")
 
 
-def _move(tree: Any, axes: Any, to_front: bool, what: str) -> Any:
+def _move(tree: Any, axes: Any, to_front: bool, moved: list | None = None) -> Any:
     """``tree`` with each leaf's scanned axis (``axes``, a prefix of ints) moved to 0
-    (``to_front``) or from 0 back; a Variable is moved only at axis 0 (not built else)."""
+    (``to_front``) or from 0 back.  A part holding objects (a module, a state) is moved as a
+    copy, new Variables holding the moved arrays; for an argument, ``(part, copy, axis)`` is
+    added to ``moved`` so ``_moved_back`` writes the copy's updates to the caller's
+    Variables."""
     def one(axis: int, sub: Any) -> Any:
         if axis == 0:
             return sub
-        if objects_in(sub):
-            not_provided(f"nnx.scan over a module at {what} {axis}",
-                         "objects are scanned along axis 0 only in varjax.nnx.",
-                         "stack the module's Variables along axis 0 (nnx.vmap's default)",
-                         by="varjax.nnx")
-        return jax.tree.map(lambda x: jnp.moveaxis(x, axis, 0) if to_front
+        copy = jax.tree.map(lambda x: jnp.moveaxis(x, axis, 0) if to_front
                             else jnp.moveaxis(x, 0, axis), sub)
+        if moved is not None and objects_in(sub):
+            moved.append((sub, copy, axis))
+        return copy
     return jax.tree.map(one, axes, tree, is_leaf=_is_axis)
+
+
+def _moved_back(moved: list) -> None:
+    """Each moved argument part given its copy's values after the scan, the axis moved back
+    (the RNG keys left out: they do not change, and a transform refuses writing them)."""
+    for part, copy, axis in moved:
+        state = _without_keys(split_merge.state(copy))
+        split_merge.update(part, jax.tree.map(lambda x: jnp.moveaxis(x, 0, axis), state))
 
 
 class _Layout:
@@ -269,15 +279,17 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
             init = (lay.parts[lay.carry_at] if lay.carry_at is not None else None,
                     tuple(lay.parts[k] for k in lay.carried),
                     tuple(lay.parts[k] for k in lay.fixed))
-            xs = tuple(_move(lay.parts[k], lay.axes[k], True, "in_axes") for k in lay.scanned)
+            moved: list = []
+            xs = tuple(_move(lay.parts[k], lay.axes[k], True, moved) for k in lay.scanned)
             run = control_flow.scan(steps(lay.key(), arg_carry), length=length,
                                     reverse=reverse, unroll=unroll,
                                     _split_transpose=_split_transpose, passes=passes)
             (carry, _, _), ys = run(init, xs)
+            _moved_back(moved)
             carry = as_given(init[0], carry, modes[1])
             if out_carry is Carry:
                 return carry
-            ys = restacked(_move(ys, zeros(ys_axes), False, "out_axes"), ys_axes)
+            ys = restacked(_move(ys, zeros(ys_axes), False), ys_axes)
             if out_carry is None:
                 return ys
             return ys[:out_carry] + (carry,) + ys[out_carry:]
