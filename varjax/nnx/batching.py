@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 import jax
 
 from varjax.ir import errors
+from varjax.ir.typing import AxisName, Passes, Prefix
 from varjax.nnx.config import resolve
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.metadata_option import with_partition
@@ -75,10 +76,11 @@ def _int_axes(name: str, axes: Any, graph: bool) -> None:
                          "give each filter of an out_axes StateAxes an int", by="varjax.nnx")
 
 
-def vmap(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
-         axis_name: Any = None, axis_size: int | None = None, spmd_axis_name: Any = None,
+def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0,
+         axis_name: AxisName | None = None, axis_size: int | None = None,
+         spmd_axis_name: AxisName | tuple[AxisName, ...] | None = None,
          transform_metadata: Mapping[str, Any] | None = None, graph: bool | None = None,
-         graph_updates: bool | None = None, passes: Any = ()) -> Any:
+         graph_updates: bool | None = None, passes: Passes = ()) -> Callable[..., Any]:
     """``jax.vmap`` over NNX objects: a module argument's Variables are mapped along its
     ``in_axes`` entry (``None``: broadcast), and their updates come back to it.
     ``transform_metadata={nnx.PARTITION_NAME: name}`` takes ``name`` out of the arguments'

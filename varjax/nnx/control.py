@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from varjax.ir import errors
+from varjax.ir.typing import ArrayLike, Passes, PyTree
 from varjax.nnx.config import resolve
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.transform_checks import (
@@ -38,9 +39,9 @@ from varjax.trace.unprovided import not_provided
 __all__ = ["cond", "switch", "while_loop", "fori_loop", "eval_shape"]
 
 
-def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any,
+def cond(pred: ArrayLike, true_fun: Callable, false_fun: Callable, *operands: Any,
          graph: bool | None = None, graph_updates: bool | None = None,
-         passes: Any = ()) -> Any:
+         passes: Passes = ()) -> PyTree:
     """``jax.lax.cond`` over NNX objects: a Variable either branch writes is updated.
     ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run on each branch's IR."""
     modes = resolve(graph, graph_updates)
@@ -50,9 +51,9 @@ def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any,
     return finish(operands, {}, out, changes)
 
 
-def switch(index: Any, branches: Sequence[Callable], *operands: Any,
+def switch(index: ArrayLike, branches: Sequence[Callable], *operands: Any,
            graph: bool | None = None, graph_updates: bool | None = None,
-           passes: Any = ()) -> Any:
+           passes: Passes = ()) -> PyTree:
     """``jax.lax.switch`` over NNX objects: a Variable any branch writes is updated
     (``passes`` as ``cond``'s)."""
     modes = resolve(graph, graph_updates)
@@ -85,9 +86,9 @@ def _fori_carry(what: str, body: Callable, args: tuple, out: Any) -> None:
     same_carry_objects(what, body, args[1], out, _moved_fori)
 
 
-def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *,
+def while_loop(cond_fun: Callable, body_fun: Callable, init_val: PyTree, *,
                graph: bool | None = None, graph_updates: bool | None = None,
-               passes: Any = ()) -> Any:
+               passes: Passes = ()) -> PyTree:
     """``jax.lax.while_loop`` over NNX objects in the carry: the body's Variable updates are
     carried and written back, and the carry returned holds the caller's objects (without
     graph updates: new objects holding the caller's Variables).  ``passes`` (as ``cond``'s)
@@ -98,9 +99,9 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *,
     return as_given(init_val, final, resolve(graph, graph_updates)[1])
 
 
-def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any, *,
-              unroll: int | bool | None = None, graph: bool | None = None,
-              graph_updates: bool | None = None, passes: Any = ()) -> Any:
+def fori_loop(lower: int | jax.Array, upper: int | jax.Array, body_fun: Callable,
+              init_val: PyTree, *, unroll: int | bool | None = None, graph: bool | None = None,
+              graph_updates: bool | None = None, passes: Passes = ()) -> PyTree:
     """``jax.lax.fori_loop`` over NNX objects in the carry (see ``while_loop``; ``passes``
     run on the body's IR).  ``unroll`` is JAX's, as flax.nnx passes it on: a ``scan``
     unrolled that many steps per iteration, the bounds then concrete."""
@@ -111,7 +112,7 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any, *,
 
 
 def eval_shape(f: Callable, *args: Any, graph: bool | None = None,
-               graph_updates: bool | None = None, **kwargs: Any) -> Any:
+               graph_updates: bool | None = None, **kwargs: Any) -> PyTree:
     """``jax.eval_shape`` over NNX objects: the output's modules hold Variables of
     ``jax.ShapeDtypeStruct``s (an abstract model: ``eval_shape(lambda: Model(rngs))``).
     The function runs on copies of the arguments, so, as in flax.nnx, nothing is written

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from varjax.ir import errors
+from varjax.ir.typing import AxisName, Passes
 from varjax.nnx.config import resolve
 from varjax.nnx.pytree import Pytree
 from varjax.nnx.statelib import State
@@ -93,8 +94,9 @@ def _traced(what: str, f: Callable, primals: tuple, has_aux: bool,
 
 
 def vjp(f: Callable | None = None, *primals: Any, has_aux: bool = False,
-        reduce_axes: Sequence[Any] = (), graph: bool | None = None,
-        graph_updates: bool | None = None, passes: Any = ()) -> Any:
+        reduce_axes: Sequence[AxisName] = (), graph: bool | None = None,
+        graph_updates: bool | None = None, passes: Passes = ()
+        ) -> tuple[Any, ...] | Callable[..., Any]:
     """``jax.vjp`` over NNX objects: ``(out, vjp_fn)`` (``(out, vjp_fn, aux)``), where
     ``vjp_fn(g)`` returns one cotangent per primal, a module's a module of cotangents.
     ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run on ``f``'s IR before JAX
@@ -120,7 +122,8 @@ def vjp(f: Callable | None = None, *primals: Any, has_aux: bool = False,
 
 def jvp(f: Callable | None = None, primals: tuple | None = None,
         tangents: tuple | None = None, *, has_aux: bool = False, graph: bool | None = None,
-        graph_updates: bool | None = None, passes: Any = ()) -> Any:
+        graph_updates: bool | None = None, passes: Passes = ()
+        ) -> tuple[Any, ...] | Callable[..., Any]:
     """``jax.jvp`` over NNX objects: a module's tangent is a module of tangents;
     ``(out, tangent_out)`` (``(out, tangent_out, aux)``); ``passes`` as ``vjp``'s."""
     _modes("jvp", graph, graph_updates)
@@ -255,8 +258,9 @@ class _SameTypeCotangents:
         return self.custom(*positional(self.fun, args, kwargs))
 
 
-def custom_vjp(fun: Callable | None = None, *, nondiff_argnums: tuple[Any, ...] = (),
-               graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+def custom_vjp(fun: Callable | None = None, *, nondiff_argnums: tuple[int | DiffState, ...] = (),
+               graph: bool | None = None, graph_updates: bool | None = None
+               ) -> Callable[..., Any]:
     """flax.nnx's ``custom_vjp``: with graph updates (the default) ``_StateCotangents``,
     without ``_SameTypeCotangents``; a decorator with options too."""
     graph, updates = resolve(graph, graph_updates)

@@ -41,6 +41,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from varjax.ir.typing import Passes, Prefix
 from varjax.nnx.config import resolve
 from varjax.nnx.graph import merge
 from varjax.nnx.metadata_option import with_partition
@@ -211,10 +212,10 @@ def _per_arg(in_axes: Any, n: int) -> tuple:
 
 
 def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool = False,
-         unroll: int | bool = 1, _split_transpose: bool = False, in_axes: Any = (Carry, 0),
-         out_axes: Any = (Carry, 0), transform_metadata: Mapping[str, Any] | None = None,
-         graph: bool | None = None, graph_updates: bool | None = None,
-         passes: Any = ()) -> Any:
+         unroll: int | bool = 1, _split_transpose: bool = False,
+         in_axes: Prefix = (Carry, 0), out_axes: Prefix = (Carry, 0),
+         transform_metadata: Mapping[str, Any] | None = None, graph: bool | None = None,
+         graph_updates: bool | None = None, passes: Passes = ()) -> Callable[..., Any]:
     """``jax.lax.scan`` over NNX objects: the ``Carry`` argument is carried, the others
     scanned along their axis or broadcast; a ``StateAxes`` entry gives each state of a
     module its own (``Carry``, ``None`` or an int).  ``transform_metadata={nnx.PARTITION_NAME:

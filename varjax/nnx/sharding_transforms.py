@@ -29,11 +29,13 @@ name.  ``pmap``'s ``static_broadcasted_argnums``, ``backend`` and ``donate_argnu
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
-from jax.sharding import PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
+from varjax.ir.typing import AxesPrefix, AxisName, ShardingLike
 from varjax.nnx.config import resolve
 from varjax.nnx.filter_maps import FilterMap, StateSharding
 from varjax.nnx.metadata_option import with_partition
@@ -111,9 +113,10 @@ def _specs_of(in_specs: Any) -> Callable[[tuple], Any]:
     return of
 
 
-def shard_map(f: Callable | None = None, *, mesh: Any, in_specs: Any, out_specs: Any,
-              axis_names: Any = frozenset(), check_vma: bool = True,
-              graph: bool | None = None, graph_updates: bool | None = None) -> Any:
+def shard_map(f: Callable | None = None, *, mesh: Mesh | AbstractMesh, in_specs: ShardingLike,
+              out_specs: ShardingLike, axis_names: AbstractSet[AxisName] = frozenset(),
+              check_vma: bool = True, graph: bool | None = None,
+              graph_updates: bool | None = None) -> Callable[..., Any]:
     """``jax.shard_map`` over NNX objects: a module argument's Variables are split by its
     ``in_specs`` entry (``P()``: replicated; a ``StateSharding``: a spec per filter of its
     state) and their updates come back with it."""
@@ -158,12 +161,13 @@ def _no_objects_at(what: str, option: str, nums: tuple[int, ...], args: tuple, w
                          by="varjax.nnx")
 
 
-def pmap(f: Callable | None = None, *, axis_name: Any = None, in_axes: Any = 0,
-         out_axes: Any = 0, static_broadcasted_argnums: int | Iterable[int] = (),
-         devices: Any = None, backend: str | None = None, axis_size: int | None = None,
-         donate_argnums: int | Iterable[int] = (),
+def pmap(f: Callable | None = None, *, axis_name: AxisName | None = None,
+         in_axes: AxesPrefix = 0, out_axes: AxesPrefix = 0,
+         static_broadcasted_argnums: int | Iterable[int] = (),
+         devices: Sequence[jax.Device] | None = None, backend: str | None = None,
+         axis_size: int | None = None, donate_argnums: int | Iterable[int] = (),
          transform_metadata: Mapping[str, Any] | None = None, graph: bool | None = None,
-         graph_updates: bool | None = None) -> Any:
+         graph_updates: bool | None = None) -> Callable[..., Any]:
     """``jax.pmap`` over NNX objects: a module argument's Variables are mapped over devices
     along its ``in_axes`` entry (``None``: broadcast) and their updates come back stacked
     along it; keyword arguments are mapped along axis 0, as ``jax.pmap`` maps them.
@@ -199,8 +203,9 @@ def pmap(f: Callable | None = None, *, axis_name: Any = None, in_axes: Any = 0,
     return as_decorator(f, build)
 
 
-def transform_metadata(f: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
-                       partition: str | None, graph: bool | None = None) -> Any:
+def transform_metadata(f: Callable | None = None, *, in_axes: AxesPrefix = 0,
+                       out_axes: AxesPrefix = 0, partition: str | None,
+                       graph: bool | None = None) -> Callable[..., Any]:
     """Inside ``nnx.vmap``/``nnx.scan`` (with the same axes): ``partition`` is removed from
     the ``out_sharding`` of the arguments' Variables at their axis while ``f`` runs, put
     back after, and added to the returned Variables' at ``out_axes``."""
