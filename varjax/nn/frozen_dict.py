@@ -12,6 +12,8 @@ from typing import Any, Hashable, Iterator, Mapping
 
 import jax
 
+from varjax.ir.typing import PyTree
+
 __all__ = ["FrozenDict", "freeze", "unfreeze", "copy", "pop", "pretty_repr"]
 
 
@@ -96,19 +98,19 @@ def freeze(xs: Mapping[Any, Any]) -> FrozenDict:
     return FrozenDict(xs)
 
 
-def unfreeze(x: Any) -> Any:
+def unfreeze(x: PyTree) -> PyTree:
     """``x`` with every ``FrozenDict`` (and dict) in it as a fresh plain dict; other values as they are."""
     return _frozen(x)
 
 
-def copy(x: Mapping[Any, Any], add_or_replace: Mapping[Any, Any] | None = None) -> Any:
+def copy(x: Mapping[Any, Any], add_or_replace: Mapping[Any, Any] | None = None) -> Mapping[Any, Any]:
     """An updated copy of a ``FrozenDict`` or a plain dict, of the same kind."""
     if isinstance(x, FrozenDict):
         return x.copy(add_or_replace)
     return {**unfreeze(x), **unfreeze(dict(add_or_replace or {}))}
 
 
-def pop(x: Mapping[Any, Any], key: Any) -> tuple[Any, Any]:
+def pop(x: Mapping[Any, Any], key: Hashable) -> tuple[Mapping[Any, Any], Any]:
     """``(x without key, x[key])`` for a ``FrozenDict`` or a plain dict, without mutating ``x``."""
     if isinstance(x, FrozenDict):
         return x.pop(key)
@@ -116,6 +118,6 @@ def pop(x: Mapping[Any, Any], key: Any) -> tuple[Any, Any]:
     return rest, rest.pop(key)
 
 
-def pretty_repr(x: Any, num_spaces: int = 4) -> str:
+def pretty_repr(x: PyTree, num_spaces: int = 4) -> str:
     """Nested mappings one entry per line (``FrozenDict``'s repr; plain dicts without the wrapper)."""
     return x.pretty_repr(num_spaces) if isinstance(x, FrozenDict) else _pretty(unfreeze(x), num_spaces)
