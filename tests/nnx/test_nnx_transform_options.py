@@ -299,3 +299,27 @@ def test_scan_returns_a_variable_made_inside_along_out_axes_1_as_flax():
     ours, theirs = made(nnx, scan), made(flax_nnx, flax_nnx.scan)
     assert ours.shape == theirs.shape == (2, 3, 2)
     np.testing.assert_array_equal(ours[...], theirs[...])
+
+
+# --- vmap(out_axes=StateAxes({...: None})) -----------------------------------------------
+
+def _ensemble(lib, axes):
+    class Member(lib.Module):
+        def __init__(self, rngs):
+            self.lin = lib.Linear(2, 2, rngs=rngs)
+            self.count = lib.BatchStat(jnp.zeros(()))
+    return lib.vmap(Member, out_axes=axes)(lib.Rngs(0).split(3))
+
+
+def test_vmap_out_axes_state_axes_none_gives_the_state_once_as_flax():
+    ours = _ensemble(nnx, nnx.StateAxes({nnx.Param: 1, ...: None}))
+    theirs = _ensemble(flax_nnx, flax_nnx.StateAxes({flax_nnx.Param: 1, ...: None}))
+    assert ours.lin.kernel.shape == theirs.lin.kernel.shape == (2, 3, 2)
+    assert ours.count.shape == theirs.count.shape == ()
+    _same_state(ours, theirs)
+
+
+def test_vmap_out_axes_none_of_a_state_that_differs_per_member_is_jaxs_error():
+    for lib in (nnx, flax_nnx):
+        with pytest.raises(ValueError, match="out_axes"):
+            _ensemble(lib, lib.StateAxes({lib.BatchStat: 0, ...: None}))

@@ -16,13 +16,14 @@ them only Variable values come back.
 An argument's ``in_axes`` entry may be a ``StateAxes`` (graph mode, with or without graph
 updates): the module is split into a state per filter, each mapped along its axis, and
 merged again inside (``state_axes``).  An ``out_axes`` entry may be one too: a module made
-inside comes back with each state stacked along its filter's axis (``state_axes.restacked``).
+inside comes back with each state stacked along its filter's axis, or once where it is
+``None`` (``output_axes``).
 
 ``transform_metadata={nnx.PARTITION_NAME: name}`` adds the mapped axis's name to each
 Variable's ``out_sharding`` as it leaves and removes it as it enters (``metadata_option``).
 
-Not built, refused with ``NotProvidedError`` by name: a ``StateAxes`` nested in a prefix, an
-``out_axes`` ``StateAxes`` with a ``None`` axis, ``transform_metadata`` with a ``StateAxes``
+Not built, refused with ``NotProvidedError`` by name: a ``StateAxes`` nested in a prefix,
+``transform_metadata`` with a ``StateAxes``
 entry or keys other than ``PARTITION_NAME``, ``spmd_axis_name``.
 """
 from __future__ import annotations
@@ -37,12 +38,12 @@ from varjax.ir.typing import AxisName, Passes, Prefix
 from varjax.nnx.config import resolve
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.metadata_option import with_partition
+from varjax.nnx.output_axes import joined, out_prefix, split_outputs
 from varjax.nnx.state_axes import (
     StateAxes,
     check_state_axes,
     merged,
     on_objects_only,
-    restacked,
     split_by,
     zeros,
 )
@@ -60,7 +61,7 @@ __all__ = ["vmap"]
 
 def _int_axes(name: str, axes: Any, graph: bool) -> None:
     """``in_axes``/``out_axes`` are a prefix of ints and Nones, or per argument (output) a
-    ``StateAxes`` of those (of ints in ``out_axes``); anything else there is not built."""
+    ``StateAxes`` of those; anything else there is not built."""
     check_state_axes("vmap", name, axes, graph, (int, type(None)))
     for leaf in jax.tree.leaves(zeros(axes)):
         if not isinstance(leaf, int) or isinstance(leaf, bool):
@@ -68,12 +69,6 @@ def _int_axes(name: str, axes: Any, graph: bool) -> None:
                          f"an {name} entry other than an int, None or a StateAxes is not "
                          "built yet.", f"give an int, None or a StateAxes per argument in "
                          f"{name}", by="varjax.nnx")
-    for entry in jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, StateAxes)):
-        if name == "out_axes" and isinstance(entry, StateAxes) and None in entry.axes:
-            not_provided("nnx.vmap(out_axes=StateAxes({...: None}))",
-                         "a state of an output module is stacked along an axis; one the "
-                         "same for every member is not built.",
-                         "give each filter of an out_axes StateAxes an int", by="varjax.nnx")
 
 
 def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0,
@@ -97,11 +92,12 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
     by_state = isinstance(in_axes, tuple) and any(isinstance(a, StateAxes) for a in in_axes)
     _int_axes("in_axes", in_axes, modes[0])
     _int_axes("out_axes", out_axes, modes[0])
-    stacked = zeros(out_axes)
+    stacked = out_prefix(out_axes)
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "vmap")
-        named = with_partition("vmap", fn, transform_metadata, in_axes, out_axes)
+        named = split_outputs(with_partition("vmap", fn, transform_metadata, in_axes, out_axes),
+                              out_axes)
         mapped = None if by_state else objects.vmap(
             carrying(named, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
             axis_size=axis_size, axis_name=axis_name, passes=passes)
@@ -112,7 +108,7 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
             key = tuple(sorted(defs.items()))
             found = made.get(key)
             if found is None:
-                carried = carrying(fn, "vmap", *modes)
+                carried = carrying(named, "vmap", *modes)
                 found = made[key] = objects.vmap(
                     lambda *a: carried(*merged(defs, a)), in_axes=axes,
                     out_axes=(stacked, 0), axis_size=axis_size, axis_name=axis_name, passes=passes)
@@ -124,6 +120,6 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
             if by_state:
                 on_objects_only("vmap", args, in_axes)
             out = finish(args, {}, *(by_states(args) if by_state else mapped(*args)))
-            return restacked(out, out_axes)
+            return joined(out_axes, out)
         return call
     return as_decorator(f, build)

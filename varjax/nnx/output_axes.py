@@ -1,0 +1,74 @@
+"""A ``StateAxes`` entry of ``nnx.vmap``'s ``out_axes``: the module returned there comes out
+with each state of its filters along that filter's axis, ``None`` included (the state is the
+same for every member and comes out once, as ``jax.vmap``'s ``out_axes=None`` gives it).
+
+``jax.vmap`` takes ``out_axes`` before tracing, as a prefix of the output, but the returned
+module's structure is known only after.  So, as flax.nnx does, the module is split inside
+(``split_outputs``) into its ``GraphDef`` (static: a node with no children, so any axis
+covers it) and one ``State`` per filter, the entry becomes ``(None, axes)`` (``out_prefix``),
+a prefix of that whatever the module holds, and outside ``joined`` merges the parts into
+the module.  JAX itself then refuses a state at ``None`` that differs between members.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+
+from varjax.nnx.graph import merge, split
+from varjax.nnx.state_axes import StateAxes
+
+__all__ = ["split_outputs", "out_prefix", "joined"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """The returned module's ``GraphDef`` in the traced output: a pytree with no children."""
+
+    graphdef: Any
+
+
+jax.tree_util.register_pytree_node(_Static, lambda s: ((), s.graphdef), lambda g, _: _Static(g))
+
+
+def _is_entry(x: Any) -> bool:
+    return x is None or isinstance(x, StateAxes)
+
+
+def _by_state(out_axes: Any) -> bool:
+    return any(isinstance(e, StateAxes) for e in jax.tree.leaves(out_axes, is_leaf=_is_entry))
+
+
+def split_outputs(fn: Callable, out_axes: Any) -> Callable:
+    """``fn`` returning, at each ``StateAxes`` entry, ``(GraphDef, states)``: the module
+    there split by the entry's filters (``fn`` itself when ``out_axes`` has none)."""
+    if not _by_state(out_axes):
+        return fn
+
+    def part(entry: Any, out: Any) -> Any:
+        if not isinstance(entry, StateAxes):
+            return out
+        graphdef, *states = split(out, *entry.filters)
+        return _Static(graphdef), tuple(states)
+
+    @functools.wraps(fn)
+    def parts(*args: Any, **kwargs: Any) -> Any:
+        return jax.tree.map(part, out_axes, fn(*args, **kwargs), is_leaf=_is_entry)
+    return parts
+
+
+def out_prefix(out_axes: Any) -> Any:
+    """``out_axes`` with each ``StateAxes`` made ``(None, its axes)``: the prefix of
+    ``split_outputs``'s output."""
+    return jax.tree.map(lambda e: (None, tuple(e.axes)) if isinstance(e, StateAxes) else e,
+                        out_axes, is_leaf=_is_entry)
+
+
+def joined(out_axes: Any, out: Any) -> Any:
+    """``out`` with each module split by ``split_outputs`` merged back."""
+    if not _by_state(out_axes):
+        return out
+    return jax.tree.map(lambda e, o: merge(o[0].graphdef, *o[1]) if isinstance(e, StateAxes)
+                        else o, out_axes, out, is_leaf=_is_entry)
