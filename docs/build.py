@@ -59,7 +59,7 @@ _HIDDEN_DECORATORS = ("@errors.api_boundary", "@api_boundary")
 # deeper alias of it).
 _JAX_PUBLIC = ("jax", "jax.lax", "jax.sharding", "jax.numpy", "jax.random", "jax.extend.core",
                "jax.nn.initializers", "jax.tree_util", "jax.typing", "jax.stages")
-_PRIVATE_JAX = re.compile(r"\bjax\._src(?:\.\w+)+")
+_PRIVATE_JAX = re.compile(r"\bjax\.(?:_src|jaxlib\._jax)(?:\.\w+)+")
 
 
 def _explicit_exports(module: types.ModuleType) -> list[str]:
@@ -265,7 +265,12 @@ def public_jax_name(private: str) -> str:
     module_name, _, name = private.rpartition(".")
     try:
         obj = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError):
+    except (ImportError, AttributeError):     # ``jax.Array`` says it is ``jax.jaxlib._jax.Array``,
+        for public in _JAX_PUBLIC:          # a module no import finds: match by that name
+            candidate = getattr(importlib.import_module(public), name, None)
+            if f"{getattr(candidate, '__module__', '')}.{getattr(candidate, '__qualname__', '')}" \
+                    == private:
+                return f"{public}.{name}"
         return name
     for public in _JAX_PUBLIC:
         if getattr(importlib.import_module(public), name, None) is obj:
