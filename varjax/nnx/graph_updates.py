@@ -41,7 +41,7 @@ import numpy as np
 from varjax.ir import errors
 from varjax.ir.caches import LRU
 from varjax.nnx.pytree import Dict, List, Pytree
-from varjax.objects.graph import key_name
+from varjax.objects.graph import key_name, structure_changed
 from varjax.objects.nodes import is_node
 
 __all__ = ["carrying", "finish", "objects_with_paths"]
@@ -152,6 +152,7 @@ class _Call:
                 found.append((i, _attributes(treedef, ids), new, children))
                 x.__dict__.clear()
                 x.__dict__.update(saved)
+                structure_changed()
         return found
 
     def export(self, tree: Any, statics: bool) -> tuple[Any, bool]:
@@ -277,4 +278,5 @@ def finish(args: tuple, kwargs: dict, out: Any, changes: Any) -> Any:
             obj = objects[i]
             obj.__dict__.clear()
             obj.__dict__.update(fresh.__dict__)
+            structure_changed()
     return resolve(out)

@@ -26,6 +26,7 @@ from varjax.nnx.config import resolve
 from varjax.nnx.pytree import Pytree, flatten_node, in_order, is_node
 from varjax.nnx.rng_variables import plain_type
 from varjax.nnx.statelib import State
+from varjax.objects.graph import structure_changed
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable, held
 
@@ -241,6 +242,7 @@ def build(g: GraphDef, value_at: Callable[[Path], Any], *, copy: bool = False,
         fresh = d.treedef.unflatten([kids[k] for k in d.keys])
         if reuse:
             obj.__dict__.clear()
+            structure_changed()
         obj.__dict__.update(fresh.__dict__)
         return obj
 

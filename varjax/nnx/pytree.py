@@ -29,6 +29,7 @@ import numpy as np
 
 from varjax.ir import errors
 from varjax.nnx.rng_variables import stream_children
+from varjax.objects.graph import structure_changed
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.variable import Variable
 
@@ -184,6 +185,7 @@ def _assign(obj: Any, name: str, value: Any) -> None:
             _check_static(obj, name, value)
     (names.add if is_data_ else names.discard)(name)
     obj.__dict__[name] = value
+    structure_changed()
 
 
 def _flatten_with_keys(obj: Any) -> tuple[list, tuple]:
@@ -225,6 +227,7 @@ class Pytree:
     def __delattr__(self, name: str) -> None:
         self.__dict__.get(_DATA_NAMES, set()).discard(name)
         del self.__dict__[name]
+        structure_changed()
 
 
 Object = Pytree
@@ -307,10 +310,12 @@ class List(_Container, MutableSequence):
 
     def __setitem__(self, i: Any, value: Any) -> None:
         self._list[i], self._data[i] = self._classify(i, value)
+        structure_changed()
 
     def __delitem__(self, i: Any) -> None:
         del self._list[i]
         del self._data[i]
+        structure_changed()
 
     def __len__(self) -> int:
         return len(self._list)
@@ -319,6 +324,7 @@ class List(_Container, MutableSequence):
         value, data_ = self._classify(i, value)
         self._list.insert(i, value)
         self._data.insert(i, data_)
+        structure_changed()
 
     def __repr__(self) -> str:
         return f"List({self._list!r})"
@@ -344,10 +350,12 @@ class Dict(_Container, MutableMapping):
     def __setitem__(self, key: str, value: Any) -> None:
         self._dict[key], data_ = self._classify(key, value)
         (self._data.add if data_ else self._data.discard)(key)
+        structure_changed()
 
     def __delitem__(self, key: str) -> None:
         del self._dict[key]
         self._data.discard(key)
+        structure_changed()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._dict)
@@ -363,6 +371,19 @@ class Dict(_Container, MutableMapping):
 
     def __repr__(self) -> str:
         return f"Dict({self._dict!r})"
+
+
+def private_containers(obj: Pytree) -> list[Any]:
+    """The containers inside ``obj`` that only this module's code changes, each change
+    followed by ``structure_changed``: its set of data names, and a ``List``'s or
+    ``Dict``'s elements and their classification.  A kept graph compares them only after
+    such a change (``varjax.objects.graph.register_mutable``); ``obj.__dict__`` itself,
+    which ``object.__setattr__`` writes without this code, is compared on every call."""
+    attributes = obj.__dict__
+    found = [attributes[_DATA_NAMES]] if _DATA_NAMES in attributes else []
+    if isinstance(obj, _Container):
+        found += [attributes[k] for k in ("_list", "_dict", "_data") if k in attributes]
+    return found
 
 
 # -- the one walk of an object's children -------------------------------------------------

@@ -14,6 +14,7 @@ import jax
 
 from varjax.ir import errors
 from varjax.nnx.filterlib import to_predicate
+from varjax.objects.graph import structure_changed
 from varjax.trace.variable import Variable
 
 __all__ = ["State", "FlatState"]
@@ -63,6 +64,7 @@ class State(MutableMapping):
                 mine.value = v
             else:
                 self._mapping[k] = v
+                structure_changed()
 
     def flat_state(self) -> "FlatState":
         """The leaves as a ``FlatState``, sorted by path (``nnx.to_flat_state``)."""
@@ -116,9 +118,11 @@ class State(MutableMapping):
 
     def __setitem__(self, k: Any, v: Any) -> None:
         self._mapping[k] = State(v) if _nested(v) else v
+        structure_changed()
 
     def __delitem__(self, k: Any) -> None:
         del self._mapping[k]
+        structure_changed()
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._mapping)

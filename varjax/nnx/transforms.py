@@ -43,7 +43,7 @@ from varjax.nnx.graph import merge, split, state
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.graphlib import flat_of
 from varjax.nnx.jit_shardings import check_out_shardings, in_prefix, static_positions
-from varjax.nnx.pytree import Pytree
+from varjax.nnx.pytree import Pytree, private_containers
 from varjax.nnx.state_ops import from_flat_state
 from varjax.nnx.statelib import State
 from varjax.nnx.transform_checks import as_decorator, refuse_options
@@ -57,23 +57,28 @@ __all__ = ["jit", "grad", "value_and_grad", "remat", "DiffState"]
 
 
 def _structure(obj: Any) -> list[Any]:
-    """An NNX object's structure, as Python containers: its attributes, and the dicts,
-    lists and sets among them (its data names, a ``List``'s elements, a static list).
-    Registered so that object mode keeps the graph of a call on the same modules
+    """An NNX object's structure, as Python containers compared on every call: its
+    attributes, and the plain dicts, lists and sets among them (a static list) that any
+    code may change.  The containers only ``varjax.nnx``'s own methods change (its data
+    names, a ``List``'s elements: ``private_containers``) are compared only after one of
+    them ran.  Registered so that object mode keeps the graph of a call on the same modules
     (``varjax.objects.graph.ArgumentGraphs``) while these hold the same objects: a train
     step's repeated ``nnx.jit`` call then reads its Variables' values without walking the
     modules."""
     attributes = vars(obj)
-    return [attributes, *(v for v in attributes.values() if type(v) in (dict, list, set))]
+    private = set(map(id, private_containers(obj)))
+    return [attributes, *(v for v in attributes.values()
+                          if type(v) in (dict, list, set) and id(v) not in private)]
 
 
 def _mapping(state: State) -> list[Any]:
-    """A ``State``'s structure: its mapping (the one attribute it has, set when it is made)."""
+    """A ``State``'s structure: its mapping (the one attribute it has, set when it is made),
+    which only ``State``'s methods change."""
     return [vars(state)["_mapping"]]
 
 
-register_mutable(Pytree, _structure)
-register_mutable(State, _mapping)
+register_mutable(Pytree, _structure, private_containers)
+register_mutable(State, lambda _: [], _mapping)
 
 
 def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings: Any = None,

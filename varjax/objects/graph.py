@@ -21,7 +21,7 @@ import numpy as np
 from varjax.ir.primitives import Path
 from varjax.objects.nodes import Cell, NodeKind, VariableKind, is_node, kind_of
 from varjax.trace.context import active
-from varjax.trace.variable import Variable
+from varjax.trace.variable import HeldValues, Variable
 
 
 def argument_prefix(prefix: Path, names: Sequence[str]) -> Path:
@@ -76,7 +76,8 @@ class Graph:
 
     def __post_init__(self) -> None:
         self.cells = [(n, c) for n in self.nodes for c in n.cells]
-        self._variables: list[tuple[Variable, int]] | None = None     # see write_back
+        self._variables: HeldValues | _EachValue | None = None     # see write_back
+        self._cells: list[int] = []
         self._writers: list[tuple[Callable[[list[Any]], None], int, int]] = []
 
     def write_back(self, updates: list[Any], created: list[dict]) -> None:
@@ -84,21 +85,21 @@ class Graph:
         unchanged), ``created[j]`` the variables created under node j (``{(collection,
         path): value}``).  A kept graph is written back on every call of a train step, so
         what to write where is worked out once per graph (a kept graph's nodes keep their
-        cells): the Variable nodes, a step's usual ones, are set in one loop (``Variable``
-        is their writer), every other node by its kind's writer."""
+        cells): the Variable nodes, a step's usual ones, are set in one call
+        (``HeldValues``, else each by its ``value``), every other node by its kind's
+        writer."""
         if self._variables is None:
-            self._variables, self._writers, start = [], [], 0
+            variables, self._cells, self._writers, start = [], [], [], 0
             for node in self.nodes:
                 if isinstance(node.kind, VariableKind):
-                    self._variables.append((node.obj, start))
+                    variables.append(node.obj)
+                    self._cells.append(start)
                 else:
                     self._writers.append((node.kind.writer(node.obj), start,
                                           start + len(node.cells)))
                 start += len(node.cells)
-        for variable, i in self._variables:
-            new = updates[i]
-            if new is not None:
-                variable.value = new
+            self._variables = HeldValues.of(variables) or _EachValue(variables)
+        self._variables.write([updates[i] for i in self._cells])
         for write, start, stop in self._writers:
             write(updates[start:stop])
         if any(created):
@@ -189,6 +190,19 @@ class Graph:
         return sum(len(n.cells) for n in self.nodes[:j])
 
 
+class _EachValue:
+    """``HeldValues.write`` for Variables that need their ``value`` property (handles,
+    copies, a class with its own ``value``)."""
+
+    def __init__(self, variables: list[Variable]):
+        self.variables = variables
+
+    def write(self, values: list[Any]) -> None:
+        for v, new in zip(self.variables, values):
+            if new is not None:
+                v.value = new
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Layout:
     """A graph without its objects: per tree position whether a node is there and which
@@ -265,38 +279,85 @@ def _plain(x: Any) -> bool:
     return found
 
 
-# Pytree types that are mutable Python objects, and the Python containers (dicts, lists,
-# sets) whose contents are an instance's structure: an NNX module's ``__dict__`` and its
-# set of data names, a state's mapping (``varjax.nnx`` registers its types).
-_MUTABLE: list[tuple[type, Callable[[Any], list[Any]]]] = []
+# Pytree types that are mutable Python objects: per type, the Python containers (dicts,
+# lists, sets) whose contents are an instance's structure, and those of them that change
+# only through code that calls ``structure_changed`` (``register_mutable``).
+_MUTABLE: list[tuple[type, Callable[[Any], list[Any]], Callable[[Any], list[Any]]]] = []
 # Pytree types whose structure cannot change after they are made.
 _FROZEN = (tuple, type(None))
+# Bumped by every change of a guarded container (``structure_changed``).
+_epoch = [0]
 
 
-def register_mutable(type_: type, parts: Callable[[Any], list[Any]]) -> None:
+def structure_changed() -> None:
+    """Says that a guarded container (``register_mutable``) may have changed: each kept graph
+    compares its guarded containers again on its next call."""
+    _epoch[0] += 1
+
+
+def _no_containers(_: Any) -> list[Any]:
+    return []
+
+
+def register_mutable(type_: type, parts: Callable[[Any], list[Any]],
+                     guarded: Callable[[Any], list[Any]] = _no_containers) -> None:
     """Lets an argument holding instances of ``type_`` (an object a transform's caller keeps
     and changes between calls) have its graph kept: ``parts(x)`` are the dicts, lists and
-    sets whose contents are ``x``'s structure, which a kept graph checks on every call."""
-    _MUTABLE.append((type_, parts))
+    sets whose contents are ``x``'s structure, which a kept graph compares on every call;
+    ``guarded(x)`` more of them, which change only through code that calls
+    ``structure_changed`` (a type's own methods, on containers private to it), compared
+    only on a call after such a change.  A container any code may change without varjax
+    running (an instance's ``__dict__``: ``object.__setattr__`` writes it) is a part."""
+    _MUTABLE.append((type_, parts, guarded))
 
 
-def _parts_of(x: Any) -> Callable[[Any], list[Any]] | None:
+def _parts_of(x: Any) -> tuple[Callable[[Any], list[Any]], Callable[[Any], list[Any]]] | None:
     if type(x) in (dict, list):
-        return lambda c: [c]
-    return next((parts for t, parts in _MUTABLE if isinstance(x, t)), None)
+        return lambda c: [c], _no_containers
+    return next(((parts, guarded) for t, parts, guarded in _MUTABLE if isinstance(x, t)), None)
+
+
+class _Containers:
+    """Python containers and what they held, compared by identity in C
+    (``map(operator.is_, ...)``): an equal object is a change too (a Variable compares
+    equal to an array of its value)."""
+
+    def __init__(self) -> None:
+        self.mappings: list[tuple[dict, int, Any, tuple]] = []
+        self.sequences: list[tuple[list, int, tuple]] = []
+        self.sets: list[tuple[set, frozenset]] = []
+
+    def add(self, p: Any) -> None:
+        if isinstance(p, dict):
+            self.mappings.append((p, len(p), frozenset(p), tuple(p.values())))
+        elif isinstance(p, list):
+            self.sequences.append((p, len(p), tuple(p)))
+        else:
+            self.sets.append((p, frozenset(p)))
+
+    def unchanged(self) -> bool:
+        is_ = operator.is_
+        for d, n, keys, values in self.mappings:
+            if len(d) != n or not all(map(is_, d.values(), values)) or d.keys() != keys:
+                return False
+        for seq, n, items in self.sequences:
+            if len(seq) != n or not all(map(is_, seq, items)):
+                return False
+        for s, frozen in self.sets:
+            if s != frozen:
+                return False
+        return True
 
 
 def structure_watch(arg: Any) -> Callable[[], bool] | None:
     """A check that ``arg``'s structure is what it is now, for a kept graph: every mutable
-    container in it (``register_mutable``) holds the same objects by identity (an equal
-    one is a change too: a Variable compares equal to an array of its value), with the
+    container in it (``register_mutable``) holds the same objects by identity, with the
     same keys, and every node's own watch says the same.  None when ``arg`` holds a pytree
     of a type of unknown mutability (a user's class): such an argument is walked on every
-    call.  It runs on every call, so each container is compared in C
-    (``map(operator.is_, ...)``)."""
-    mappings: list[tuple[dict, int, Any, tuple]] = []
-    sequences: list[tuple[list, int, tuple]] = []
-    sets: list[tuple[set, frozenset]] = []
+    call.  It runs on every call, so the guarded containers are compared only when
+    ``structure_changed`` was called since they last were (then, found unchanged, the
+    watch takes the new epoch)."""
+    parts, guarded = _Containers(), _Containers()
     nodes: list[tuple[Callable[[], Hashable], Hashable]] = []
 
     def visit(x: Any) -> bool:
@@ -309,31 +370,26 @@ def structure_watch(arg: Any) -> Callable[[], bool] | None:
         children, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)
         if jax.tree_util.treedef_is_leaf(treedef):
             return True
-        parts = _parts_of(x)
-        if parts is None and not isinstance(x, _FROZEN):
+        found = _parts_of(x)
+        if found is None and not isinstance(x, _FROZEN):
             return False
-        for p in parts(x) if parts is not None else ():
-            if isinstance(p, dict):
-                mappings.append((p, len(p), frozenset(p), tuple(p.values())))
-            elif isinstance(p, list):
-                sequences.append((p, len(p), tuple(p)))
-            else:
-                sets.append((p, frozenset(p)))
+        if found is not None:
+            for p in found[0](x):
+                parts.add(p)
+            for p in found[1](x):
+                guarded.add(p)
         return all(map(visit, children))
     if not visit(arg):
         return None
-    is_ = operator.is_
+    stamp = [_epoch[0]]
 
     def unchanged() -> bool:
-        for d, n, keys, values in mappings:
-            if len(d) != n or not all(map(is_, d.values(), values)) or d.keys() != keys:
+        if stamp[0] != _epoch[0]:
+            if not guarded.unchanged():
                 return False
-        for seq, n, items in sequences:
-            if len(seq) != n or not all(map(is_, seq, items)):
-                return False
-        for s, frozen in sets:
-            if s != frozen:
-                return False
+            stamp[0] = _epoch[0]
+        if not parts.unchanged():
+            return False
         for watch, seen in nodes:
             if watch() != seen:
                 return False

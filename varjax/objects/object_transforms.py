@@ -25,9 +25,10 @@ import jax
 from varjax.ir import errors
 from varjax.objects import inspection
 from varjax.objects.graph import ArgumentGraphs, Graph, Layout
-from varjax.objects.nodes import is_node
+from varjax.objects.nodes import VariableKind, is_node
 from varjax.objects.run import Result, arg_names, graph_of, run
 from varjax.passes.framework.pipeline import parse_entries
+from varjax.trace.variable import HeldValues
 
 
 def dealias(args: tuple, kwargs: dict, places: tuple[int, ...]) -> tuple[tuple, dict]:
@@ -93,10 +94,12 @@ class _Pure:
 
     def flat(self, graph: Graph, make: Callable[[Callable], Callable]) -> Callable:
         """A call ``args -> out`` for a graph kept by ``ArgumentGraphs``, writing back:
-        ``make`` of ``pure`` taking each object argument (a node, or a container of nodes
-        such as an NNX module) as the list of its leaves' pytree children, read from the
-        nodes without walking the argument.  The objects' static parts key that function
-        once per graph, instead of JAX hashing them on every call, and it returns the
+        ``make`` of ``pure`` taking the object arguments (nodes, or containers of nodes such
+        as an NNX module) as two flat lists, at the first object argument's position: the
+        values of their held Variables, read in one call (``HeldValues``), and the pytree
+        children of their other leaves (``Rngs``, an array attribute), read from the nodes
+        without walking the arguments.  The objects' static parts key that function once
+        per graph, instead of JAX hashing them on every call, and it returns the
         ``Result``'s fields as a tuple (JAX unflattens a tuple faster than a dataclass)."""
         positions = graph.node_args
         per_arg: dict[int, list[Any]] = {i: [] for i in positions}
@@ -105,19 +108,36 @@ class _Pure:
             node = graph.nodes[next(places)] if is_object else None
             if path[0] == "0" and int(path[1]) in per_arg:
                 per_arg[int(path[1])].append((leaf, node))
-        readers = [(i, [n.kind.reader(n.obj) if n is not None else _constant(leaf)
-                        for leaf, n in per_arg[i]]) for i in positions]
+        variables: list[Any] = []
+        others: list[Callable[[], tuple]] = []
+        sources: list[tuple[bool, int, int]] = []    # per leaf: (held, start, stop)
+        size = 0    # of the other leaves' children
+        for i in positions:
+            for leaf, n in per_arg[i]:
+                if n is not None and isinstance(n.kind, VariableKind):
+                    sources.append((True, len(variables), 0))
+                    variables.append(n.obj)
+                else:
+                    reader = n.kind.reader(n.obj) if n is not None else _constant(leaf)
+                    sources.append((False, size, size + len(reader())))
+                    others.append(reader)
+                    size += len(reader())
+        held = HeldValues.of(variables)
+        read_held = held.read if held is not None else lambda: [v.value for v in variables]
         arg_defs = graph.treedef.children()[0].children()   # (args, kwargs): nodes as leaves
         defs = tuple((arg_defs[i], tuple(_one_level(leaf) for leaf, _ in per_arg[i]))
                      for i in positions)
         layout, shared = graph.layout(), graph.shared()
-        key = ("flat", layout, shared, positions, defs)
+        key = ("flat", layout, shared, positions, defs, tuple(sources))
         jitted = self._made.get(key)
         if jitted is None:
             def pure(*flat_args: Any) -> tuple:
                 args = list(flat_args)
+                values, children = args[positions[0]] if positions else ((), ())
+                leaves = iter([(values[a],) if is_held else tuple(children[a:b])
+                               for is_held, a, b in sources])
                 for i, (outer, inner) in zip(positions, defs):
-                    args[i] = outer.unflatten([d.unflatten(c) for d, c in zip(inner, args[i])])
+                    args[i] = outer.unflatten([d.unflatten(next(leaves)) for d in inner])
                 args, _ = dealias(tuple(args), {}, layout.places)
                 out, result = run(self.fn, args, {}, graph=_copies(layout, args, {}),
                                   shared=shared, passes=self.passes)
@@ -126,11 +146,14 @@ class _Pure:
                 return out, result.updates, created, result.captured
             functools.update_wrapper(pure, self.fn)
             jitted = self._made[key] = make(pure)
+        first, rest = positions[:1], positions[1:]
 
         def call(args: tuple) -> Any:
             flat_args = list(args)
-            for i, reads in readers:
-                flat_args[i] = [read() for read in reads]
+            for i in first:
+                flat_args[i] = (read_held(), [c for read in others for c in read()])
+            for i in rest:
+                flat_args[i] = None
             out, updates, created, _ = jitted(*flat_args)
             graph.write_back(updates, created)
             return out

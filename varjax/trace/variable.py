@@ -38,6 +38,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import operator
 from typing import Any, Iterator, Mapping
 
 import jax
@@ -363,3 +364,49 @@ def _unflatten(cls: type[Variable], aux: tuple, children: tuple) -> Variable:
 
 
 jax.tree_util.register_pytree_node(Variable, _flatten, functools.partial(_unflatten, Variable))
+
+
+_get_value = operator.attrgetter("_value")
+
+
+class HeldValues:
+    """Held Variables whose values are read and written together, in one call each: a kept
+    train step (``objects.graph.ArgumentGraphs``) reads and writes the same Variables on
+    every call, and their ``value`` property, one Python call per Variable, costs more
+    than the bookkeeping around JAX's dispatch.  The checks the property makes per access
+    are made once here: which Variables are plain held ones (``of``: no handle, no copy of
+    another, the class keeping ``Variable.value``, all made under one trace; fixed when a
+    Variable is made) and, per call, that no lost update is pending and the trace is the
+    one they were made in; otherwise each is read and written by its property."""
+
+    __slots__ = ("variables", "made")
+
+    def __init__(self, variables: list[Variable], made: Any):
+        self.variables, self.made = variables, made
+
+    @classmethod
+    def of(cls, variables: list[Variable]) -> "HeldValues | None":
+        """The bulk access of ``variables``, or None when one of them needs its property."""
+        made = variables[0]._made if variables else None
+        for v in variables:
+            if (v.path is not None or v._source is not None or v._made is not made
+                    or type(v).value is not Variable.value):
+                return None
+        return cls(variables, made)
+
+    def read(self) -> list[Any]:
+        """Each Variable's value, in order."""
+        if pending:
+            return [v.value for v in self.variables]
+        return list(map(_get_value, self.variables))
+
+    def write(self, values: list[Any]) -> None:
+        """Sets each Variable whose new value is not None."""
+        if pending or self.made is not _jax.trace_ref():
+            for v, new in zip(self.variables, values):
+                if new is not None:
+                    v.value = new
+            return
+        for v, new in zip(self.variables, values):
+            if new is not None:
+                v._value = new
