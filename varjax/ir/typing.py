@@ -19,7 +19,8 @@ from typing_extensions import TypeAliasType
 __all__ = ["ArrayLike", "Axes", "AxesPrefix", "AxisName", "CollectionFilter", "DotGeneralT",
            "Dtype", "Filter", "Initializer", "Key", "Metadata", "Node", "PRNGKey", "Passes",
            "PathParts", "PrecisionLike", "Prefix", "PureDict", "PyTree", "RngSeed", "RngSplit",
-           "RngsLike", "Shape", "ShardingLike", "StateLike", "Target", "VariableDict"]
+           "RngsLike", "Shape", "ShardingLike", "StateLike", "StreamFilter", "Target",
+           "VariableDict"]
 
 PyTree = TypeAliasType("PyTree", Any)
 """A JAX pytree: nested tuples, lists, dicts and registered nodes, with arrays (or any other
@@ -74,6 +75,10 @@ CollectionFilter = TypeAliasType(
     "CollectionFilter", Union[bool, str, Sequence[str], Any])
 """Which variable collections: a name (``"params"``), several, ``True`` (every one),
 ``False`` (none) or a ``vj.DenyList`` (every one but those)."""
+
+StreamFilter = TypeAliasType("StreamFilter", Union[bool, str, Sequence[str], Any])
+"""Which RNG streams a lifted transform hands its body: a stream name, several, ``True``
+(every one), ``False`` (none) or a ``vj.DenyList`` (every one but those)."""
 
 VariableDict = TypeAliasType("VariableDict", Mapping[str, Mapping[str, Any]])
 """Variables by collection, then by path: ``{"params": {"Dense_0": {"kernel": ...}}}``, what

@@ -18,9 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from varjax.ir.filters import DenyList
 from varjax.ir.protocols import LiftableModule
-from varjax.ir.typing import AxisName, CollectionFilter, Passes, PyTree
+from varjax.ir.typing import AxisName, CollectionFilter, Passes, PyTree, StreamFilter
 from varjax.lifting.groups import group_to_variables, is_array, partition, variables_to_group
 from varjax.lifting.region import lift
 from varjax.objects import object_transforms as objects
@@ -46,7 +45,7 @@ def _no_reduce_axes(name: str, reduce_axes: Any) -> None:
 
 def jvp(fn: Callable, mdl: LiftableModule | None, primals: tuple, tangents: tuple,
         variable_tangents: Mapping[str, Any], variables: CollectionFilter = True,
-        rngs: bool | str | Sequence[str] | DenyList = True) -> tuple[PyTree, PyTree]:
+        rngs: StreamFilter = True) -> tuple[PyTree, PyTree]:
     """Lifted ``jax.jvp``: ``(fn(mdl, *primals), tangent_out)``.  ``variable_tangents``
     gives tangents for variables (``{'params': {...}}``, relative to ``mdl``); variables
     of collections it does not name have zero tangent."""
@@ -74,7 +73,7 @@ def _vjp_back(vjp_fn: Callable, cotangent: Any, *, path: tuple) -> tuple:
 
 def vjp(fn: Callable, mdl: LiftableModule | None, *primals: Any, has_aux: bool = False,
         reduce_axes: Sequence[AxisName] = (), vjp_variables: CollectionFilter = "params",
-        variables: CollectionFilter = True, rngs: bool | str | Sequence[str] | DenyList = True,
+        variables: CollectionFilter = True, rngs: StreamFilter = True,
         multi_scope: bool = False
         ) -> tuple[PyTree, Callable[..., tuple]] | tuple[PyTree, Callable[..., tuple], PyTree]:
     """Lifted ``jax.vjp``: ``(out, vjp_fn)`` (``(out, vjp_fn, aux)`` with ``has_aux``),
@@ -103,7 +102,7 @@ def vjp(fn: Callable, mdl: LiftableModule | None, *primals: Any, has_aux: bool =
 
 def value_and_grad(fn: Callable, mdl: LiftableModule | None = NO_INIT, *primals: Any,
                    has_aux: bool = False, reduce_axes: Sequence[AxisName] = (),
-                   variables: CollectionFilter = True, rngs: bool | str | Sequence[str] | DenyList = True,
+                   variables: CollectionFilter = True, rngs: StreamFilter = True,
                    argnums: int | Sequence[int] = 0, passes: Passes = ()
                    ) -> tuple[PyTree, PyTree] | Callable[..., Any]:
     """Lifted ``jax.value_and_grad`` with respect to every primal (not the variables):
@@ -140,7 +139,7 @@ def value_and_grad(fn: Callable, mdl: LiftableModule | None = NO_INIT, *primals:
 
 def grad(fn: Callable, mdl: LiftableModule | None = NO_INIT, *primals: Any,
          has_aux: bool = False, reduce_axes: Sequence[AxisName] = (),
-         variables: CollectionFilter = True, rngs: bool | str | Sequence[str] | DenyList = True,
+         variables: CollectionFilter = True, rngs: StreamFilter = True,
          argnums: int | Sequence[int] = 0, passes: Passes = ()) -> PyTree | Callable[..., Any]:
     """Lifted ``jax.grad`` with respect to every primal: ``grads``, or ``(grads, aux)``.
     Without a module, the object-mode ``vj.grad(fn, argnums=..., has_aux=...)``.

@@ -17,10 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from varjax.ir import errors
-from varjax.ir.filters import DenyList
 from varjax.ir.primitives import VarType
 from varjax.ir.protocols import LiftableModule
-from varjax.ir.typing import ArrayLike, CollectionFilter, Passes, PyTree
+from varjax.ir.typing import ArrayLike, CollectionFilter, Passes, PyTree, StreamFilter
 from varjax.lifting.groups import partition
 from varjax.lifting.region import lift
 from varjax.objects import control_flow as objects
@@ -32,7 +31,7 @@ from varjax.transforms.common import call_direct, object_call, object_options, u
 @errors.api_boundary
 def cond(pred: ArrayLike, true_fun: Callable, false_fun: Callable,
          mdl: LiftableModule | PyTree, *operands: Any, variables: CollectionFilter = True,
-         rngs: bool | str | Sequence[str] | DenyList = True, passes: Passes = ()) -> PyTree:
+         rngs: StreamFilter = True, passes: Passes = ()) -> PyTree:
     """Lifted ``jax.lax.cond``: ``true_fun(mdl, *operands)`` if ``pred`` else
     ``false_fun(mdl, *operands)`` (without ``mdl`` when it is None).  In object mode
     (``object_call``) JAX's ``cond(pred, true_fun, false_fun, *operands)``.  ``passes``:
@@ -48,7 +47,7 @@ def cond(pred: ArrayLike, true_fun: Callable, false_fun: Callable,
 @errors.api_boundary
 def switch(index: ArrayLike, branches: Sequence[Callable], mdl: LiftableModule | PyTree,
            *operands: Any, variables: CollectionFilter = True,
-           rngs: bool | str | Sequence[str] | DenyList = True, passes: Passes = ()) -> PyTree:
+           rngs: StreamFilter = True, passes: Passes = ()) -> PyTree:
     """Lifted ``jax.lax.switch``: ``branches[index](mdl, *operands)``; in object mode JAX's
     ``switch(index, branches, *operands)``.  ``passes``: as for ``cond``."""
     if object_call("switch", (mdl, *operands), {}):

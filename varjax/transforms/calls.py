@@ -13,8 +13,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from varjax.ir.filters import DenyList
-from varjax.ir.typing import CollectionFilter, Passes, Target
+from varjax.ir.typing import CollectionFilter, Passes, StreamFilter, Target
 from varjax.lifting.groups import group_to_variables, is_array, partition, variables_to_group
 from varjax.lifting.region import is_module, lift
 from varjax.objects import object_transforms as objects
@@ -97,7 +96,7 @@ def _with_static(transform: str, make: Callable[[int, Callable], Callable], fn: 
 
 
 def jit(target: Target, variables: CollectionFilter = True,
-        rngs: bool | str | Sequence[str] | DenyList = True,
+        rngs: StreamFilter = True,
         static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = (),
         donate_argnums: int | Sequence[int] = (), device: jax.Device | None = None,
         backend: str | None = None, methods: Sequence[str] | None = None,
@@ -153,7 +152,7 @@ def jit(target: Target, variables: CollectionFilter = True,
 
 
 def checkpoint(target: Target, variables: CollectionFilter = True,
-               rngs: bool | str | Sequence[str] | DenyList = True, concrete: bool = False,
+               rngs: StreamFilter = True, concrete: bool = False,
                prevent_cse: bool = True, static_argnums: int | Sequence[int] = (),
                policy: Callable[..., bool] | None = None, methods: Sequence[str] | None = None,
                passes: Passes = ()) -> Target:
@@ -225,7 +224,7 @@ def named_call(target: Target, name: str | None = None,
 
 
 def fold_rngs(target: Target, variables: CollectionFilter = True,
-              rngs: bool | str | Sequence[str] | DenyList = True,
+              rngs: StreamFilter = True,
               methods: Sequence[str] | None = None) -> Target:
     """The body draws from one fresh key per stream, drawn once from the enclosing stream
     per call (Linen's ``nn.fold_rngs``).  Every lift does this; ``fold_rngs`` does only
@@ -246,7 +245,7 @@ def _identity(tree: Any) -> Any:
 def map_variables(target: Target, mapped_collections: CollectionFilter = True,
                   trans_in_fn: Callable[[Any], Any] = _identity,
                   trans_out_fn: Callable[[Any], Any] = _identity, init: bool = False,
-                  mutable: bool = False, rngs: bool | str | Sequence[str] | DenyList = True,
+                  mutable: bool = False, rngs: StreamFilter = True,
                   variables: CollectionFilter = True, methods: Sequence[str] | None = None,
                   passes: Passes = ()) -> Target:
     """Lifted variable mapping (Linen's ``nn.map_variables``): the body sees
