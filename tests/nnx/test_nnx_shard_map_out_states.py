@@ -8,7 +8,7 @@ import pytest
 from flax import nnx as flax_nnx
 from jax.sharding import PartitionSpec as P
 
-from varjax import errors, nnx
+from varjax import nnx
 from varjax.nnx.filter_maps import StateSharding
 from varjax.nnx.sharding_transforms import shard_map
 
@@ -48,9 +48,3 @@ def test_state_sharding_out_specs_in_tree_mode_is_a_value_error_as_flax_nnx():
         with pytest.raises(ValueError, match="cannot contain `StateSharding`"):
             shard_map_(lambda: 0.0, mesh=MESH, in_specs=(), graph=False,
                        out_specs=sharding({...: P()}))
-
-
-def test_state_sharding_nested_in_an_out_specs_entry_is_not_built():
-    with pytest.raises(errors.NotProvidedError, match="out_specs"):
-        shard_map(lambda: 0.0, mesh=MESH, in_specs=(),
-                  out_specs=((StateSharding({...: P()}), P()),))

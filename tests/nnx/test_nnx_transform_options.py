@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx as flax_nnx
+from jax.sharding import PartitionSpec as P
 
 from varjax import errors, nnx
 from varjax.nnx.batching import vmap
@@ -303,12 +304,12 @@ def test_scan_returns_a_variable_made_inside_along_out_axes_1_as_flax():
 
 # --- vmap(out_axes=StateAxes({...: None})) -----------------------------------------------
 
-def _ensemble(lib, axes):
+def _ensemble(lib, axes, n=3):
     class Member(lib.Module):
         def __init__(self, rngs):
             self.lin = lib.Linear(2, 2, rngs=rngs)
             self.count = lib.BatchStat(jnp.zeros(()))
-    return lib.vmap(Member, out_axes=axes)(lib.Rngs(0).split(3))
+    return lib.vmap(Member, out_axes=axes)(lib.Rngs(0).split(n))
 
 
 def test_vmap_out_axes_state_axes_none_gives_the_state_once_as_flax():
@@ -323,3 +324,44 @@ def test_vmap_out_axes_none_of_a_state_that_differs_per_member_is_jaxs_error():
     for lib in (nnx, flax_nnx):
         with pytest.raises(ValueError, match="out_axes"):
             _ensemble(lib, lib.StateAxes({lib.BatchStat: 0, ...: None}))
+
+
+# --- StateAxes in pmap, StateSharding nested in shard_map's specs ---------------------------
+
+MESH = jax.sharding.Mesh(jax.devices()[:1], ("data",))
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_pmap_state_axes_anywhere_in_in_axes_matches_flax(nested):
+    def run(lib, pmap_):
+        stack = _ensemble(lib, lib.StateAxes({lib.Param: 0, ...: None}), n=1)
+        sa = lib.StateAxes({lib.Param: 0, ...: None})
+
+        def apply(m, x):
+            m = m[0] if nested else m
+            m.count[...] += 1
+            return m.lin(x)
+        y = pmap_(apply, in_axes=((sa, None) if nested else sa, 0))(
+            (stack, 1.0) if nested else stack, X[None, 0])
+        return stack, y
+    (ours, y), (theirs, fy) = run(nnx, pmap), run(flax_nnx, flax_nnx.pmap)
+    np.testing.assert_array_equal(y, fy)
+    _same_state(ours, theirs)
+    assert float(ours.count[...]) == 1.0
+
+
+def test_shard_map_state_sharding_nested_in_specs_matches_flax():
+    def run(lib):
+        m = _model(lib)
+        spec = lib.StateSharding({lib.Param: P(), ...: P()})
+
+        def apply(pair, x):
+            return (lib.Linear(2, 2, rngs=lib.Rngs(1)), pair[0](x)),
+        out = lib.shard_map(apply, mesh=MESH, in_specs=((spec, P()), P("data")),
+                            out_specs=((spec, P("data")),))((m, jnp.ones(())), X)
+        return m, out[0]
+    (ours, (made, y)), (theirs, (fmade, fy)) = run(nnx), run(flax_nnx)
+    np.testing.assert_array_equal(y, fy)
+    _same_state(ours, theirs)
+    _same_state(made, fmade)
+    assert type(made) is nnx.Linear

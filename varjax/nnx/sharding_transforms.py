@@ -15,15 +15,16 @@ its spec (``output_states``: the module is split inside and merged outside, as i
 NNX's signature: placed inside ``nnx.vmap``/``nnx.scan``, it adds the partition name to
 the ``out_sharding`` of the Variables crossing it, at their axis.
 
-An argument's ``in_specs`` entry may be a ``StateSharding`` (graph mode, with or without
-graph updates; tree mode refuses it, as flax.nnx does): it is made the argument's prefix tree
-of specs (``nnx.prefix`` by its filters), so each Variable is split by its filter's spec.
+An ``in_specs`` entry may be a ``StateSharding`` (an ``in_axes`` entry of ``pmap`` a
+``StateAxes``), anywhere in the prefix (graph mode, with or without graph updates; tree mode
+refuses it, as flax.nnx does): it is made the prefix tree of the part of the arguments under
+it (``nnx.prefix`` by its filters), so each Variable is split by its filter's spec (axis).
 
 As in the other ``varjax.nnx`` transforms, a structural change inside, or returning an
 argument's object, is refused with ``NotProvidedError`` (``transform_checks``); options not
-built (a ``StateSharding`` nested in a prefix, ``StateAxes`` in ``pmap``, an argument holding
-an object in ``pmap``'s ``static_broadcasted_argnums`` or ``donate_argnums``) raise it by
-name.  ``pmap``'s ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are
+built (a ``StateAxes`` in ``pmap``'s ``out_axes``, an argument holding an object in
+``pmap``'s ``static_broadcasted_argnums`` or ``donate_argnums``) raise it by name.
+``pmap``'s ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are
 ``jax.pmap``'s, and its ``transform_metadata`` is ``nnx.vmap``'s (``metadata_option``).
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ from varjax.nnx.filter_maps import FilterMap, StateSharding
 from varjax.nnx.metadata_option import with_partition
 from varjax.nnx.output_states import by_state_specs, joined, split_by_state
 from varjax.nnx.prefixes import prefix
+from varjax.nnx.state_axes import StateAxes
 from varjax.nnx.transform_checks import (
     as_decorator,
     checked,
@@ -58,19 +60,22 @@ __all__ = ["shard_map", "pmap", "transform_metadata", "StateSharding"]
 
 
 def _plain_prefix(what: str, name: str, prefix: Any, leaf: type, label: str,
-                  by_filter: type | None = None) -> None:
-    """``NotProvidedError`` for a prefix entry other than a ``leaf``, None or (per argument,
-    where ``by_filter`` is given) a ``by_filter`` map: flax.nnx takes a ``StateSharding``/
-    ``StateAxes`` anywhere in a prefix; here one is built as an argument's whole entry."""
-    entries = prefix if isinstance(prefix, tuple) else (prefix,)
+                  by_filter: type | None = None, graph: bool = True) -> None:
+    """``NotProvidedError`` for a prefix entry other than a ``leaf``, None or (anywhere in
+    the prefix, where ``by_filter`` is given) a ``by_filter`` map; flax.nnx's ``ValueError``
+    for a ``by_filter`` map in tree mode (``graph`` False)."""
     for entry in jax.tree.leaves(prefix, is_leaf=lambda x: isinstance(x, (leaf, FilterMap))):
-        if by_filter is not None and isinstance(entry, by_filter) and \
-                any(entry is e for e in entries):
+        if by_filter is not None and isinstance(entry, by_filter):
+            if not graph:
+                raise ValueError(f"`{name}` cannot contain `{by_filter.__name__}` objects when "
+                                 "`graph=False`: split the module (nnx.split(model, filter, "
+                                 "...)) and pass the states with their own entries, or pass "
+                                 "graph=True.")
             continue
         if not isinstance(entry, leaf) or isinstance(entry, bool):
             not_provided(f"nnx.{what}({name}=... {type(entry).__name__} ...)",
                          f"an {name} entry other than a {label}, None"
-                         + (f" or (per argument) a {by_filter.__name__}" if by_filter else "")
+                         + (f" or a {by_filter.__name__}" if by_filter else "")
                          + " is not built yet.",
                          f"give a {label} or None per argument in {name}; to treat "
                          "part of a module's state apart, split it (nnx.split) and pass the "
@@ -99,17 +104,21 @@ def _mapped(fn: Callable, what: str, prefix_of: Callable[[tuple], Any], unmapped
     return objects.wrapper(fn, call)
 
 
-def _specs_of(in_specs: Any) -> Callable[[tuple], Any]:
-    """The call's ``in_specs``: a ``StateSharding`` entry made the argument's prefix tree of
-    specs (``nnx.prefix`` by its filters), a JAX prefix ``shard_map`` takes."""
-    specs = tuple(in_specs) if isinstance(in_specs, list) else in_specs
+def _by_filters(given: Any, leaf: type) -> Callable[[tuple], Any]:
+    """The call's prefix (``in_specs``/``in_axes``): each ``FilterMap`` entry
+    (``StateSharding``, ``StateAxes``), wherever it is, made the prefix tree of the part of
+    the arguments under it (``nnx.prefix`` by its filters), a JAX prefix the transform
+    takes."""
+    entries = tuple(given) if isinstance(given, list) else given
+    if not any(isinstance(e, FilterMap) for e in jax.tree.leaves(
+            entries, is_leaf=lambda x: isinstance(x, (leaf, FilterMap)))):
+        return lambda args: entries
 
     def of(args: tuple) -> Any:
-        entries = specs if isinstance(specs, tuple) else (specs,) * len(args)
-        if not any(isinstance(e, StateSharding) for e in entries):
-            return specs
-        return tuple(prefix(a, e.map_prefix) if isinstance(e, StateSharding) else e
-                     for a, e in zip(args, entries))
+        per_arg = entries if isinstance(entries, tuple) else (entries,) * len(args)
+        return jax.tree.map(lambda e, a: prefix(a, e.map_prefix) if isinstance(e, FilterMap)
+                            else e, per_arg, args,
+                            is_leaf=lambda x: x is None or isinstance(x, (leaf, FilterMap)))
     return of
 
 
@@ -120,16 +129,9 @@ def shard_map(f: Callable | None = None, *, mesh: Mesh | AbstractMesh, in_specs:
     """``jax.shard_map`` over NNX objects: a module argument's Variables are split by its
     ``in_specs`` entry (``P()``: replicated; a ``StateSharding``: a spec per filter of its
     state) and their updates come back with it."""
-    _plain_prefix("shard_map", "in_specs", in_specs, PartitionSpec, "PartitionSpec",
-                  StateSharding)
-    _plain_prefix("shard_map", "out_specs", out_specs, PartitionSpec, "PartitionSpec",
-                  StateSharding)
     for name, specs in (("in_specs", in_specs), ("out_specs", out_specs)):
-        if not resolve(graph)[0] and any(isinstance(e, StateSharding) for e in jax.tree.leaves(
-                specs, is_leaf=lambda x: isinstance(x, StateSharding))):
-            raise ValueError(f"`{name}` cannot contain `StateSharding` objects when "
-                             "`graph=False`: split the module (nnx.split(model, filter, ...)) "
-                             "and pass the states with their own specs, or pass graph=True.")
+        _plain_prefix("shard_map", name, specs, PartitionSpec, "PartitionSpec", StateSharding,
+                      resolve(graph)[0])
 
     split_specs = by_state_specs(out_specs)
 
@@ -141,7 +143,8 @@ def shard_map(f: Callable | None = None, *, mesh: Mesh | AbstractMesh, in_specs:
         def positional_only(*args: Any) -> Any:
             return joined(out_specs, mapped(*args))
         refuse_bound_method(fn, "shard_map")
-        mapped = _mapped(split_by_state(fn, out_specs), "shard_map", _specs_of(in_specs),
+        mapped = _mapped(split_by_state(fn, out_specs), "shard_map",
+                         _by_filters(in_specs, PartitionSpec),
                          PartitionSpec(), make)
         return functools.wraps(fn)(positional_only)
     return as_decorator(f, build)
@@ -170,15 +173,16 @@ def pmap(f: Callable | None = None, *, axis_name: AxisName | None = None,
          graph_updates: bool | None = None) -> Callable[..., Any]:
     """``jax.pmap`` over NNX objects: a module argument's Variables are mapped over devices
     along its ``in_axes`` entry (``None``: broadcast) and their updates come back stacked
-    along it; keyword arguments are mapped along axis 0, as ``jax.pmap`` maps them.
+    along it (a ``StateAxes`` entry: each filter's Variables along its axis); keyword
+    arguments are mapped along axis 0, as ``jax.pmap`` maps them.
     ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are ``jax.pmap``'s,
     for arguments that hold no object (a module's Variables not written inside would keep
     donated buffers: varjax writes back only the updates); ``transform_metadata`` as
     ``nnx.vmap``'s (``metadata_option``)."""
     static, donated = _argnums(static_broadcasted_argnums), _argnums(donate_argnums)
-    _plain_prefix("pmap", "in_axes", in_axes, int, "int")
+    _plain_prefix("pmap", "in_axes", in_axes, int, "int", StateAxes, resolve(graph)[0])
     _plain_prefix("pmap", "out_axes", out_axes, int, "int")
-    axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    axes_of = _by_filters(in_axes, int)
 
     def build(fn: Callable) -> Callable:
         def make(p: Callable, result: Result, in_axes: Any) -> Callable:
@@ -196,7 +200,7 @@ def pmap(f: Callable | None = None, *, axis_name: AxisName | None = None,
                            "varjax.nnx writes back only the Variables written inside, so "
                            "the others would keep donated (deleted) buffers.",
                            "donate array arguments only")
-            return axes
+            return axes_of(args)
         refuse_bound_method(fn, "pmap")
         named = with_partition("pmap", fn, transform_metadata, in_axes, out_axes)
         return _mapped(named, "pmap", prefix_of, 0, make)
