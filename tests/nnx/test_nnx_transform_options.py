@@ -2,6 +2,8 @@
 same values and the same updates written back, bit for bit, and the option reaching JAX's
 primitive (its parameter in the jaxpr); and the options JAX itself no longer has, refused
 as JAX and flax.nnx refuse them."""
+import functools
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -156,12 +158,40 @@ def test_vmap_transform_metadata_without_partition_name_changes_nothing_as_flax(
     assert stack.w.out_sharding == ("embed",) and seen == [("embed",)]
 
 
-def test_vmap_transform_metadata_other_keys_and_state_axes_are_not_provided():
+def test_vmap_transform_metadata_other_keys_and_out_state_axes_are_not_provided():
     with pytest.raises(errors.NotProvidedError, match="'sharding_names'"):
         vmap(lambda m: m, transform_metadata={**TM, "sharding_names": "x"})
-    with pytest.raises(errors.NotProvidedError, match="StateAxes entry"):
-        vmap(lambda m: m, in_axes=(nnx.StateAxes({nnx.Param: 0, ...: None}),),
+    with pytest.raises(errors.NotProvidedError, match="StateAxes in out_axes"):
+        vmap(lambda m: m, out_axes=nnx.StateAxes({nnx.Param: 0, ...: None}),
              transform_metadata=TM)
+
+
+def _half_mapped(lib, transform, axes):
+    """A stack whose Params are mapped and whose BatchStat (also named) is broadcast: only
+    the Params' names lose the partition inside."""
+    seen = []
+    with flax_nnx.use_eager_sharding(False):
+        stack = _vmapped_stack(lib, lib.vmap)[0]
+        stack.s = lib.BatchStat(jnp.ones((3,)), out_sharding=("layers",))
+
+        def apply(m, x):
+            seen.append((m.w.out_sharding, m.s.out_sharding))
+            return m(x) * m.s[...].sum()
+        y = transform(apply, in_axes=(axes(lib), None), transform_metadata=TM)(stack, X[0])
+    return stack, y, seen
+
+
+@pytest.mark.parametrize("name", ["vmap", "scan"])
+def test_transform_metadata_with_a_state_axes_argument_as_flax(name):
+    def axes(lib):
+        return lib.StateAxes({lib.Param: 0, ...: None})
+    ours_t, flax_t = {"vmap": (vmap, flax_nnx.vmap), "scan": (scan, flax_nnx.scan)}[name]
+    kw = {} if name == "vmap" else {"out_axes": 0}
+    ours, y, seen = _half_mapped(nnx, functools.partial(ours_t, **kw), axes)
+    theirs, fy, fseen = _half_mapped(flax_nnx, functools.partial(flax_t, **kw), axes)
+    assert seen[-1] == fseen[-1] == (("embed",), ("layers",))
+    assert ours.w.out_sharding == theirs.w.out_sharding == ("layers", "embed")
+    np.testing.assert_array_equal(y, fy)
 
 
 def test_vmap_transform_metadata_of_another_partition_is_a_value_error_as_flax():

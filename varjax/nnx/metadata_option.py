@@ -10,8 +10,9 @@ function, a loop's ``nnx.Carry`` entries (not mapped) treated as ``None``.
 
 As in flax.nnx, a mapping without ``PARTITION_NAME`` changes nothing.  flax.nnx also
 inserts the value of each other key into the Variable metadata of that name, and calls a
-Variable's ``on_add_axis``/``on_remove_axis`` hooks; neither is built, nor a ``StateAxes``
-entry together with the option: each is refused by name.
+Variable's ``on_add_axis``/``on_remove_axis`` hooks; neither is built.  An argument's
+``StateAxes`` entry gives each of its Variables its filter's axis (``nnx.prefix``); one in
+``out_axes`` is refused by name.
 """
 from __future__ import annotations
 
@@ -21,23 +22,42 @@ from typing import Any, Callable, Mapping
 import jax
 
 from varjax.ir.axis_metadata import PARTITION_NAME
+from varjax.nnx.prefixes import prefix
 from varjax.nnx.state_axes import StateAxes
 from varjax.objects import metadata
 from varjax.trace.unprovided import not_provided
 
 
-def _plain(what: str, axes: Any, not_mapped: Callable[[Any], bool]) -> Any:
-    """``axes`` with each entry ``not_mapped`` says is no axis (``nnx.Carry``) made None;
-    a ``StateAxes`` entry is refused."""
+def _is_entry(x: Any) -> bool:
+    return x is None or isinstance(x, StateAxes)
+
+
+def _plain(what: str, axes: Any, not_mapped: Callable[[Any], bool], name: str) -> Any:
+    """``axes`` with each entry ``not_mapped`` says is no axis (``nnx.Carry``) made None; a
+    ``StateAxes`` entry is kept for ``in_axes`` (``_by_variable``) and refused in
+    ``out_axes``."""
     def entry(x: Any) -> Any:
         if isinstance(x, StateAxes):
-            not_provided(f"nnx.{what}(transform_metadata=...) with a StateAxes entry",
-                         "the partition name is added at int axes of plain prefixes only.",
-                         "give the arguments int or None axes, or place "
-                         "nnx.transform_metadata(...) inside the transform", by="varjax.nnx")
+            if name == "in_axes":
+                return x
+            not_provided(f"nnx.{what}(transform_metadata=...) with a StateAxes in out_axes",
+                         "the partition name is added to outputs at int axes only.",
+                         "give the outputs int axes, or place nnx.transform_metadata(...) "
+                         "inside the transform", by="varjax.nnx")
         return None if not_mapped(x) else x
-    return jax.tree.map(entry, axes, is_leaf=lambda x: x is None or isinstance(x, StateAxes)
-                        or not_mapped(x))
+    return jax.tree.map(entry, axes, is_leaf=lambda x: _is_entry(x) or not_mapped(x))
+
+
+def _by_variable(axes: tuple, args: tuple, not_mapped: Callable[[Any], bool]) -> tuple:
+    """``axes`` (one entry per argument) with each ``StateAxes`` made the prefix tree of the
+    argument under it (``nnx.prefix`` by its filters), each Variable at its filter's axis
+    (``nnx.Carry``: None)."""
+    def entry(e: Any, a: Any) -> Any:
+        if not isinstance(e, StateAxes):
+            return e
+        return jax.tree.map(lambda x: None if not_mapped(x) else x, prefix(a, e.map_prefix),
+                            is_leaf=lambda x: x is None or not_mapped(x))
+    return jax.tree.map(entry, axes, args, is_leaf=_is_entry)
 
 
 def with_partition(what: str, fn: Callable, transform_metadata: Mapping[str, Any] | None,
@@ -55,7 +75,8 @@ def with_partition(what: str, fn: Callable, transform_metadata: Mapping[str, Any
                      f"give nnx.{what} transform_metadata={{nnx.PARTITION_NAME: ...}} only",
                      by="varjax.nnx")
     name = transform_metadata[PARTITION_NAME]
-    ins, outs = _plain(what, in_axes, not_mapped), _plain(what, out_axes, not_mapped)
+    ins = _plain(what, in_axes, not_mapped, "in_axes")
+    outs = _plain(what, out_axes, not_mapped, "out_axes")
 
     @functools.wraps(fn)
     def named(*args: Any, **kwargs: Any) -> Any:
@@ -63,6 +84,7 @@ def with_partition(what: str, fn: Callable, transform_metadata: Mapping[str, Any
         positional ones, at axis 0."""
         n, keys = len(args), tuple(kwargs)
         axes = (tuple(ins) if isinstance(ins, (tuple, list)) else (ins,) * n) + (0,) * len(keys)
+        axes = _by_variable(axes, args + tuple(kwargs.values()), not_mapped)
         adjusted = metadata.transform_metadata(
             lambda *a: fn(*a[:n], **dict(zip(keys, a[n:]))), in_axes=axes, out_axes=outs,
             partition=name)
