@@ -266,7 +266,7 @@ class Layout:
 
 # Types whose instances are never object nodes and hold none: a call whose positional
 # arguments are all such values, nodes, or containers of nodes with a structure watch
-# (``structure_watch``) may keep its graph.
+# (``_Watch``) may keep its graph.
 _PLAIN_BASES = (jax.Array, np.ndarray, np.generic, int, float, complex, str, type(None))
 _PLAIN: dict[type, bool] = {}
 
@@ -349,78 +349,74 @@ class _Containers:
         return True
 
 
-def structure_watch(arg: Any) -> Callable[[], bool] | None:
-    """A check that ``arg``'s structure is what it is now, for a kept graph: every mutable
-    container in it (``register_mutable``) holds the same objects by identity, with the
-    same keys, and every node's own watch says the same.  None when ``arg`` holds a pytree
-    of a type of unknown mutability (a user's class): such an argument is walked on every
-    call.  It runs on every call, so the guarded containers are compared only when
+class _Watch:
+    """A check that the structure of some arguments is what it was when they were added,
+    for a kept graph: every mutable container in them (``register_mutable``) holds the same
+    objects by identity, with the same keys, and every node's own watch says the same.  It
+    runs on every call, so the guarded containers are compared only when
     ``structure_changed`` was called since they last were (then, found unchanged, the
     watch takes the new epoch)."""
-    parts, guarded = _Containers(), _Containers()
-    nodes: list[tuple[Callable[[], Hashable], Hashable]] = []
 
-    def visit(x: Any) -> bool:
-        kind = kind_of(x)
+    def __init__(self) -> None:
+        self.parts, self.guarded = _Containers(), _Containers()
+        self.nodes: list[tuple[Callable[[], Hashable], Hashable]] = []
+        self.stamp = _epoch[0]
+
+    def add(self, arg: Any) -> bool:
+        """Watches ``arg``; False when it holds a pytree of a type of unknown mutability (a
+        user's class): such an argument is walked on every call."""
+        kind = kind_of(arg)
         if kind is not None:
-            watch = kind.watch(x)
+            watch = kind.watch(arg)
             if watch is not None:
-                nodes.append((watch, watch()))
+                self.nodes.append((watch, watch()))
             return True
-        children, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)
+        children, treedef = jax.tree_util.tree_flatten(arg, is_leaf=lambda y: y is not arg)
         if jax.tree_util.treedef_is_leaf(treedef):
             return True
-        found = _parts_of(x)
-        if found is None and not isinstance(x, _FROZEN):
+        found = _parts_of(arg)
+        if found is None and not isinstance(arg, _FROZEN):
             return False
         if found is not None:
-            for p in found[0](x):
-                parts.add(p)
-            for p in found[1](x):
-                guarded.add(p)
-        return all(map(visit, children))
-    if not visit(arg):
-        return None
-    stamp = [_epoch[0]]
+            for p in found[0](arg):
+                self.parts.add(p)
+            for p in found[1](arg):
+                self.guarded.add(p)
+        return all(map(self.add, children))
 
-    def unchanged() -> bool:
-        if stamp[0] != _epoch[0]:
-            if not guarded.unchanged():
+    def unchanged(self) -> bool:
+        if self.stamp != _epoch[0]:
+            if not self.guarded.unchanged():
                 return False
-            stamp[0] = _epoch[0]
-        if not parts.unchanged():
+            self.stamp = _epoch[0]
+        if not self.parts.unchanged():
             return False
-        for watch, seen in nodes:
+        for watch, seen in self.nodes:
             if watch() != seen:
                 return False
         return True
-    return unchanged
 
 
 class _Kept:
     """A graph kept for calls on the same objects: it holds them (so their ``id``s are not
-    reused while it lives) and the watches of their structure."""
+    reused while it lives) and the watch of their structure."""
 
-    __slots__ = ("graph", "count", "objects", "plain", "watches")
+    __slots__ = ("graph", "count", "objects", "plain", "watch")
 
-    def __init__(self, graph: Graph, args: tuple, watches: list[Callable[[], bool]]):
+    def __init__(self, graph: Graph, args: tuple, watch: _Watch):
         self.graph, self.count = graph, len(args)
         self.objects = [(i, a) for i, a in enumerate(args) if not _plain(a)]
         self.plain = [i for i, a in enumerate(args) if _plain(a)]
-        self.watches = watches
+        self.watch = watch
         graph.node_args = tuple(i for i, _ in self.objects)
 
     @classmethod
     def of(cls, graph: Graph, args: tuple) -> "_Kept | None":
         """A kept graph of ``args``, or None when an argument cannot be watched."""
-        watches = []
-        for a in args:
-            if not _plain(a):
-                watch = structure_watch(a)
-                if watch is None:
-                    return None
-                watches.append(watch)
-        return cls(graph, args, watches)
+        watch = _Watch()
+        if not all(watch.add(a) for a in args if not _plain(a)):
+            return None
+        return cls(graph, args, watch)
 
     def matches(self, args: tuple) -> bool:
         if len(args) != self.count:
@@ -431,10 +427,7 @@ class _Kept:
         for i in self.plain:
             if not _PLAIN.get(type(args[i])):
                 return False
-        for watch in self.watches:
-            if not watch():
-                return False
-        return True
+        return self.watch.unchanged()
 
 
 class ArgumentGraphs:
@@ -443,7 +436,7 @@ class ArgumentGraphs:
     A train step is called again and again on the same model and optimizer state, and
     finding their nodes and cells anew each time would cost more than JAX's dispatch.  A
     call whose positional arguments are plain values (arrays, numbers), nodes, or
-    containers of nodes whose structure can be watched (``structure_watch``: an NNX module,
+    containers of nodes whose structure can be watched (``_Watch``: an NNX module,
     a list of Variables), with no keyword arguments, reuses the graph of an earlier call
     made outside any trace on the same objects, while their watches say the same.  ``SIZE``
     bounds the objects kept alive."""
