@@ -158,12 +158,22 @@ def test_vmap_transform_metadata_without_partition_name_changes_nothing_as_flax(
     assert stack.w.out_sharding == ("embed",) and seen == [("embed",)]
 
 
-def test_vmap_transform_metadata_other_keys_and_out_state_axes_are_not_provided():
+def test_transform_metadata_other_keys_and_scan_out_state_axes_are_not_provided():
     with pytest.raises(errors.NotProvidedError, match="'sharding_names'"):
         vmap(lambda m: m, transform_metadata={**TM, "sharding_names": "x"})
     with pytest.raises(errors.NotProvidedError, match="StateAxes in out_axes"):
-        vmap(lambda m: m, out_axes=nnx.StateAxes({nnx.Param: 0, ...: None}),
+        scan(lambda x: x, in_axes=0, out_axes=nnx.StateAxes({nnx.Param: 0, ...: 1}),
              transform_metadata=TM)
+
+
+def test_vmap_transform_metadata_with_a_state_axes_output_as_flax():
+    def made(lib):
+        with flax_nnx.use_eager_sharding(False):
+            return lib.vmap(_layer(lib, []), out_axes=lib.StateAxes({lib.Param: 1, ...: 0}),
+                            transform_metadata=TM)(lib.Rngs(0).split(3))
+    ours, theirs = made(nnx), made(flax_nnx)
+    assert ours.w.out_sharding == theirs.w.out_sharding == ("embed", "layers")
+    np.testing.assert_array_equal(ours.w[...], theirs.w[...])
 
 
 def _half_mapped(lib, transform, axes):

@@ -23,8 +23,7 @@ inside comes back with each state stacked along its filter's axis, or once where
 Variable's ``out_sharding`` as it leaves and removes it as it enters (``metadata_option``).
 
 Not built, refused with ``NotProvidedError`` by name: a ``StateAxes`` nested in a prefix,
-``transform_metadata`` with a ``StateAxes``
-entry or keys other than ``PARTITION_NAME``, ``spmd_axis_name``.
+``transform_metadata`` keys other than ``PARTITION_NAME``, ``spmd_axis_name``.
 """
 from __future__ import annotations
 
@@ -96,8 +95,8 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "vmap")
-        named = split_outputs(with_partition("vmap", fn, transform_metadata, in_axes, out_axes),
-                              out_axes)
+        named = with_partition("vmap", split_outputs(fn, out_axes), transform_metadata,
+                               in_axes, stacked)
         mapped = None if by_state else objects.vmap(
             carrying(named, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
             axis_size=axis_size, axis_name=axis_name, passes=passes)
