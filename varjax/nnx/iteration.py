@@ -30,8 +30,8 @@ name from a Variable's ``out_sharding`` as it enters a step and adds it as it le
 (``metadata_option``); ``_split_transpose`` is passed on to ``jax.lax.scan`` (which, in JAX
 0.10, takes it and ignores it).  A module (or state) scanned along an axis other than 0 is
 scanned as a copy with that axis moved to 0, whose updates are written back to the caller's
-Variables with the axis moved back (``_move``).  A ``StateAxes`` nested in a prefix and
-``transform_metadata`` with a ``StateAxes`` entry are refused by name.
+Variables with the axis moved back (``_move``).  A ``StateAxes`` nested in a prefix, and
+``transform_metadata`` with a ``StateAxes`` in ``out_axes``, are refused by name.
 """
 from __future__ import annotations
 
