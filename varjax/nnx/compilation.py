@@ -22,12 +22,13 @@ IR after each pass).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import AbstractSet, Any, Callable, Sequence
 
 import jax
 from jax.experimental import checkify as checkify_lib
 
 from varjax.ir import errors
+from varjax.ir.typing import ShardingLike
 from varjax.nnx.config import resolve
 from varjax.nnx.transform_checks import (
     as_decorator,
@@ -62,11 +63,14 @@ def _no_objects_after(bound: int, what: str) -> Callable[[str, Callable, tuple, 
     return check
 
 
-def jit_partial(fun: Callable, *partial_args: Any, in_shardings: Any = None,
-                out_shardings: Any = None, static_argnums: int | Sequence[int] | None = None,
-                static_argnames: Any = None, donate_argnums: int | Sequence[int] | None = None,
-                donate_argnames: Any = None, keep_unused: bool = False, device: Any = None,
-                backend: Any = None, inline: bool = False, graph: bool | None = None,
+def jit_partial(fun: Callable, *partial_args: Any, in_shardings: ShardingLike = None,
+                out_shardings: ShardingLike = None,
+                static_argnums: int | Sequence[int] | None = None,
+                static_argnames: str | Sequence[str] | None = None,
+                donate_argnums: int | Sequence[int] | None = None,
+                donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
+                device: jax.Device | None = None, backend: str | None = None,
+                inline: bool = False, graph: bool | None = None,
                 graph_updates: bool | None = None) -> Callable:
     """``nnx.jit(fun)`` with ``partial_args`` bound in front: ``jit_partial(step, model,
     optimizer)(x, y)``.  Updates to the bound objects' Variables come back to them.
@@ -142,7 +146,8 @@ def _pure_call(fn: Callable, args: tuple, kwargs: dict, pure: Any,
 
 def make_jaxpr(f: Callable | None = None, *, graph: bool | None = None,
                graph_updates: bool | None = None,
-               static_argnums: int | Sequence[int] = (), effectful: bool = False) -> Any:
+               static_argnums: int | Sequence[int] = (),
+               effectful: bool = False) -> Callable[..., Any]:
     """``jax.make_jaxpr`` over NNX objects: the pure jaxpr of ``f``'s call, from its
     arguments' leaves (Variable values in flax.nnx's order) to its outputs; Variable updates
     are not kept, as in flax.nnx.  Only without graph updates, as in flax.nnx.
@@ -187,7 +192,7 @@ def _effectful(fn: Callable) -> Callable:
     return objects.wrapper(fn, call)
 
 
-def checkify(f: Callable, errors: Any = checkify_lib.user_checks, graph: bool | None = None,
+def checkify(f: Callable, errors: AbstractSet[type] = checkify_lib.user_checks, graph: bool | None = None,
              graph_updates: bool | None = None) -> Callable:
     """``checkify.checkify`` over NNX objects: ``(error, out)``, Variable updates written
     back to the caller's objects (in graph and tree mode alike: object mode writes values,

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import jax
 
 from varjax.ir import errors
+from varjax.ir.typing import Node, StateLike
 from varjax.nnx.config import resolve
 from varjax.nnx.pytree import Pytree, flatten_node, in_order, is_node
 from varjax.nnx.rng_variables import plain_type
@@ -36,7 +37,7 @@ __all__ = ["GraphDef", "NodeDef", "NodeRef", "LeafDef", "ApplyCaller", "RefMap",
 Path = tuple
 
 
-def is_graph_node(x: Any) -> bool:
+def is_graph_node(x: object) -> bool:
     """An object with identity in NNX's graph: an NNX object, ``Rngs`` or a stream (plain
     containers are values, walked again wherever they are met)."""
     return isinstance(x, (Pytree, Rngs, RngStream))
@@ -70,7 +71,7 @@ class NodeDef:
     type: type
     index: int | None
     outer_index: int | None
-    treedef: Any
+    treedef: jax.tree_util.PyTreeDef
     keys: tuple
     children: tuple[tuple[Any, Any], ...]
 
@@ -82,13 +83,14 @@ class GraphDef:
     leaves' paths (walk order).  Hashable and a static pytree, so it can be a static
     argument and a function's output under ``jax.jit``."""
 
-    root: Any
+    root: NodeDef | LeafDef | NodeRef
     paths: tuple[Path, ...]
 
-    def merge(self, *states: Any) -> Any:
+    def merge(self, *states: StateLike | Variable) -> Node:
         return build_from_states(self, states)
 
-    def apply(self, state: Any, *states: Any, graph: bool | None = None) -> "ApplyCaller":
+    def apply(self, state: StateLike | Variable, *states: StateLike | Variable,
+              graph: bool | None = None) -> "ApplyCaller":
         """A caller of the object merged from the states: ``g.apply(s)(x)`` calls it,
         ``g.apply(s).method(x)`` a method, and each returns ``(out, (graphdef, state))``
         with the object's structure and state after the call: a pure function of state."""
@@ -124,10 +126,10 @@ class RefMap:
         self._index: dict[int, int] = {}
         self._objects: list[Any] = []
 
-    def get(self, x: Any) -> int | None:
+    def get(self, x: Node) -> int | None:
         return self._index.get(id(x))
 
-    def add(self, x: Any) -> int:
+    def add(self, x: Node) -> int:
         self._index[id(x)] = len(self._objects)
         self._objects.append(x)
         return self._index[id(x)]
@@ -159,7 +161,7 @@ def duplicate(x: Any, before: Path, path: Path) -> None:
         fix="pass graph=True (or nnx.set_graph_mode(True)), or give each place its own object")
 
 
-def flatten_graph(node: Any, graph: bool | None = None, *, refs: RefMap | None = None,
+def flatten_graph(node: Node, graph: bool | None = None, *, refs: RefMap | None = None,
                   outer: dict[int, int] | None = None) -> tuple[GraphDef, list[tuple[Path, Any]]]:
     """``node``'s ``GraphDef`` and its ``(path, leaf)`` pairs in flax.nnx's walk order.
     Graph mode numbers objects and Variables in ``refs`` (shared with earlier walks when
@@ -206,7 +208,7 @@ def flatten_graph(node: Any, graph: bool | None = None, *, refs: RefMap | None =
 
 def build(g: GraphDef, value_at: Callable[[Path], Any], *, copy: bool = False,
           recreate: bool = True, built: dict[int, Any] | None = None,
-          outer: dict[int, Any] | None = None) -> Any:
+          outer: dict[int, Any] | None = None) -> Node:
     """The object ``g`` describes, ``value_at(path)`` at each leaf (a copy of a Variable
     with ``copy``; a plain value where a Variable was made one again with ``recreate``).
     ``built`` (``{index: object}``, shared with earlier builds when given) resolves
@@ -254,7 +256,7 @@ def build(g: GraphDef, value_at: Callable[[Path], Any], *, copy: bool = False,
     return build_(g.root)
 
 
-def build_from_states(g: GraphDef, states: tuple, **options: Any) -> Any:
+def build_from_states(g: GraphDef, states: tuple, **options: Any) -> Node:
     """``build`` with the leaves of ``states`` (``State``s or mappings, later ones winning
     at a path); a leaf none gives is a ``MissingVariableError``."""
     flat: dict[Path, Any] = {}
@@ -269,13 +271,13 @@ def build_from_states(g: GraphDef, states: tuple, **options: Any) -> Any:
     return build(g, flat.__getitem__, **options)
 
 
-def nested(flat: dict[Path, Any]) -> Any:
+def nested(flat: dict[Path, Any]) -> State | Variable:
     """The state of ``{path: leaf}`` pairs; of a bare Variable split alone (its path
     ``()``), the Variable itself, as flax.nnx gives it."""
     return flat[()] if () in flat else State.from_flat(flat)
 
 
-def flat_of(state: Any) -> dict[Path, Any]:
+def flat_of(state: StateLike | Variable) -> dict[Path, Any]:
     """``{path: leaf}`` of a ``State``, a mapping, or a bare Variable (path ``()``)."""
     if isinstance(state, Variable):
         return {(): state}

@@ -22,12 +22,23 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Annotated, Any, Iterator, MutableMapping, MutableSequence, TypeVar
+from typing import (
+    Annotated,
+    Any,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    MutableSequence,
+    TypeVar,
+)
 
 import jax
 import numpy as np
 
 from varjax.ir import errors
+from varjax.ir.typing import PyTree
 from varjax.nnx.rng_variables import stream_children
 from varjax.objects.graph import structure_changed
 from varjax.trace.rngs import Rngs, RngStream
@@ -61,14 +72,14 @@ class _Marked:
         self.value, self.data = value, data
 
 
-def data(value: Any = _MISSING, /, **field: Any) -> Any:
+def data(value: A = _MISSING, /, **field: Any) -> A:
     """Marks ``value`` as data for the attribute it is assigned to (a pytree child).
     Without a value, a ``dataclasses.field(**field)`` marking a class attribute (in an
     ``nnx.dataclass``) data for every instance, as in flax.nnx."""
     return _mark(value, True, field)
 
 
-def static(value: Any = _MISSING, /, **field: Any) -> Any:
+def static(value: A = _MISSING, /, **field: Any) -> A:
     """Marks ``value`` as static for the attribute it is assigned to (part of the treedef);
     without a value, a dataclass field marking the class attribute static."""
     return _mark(value, False, field)
@@ -96,14 +107,14 @@ def register_data_type(type_: T, /) -> T:
     return type_
 
 
-def is_data(x: Any, /) -> bool:
+def is_data(x: object, /) -> bool:
     """Whether ``x`` is data by its type: a Variable, an NNX object, RNG state, an array,
     or a registered data type."""
     return (isinstance(x, (Variable, Pytree, Rngs, RngStream, jax.Array, np.ndarray))
             or type(x) in _DATA_TYPES)
 
 
-def has_data(value: Any, /) -> list[Any]:
+def has_data(value: PyTree, /) -> list[Any]:
     """The data values inside ``value`` (a pytree), each once: what makes it data."""
     seen: set[int] = set()
 
@@ -114,7 +125,7 @@ def has_data(value: Any, /) -> list[Any]:
     return [leaf for leaf in jax.tree.leaves(value, is_leaf=stop) if is_data(leaf)]
 
 
-def check_pytree(pytree: Any) -> None:
+def check_pytree(pytree: Pytree) -> None:
     """Checks every attribute of ``pytree`` as assignment does: a static attribute holding
     data (put there bypassing ``__setattr__``) is a ``StaticDataError``."""
     if not isinstance(pytree, Pytree):
@@ -125,7 +136,7 @@ def check_pytree(pytree: Any) -> None:
         _check_static(pytree, name, value)
 
 
-def dataclass(cls: type | None = None, /, **options: Any) -> Any:
+def dataclass(cls: T | None = None, /, **options: Any) -> T | Callable[[T], T]:
     """``dataclasses.dataclass`` for an NNX object (its repr left to the object), whose
     fields take ``nnx.data()``/``nnx.static()``; a field's value is classified on
     assignment in the generated ``__init__``, as any attribute is."""
@@ -295,7 +306,7 @@ class _Container(Pytree):
 class List(_Container, MutableSequence):
     """A list of layers (or values) that is a pytree: its data elements are children."""
 
-    def __init__(self, items: Any = ()):
+    def __init__(self, items: Iterable[Any] = ()):
         pairs = [self._classify(i, v) for i, v in enumerate(items)]
         self.__dict__.update(_list=[v for v, _ in pairs], _data=[d for _, d in pairs])
 
@@ -320,7 +331,7 @@ class List(_Container, MutableSequence):
     def __len__(self) -> int:
         return len(self._list)
 
-    def insert(self, i: int, value: Any) -> None:
+    def insert(self, i: int, value: object) -> None:
         value, data_ = self._classify(i, value)
         self._list.insert(i, value)
         self._data.insert(i, data_)
@@ -333,7 +344,8 @@ class List(_Container, MutableSequence):
 class Dict(_Container, MutableMapping):
     """A mapping of layers (or values) that is a pytree, children in key order."""
 
-    def __init__(self, items: Any = (), /, **kwargs: Any):
+    def __init__(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), /,
+                 **kwargs: Any):
         self.__dict__.update(_dict={}, _data=set())
         for k, v in dict(items, **kwargs).items():
             self[k] = v

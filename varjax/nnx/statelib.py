@@ -8,11 +8,12 @@ what ``jax.jit`` takes where NNX code passes one.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, MutableMapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 
 import jax
 
 from varjax.ir import errors
+from varjax.ir.typing import Filter, Key, PathParts, PureDict, StateLike
 from varjax.nnx.filterlib import to_predicate
 from varjax.objects.graph import structure_changed
 from varjax.trace.variable import Variable
@@ -23,7 +24,7 @@ __all__ = ["State", "FlatState"]
 class State(MutableMapping):
     """A nested mapping of an object's leaves (module docstring)."""
 
-    def __init__(self, mapping: Any = (), /):
+    def __init__(self, mapping: StateLike | Iterable[tuple[Key, Any]] = (), /):
         self.__dict__["_mapping"] = {k: State(v) if _nested(v) else v
                                      for k, v in dict(mapping).items()}
 
@@ -53,7 +54,7 @@ class State(MutableMapping):
         return {k: v.to_pure_dict() if isinstance(v, State) else
                 (v.value if isinstance(v, Variable) else v) for k, v in self._mapping.items()}
 
-    def replace_by_pure_dict(self, pure: Any) -> None:
+    def replace_by_pure_dict(self, pure: PureDict) -> None:
         """Puts the values of ``pure`` (``to_pure_dict``'s layout) in place: into the
         Variables, else as the leaves."""
         for k, v in dict(pure).items():
@@ -71,7 +72,8 @@ class State(MutableMapping):
         return FlatState(self.flat().items(), sort=True)
 
     @classmethod
-    def from_flat_path(cls, flat: Any, /) -> "State":
+    def from_flat_path(cls, flat: Mapping[PathParts, Any] | Iterable[tuple[PathParts, Any]],
+                       /) -> "State":
         """The state of ``{path: leaf}`` or of ``(path, leaf)`` pairs (``nnx.from_flat_state``)."""
         return cls.from_flat(dict(flat))
 
@@ -79,21 +81,21 @@ class State(MutableMapping):
         """A new state of ``f(path, leaf)`` for each leaf (``nnx.map_state``)."""
         return State.from_flat({p: f(p, v) for p, v in self.flat_state()})
 
-    def split(self, first: Any, /, *filters: Any) -> Any:
+    def split(self, first: Filter, /, *filters: Filter) -> "State | tuple[State, ...]":
         """One state per filter, a leaf in the first that matches; a leaf none matches is
         an error (``nnx.split_state``)."""
         parts = self.flat_state().split(first, *filters)
         return parts.to_nested_state() if isinstance(parts, FlatState) else tuple(
             p.to_nested_state() for p in parts)
 
-    def filter(self, first: Any, /, *filters: Any) -> Any:
+    def filter(self, first: Filter, /, *filters: Filter) -> "State | tuple[State, ...]":
         """As ``split``, leaving out the leaves no filter matches (``nnx.filter_state``)."""
         parts = self.flat_state().filter(first, *filters)
         return parts.to_nested_state() if isinstance(parts, FlatState) else tuple(
             p.to_nested_state() for p in parts)
 
     @classmethod
-    def merge(cls, state: Any, /, *states: Any) -> "State":
+    def merge(cls, state: StateLike, /, *states: StateLike) -> "State":
         """One state of the leaves of all, a later state's leaf replacing an earlier one's
         at the same path (``nnx.merge_state``).  One state alone is returned as it is."""
         if not states:
@@ -174,7 +176,8 @@ class FlatState(Sequence):
     def to_nested_state(self) -> State:
         return State.from_flat(dict(self))
 
-    def split(self, first: Any, /, *filters: Any) -> Any:
+    def split(self, first: Filter, /, *filters: Filter
+              ) -> "FlatState | tuple[FlatState, ...]":
         """One ``FlatState`` per filter; a leaf no filter matches is an error."""
         *parts, rest = _partition(self, (first, *filters))
         if rest:
@@ -185,7 +188,8 @@ class FlatState(Sequence):
                 fix="add a last filter ... to collect the rest")
         return parts[0] if len(parts) == 1 else tuple(parts)
 
-    def filter(self, first: Any, /, *filters: Any) -> Any:
+    def filter(self, first: Filter, /, *filters: Filter
+               ) -> "FlatState | tuple[FlatState, ...]":
         """One ``FlatState`` per filter; the leaves no filter matches are left out."""
         *parts, _ = _partition(self, (first, *filters))
         return parts[0] if len(parts) == 1 else tuple(parts)

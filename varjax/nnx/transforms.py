@@ -38,6 +38,7 @@ import numpy as np
 
 from varjax.ir import errors
 from varjax.ir.caches import LRU
+from varjax.ir.typing import AxisName, Filter, Passes, ShardingLike
 from varjax.nnx.config import resolve
 from varjax.nnx.graph import merge, split, state
 from varjax.nnx.graph_updates import carrying, finish
@@ -81,12 +82,14 @@ register_mutable(Pytree, _structure, private_containers)
 register_mutable(State, lambda _: [], _mapping)
 
 
-def jit(fun: Callable | None = None, *, in_shardings: Any = None, out_shardings: Any = None,
-        static_argnums: int | Sequence[int] | None = None, static_argnames: Any = None,
-        donate_argnums: int | Sequence[int] | None = None, donate_argnames: Any = None,
-        keep_unused: bool = False, device: Any = None, backend: Any = None,
-        inline: bool = False, graph: bool | None = None, graph_updates: bool | None = None,
-        passes: Any = ()) -> Any:
+def jit(fun: Callable | None = None, *, in_shardings: ShardingLike = None,
+        out_shardings: ShardingLike = None, static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
+        device: jax.Device | None = None, backend: str | None = None, inline: bool = False,
+        graph: bool | None = None, graph_updates: bool | None = None,
+        passes: Passes = ()) -> Callable[..., Any]:
     """``jax.jit`` over NNX objects: Variable updates come back to the caller's objects.
     ``passes`` (beyond flax.nnx: pass instances or pipeline strings) run on the step's IR,
     every Variable of its objects a variable of it, as ``apply(passes=...)`` runs them on a
@@ -123,7 +126,7 @@ class DiffState:
     """Differentiate argument ``argnum`` with respect to what ``filter`` selects."""
 
     argnum: int
-    filter: Any
+    filter: Filter
 
 
 def _diff_states(argnums: Any, updates: bool) -> tuple[tuple[DiffState, ...], bool]:
@@ -224,10 +227,11 @@ def _shared_as(args: Sequence[Any], grads: Any, diffs: Sequence[DiffState], many
     return tuple(shared(args[d.argnum], g) for d, g in zip(diffs, grads))
 
 
-def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
-                   holomorphic: bool = False, allow_int: bool = False, reduce_axes: Any = (),
-                   graph: bool | None = None, graph_updates: bool | None = None,
-                   passes: Any = ()) -> Any:
+def value_and_grad(f: Callable | None = None, *,
+                   argnums: int | DiffState | Sequence[int | DiffState] = 0,
+                   has_aux: bool = False, holomorphic: bool = False, allow_int: bool = False,
+                   reduce_axes: Sequence[AxisName] = (), graph: bool | None = None,
+                   graph_updates: bool | None = None, passes: Passes = ()) -> Callable[..., Any]:
     """``jax.value_and_grad`` over NNX objects: a module argument's gradient is the ``State``
     of its ``nnx.Param``s (or of a ``DiffState``'s filter); the rest of its Variables keep
     the updates the function made.  ``passes`` (beyond flax.nnx, as ``jit``'s) run on the
@@ -275,10 +279,10 @@ def value_and_grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool
     return as_decorator(f, build)
 
 
-def grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
-         holomorphic: bool = False, allow_int: bool = False, reduce_axes: Any = (),
-         graph: bool | None = None, graph_updates: bool | None = None,
-         passes: Any = ()) -> Any:
+def grad(f: Callable | None = None, *, argnums: int | DiffState | Sequence[int | DiffState] = 0,
+         has_aux: bool = False, holomorphic: bool = False, allow_int: bool = False,
+         reduce_axes: Sequence[AxisName] = (), graph: bool | None = None,
+         graph_updates: bool | None = None, passes: Passes = ()) -> Callable[..., Any]:
     """``value_and_grad`` without the value (with ``has_aux``: ``(grads, aux)``)."""
     def build(fn: Callable) -> Callable:
         vg = value_and_grad(fn, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic,
@@ -296,7 +300,7 @@ def grad(f: Callable | None = None, *, argnums: Any = 0, has_aux: bool = False,
 def remat(f: Callable | None = None, *, prevent_cse: bool = True,
           static_argnums: int | Sequence[int] = (), policy: Callable | None = None,
           graph: bool | None = None, graph_updates: bool | None = None,
-          passes: Any = ()) -> Any:
+          passes: Passes = ()) -> Callable[..., Any]:
     """``jax.checkpoint`` over NNX objects (graph updates and ``passes`` as ``jit``'s)."""
     modes = resolve(graph, graph_updates)
 

@@ -39,7 +39,7 @@ import contextvars
 import dataclasses
 import functools
 import operator
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol
 
 import jax
 
@@ -47,6 +47,7 @@ from varjax import _jax
 from varjax.ir import axis_metadata, errors
 from varjax.ir.primitives import Key, Path, is_internal
 from varjax.ir.statics import Exact
+from varjax.ir.typing import PyTree
 from varjax.trace import raw_writes
 from varjax.trace.context import TraceContext, active, current, site
 from varjax.trace.raw_writes import pending
@@ -177,6 +178,15 @@ def boxed(value: Any, metadata: Mapping[str, Any]) -> Any:
     return value
 
 
+class VariableStore(Protocol):
+    """What holds the variables a ``Variable.backed`` view reads outside any trace (the
+    root of a module made by ``bind``)."""
+
+    def read(self, collection: str, path: Path) -> Any:
+        """The value of variable ``path`` of ``collection``."""
+        ...
+
+
 class Variable:
     """A variable: ``.value`` reads it, ``.value = x`` writes it (see the module docstring).
 
@@ -205,7 +215,7 @@ class Variable:
         _register(cls, collection)
         jax.tree_util.register_pytree_node(cls, _flatten, functools.partial(_unflatten, cls))
 
-    def __init__(self, value: Any, *, collection: str | None = None, **metadata: Any):
+    def __init__(self, value: PyTree, *, collection: str | None = None, **metadata: Any):
         own = collection_of(type(self))
         if own is not None and collection not in (None, own):
             raise errors.InvalidVariablesError(
@@ -243,7 +253,7 @@ class Variable:
 
     @classmethod
     def at(cls, collection: str, path: Path, metadata: Mapping[str, Any] | None = None,
-           origin: Any = None, unbox: bool = False) -> "Variable":
+           origin: TraceContext | None = None, unbox: bool = False) -> "Variable":
         """A handle on variable ``path`` of ``collection`` in the active trace (``origin``:
         the trace it must be used under, ``None`` for whichever is active)."""
         handle = object.__new__(cls)
@@ -254,7 +264,8 @@ class Variable:
         return handle
 
     @classmethod
-    def backed(cls, store: Any, collection: str, path: Path, unbox: bool = False) -> "Variable":
+    def backed(cls, store: VariableStore, collection: str, path: Path,
+               unbox: bool = False) -> "Variable":
         """A read-only view of variable ``path`` of ``collection`` held by ``store`` (an
         object with ``read(collection, path)``: the root of a module made by ``bind``, whose
         ``Module.variable`` returns one outside any trace)."""
