@@ -405,3 +405,28 @@ def test_shard_map_state_sharding_nested_in_specs_matches_flax():
     _same_state(ours, theirs)
     _same_state(made, fmade)
     assert type(made) is nnx.Linear
+
+
+# --- fori_loop: carry objects moved by the body --------------------------------------------
+
+def _swapping(lib):
+    class Cell(lib.Module):
+        def __init__(self, v):
+            self.v = lib.BatchStat(jnp.array(v))
+
+    def body(i, c):
+        p, q = c
+        p.v[...] = p.v[...] * 10 + i
+        return q, p
+    return Cell(1.0), Cell(2.0), body
+
+
+def test_fori_loop_moving_carry_objects_stays_refused_as_flax_places_them_per_one_step():
+    """After 4 swaps Python's loop gives (p, q) with p.v == 102; flax.nnx gives q first, its
+    objects placed by one step's output, holding the values of those places."""
+    p, q, body = _swapping(flax_nnx)
+    out = flax_nnx.fori_loop(0, 4, body, (p, q))
+    assert out[0] is q and float(p.v[...]) == 213.0 and float(q.v[...]) == 102.0
+    p, q, body = _swapping(nnx)
+    with pytest.raises(errors.NotProvidedError, match="whatever the number of steps"):
+        fori_loop(0, 4, body, (p, q))

@@ -9,7 +9,8 @@ statistics, a counter), as flax.nnx writes them.  With graph updates (the defaul
   module, and an operand's object a branch returns is the caller's own (``graph_updates``);
 * a loop returns its carry with the caller's objects in it (flax.nnx does), when the body
   returns each carry object in the place it came in; a body that moves them is refused
-  (``while_loop``: flax.nnx refuses it too; ``fori_loop``: flax.nnx follows them, not built);
+  (``while_loop``: flax.nnx refuses it too; ``fori_loop``: flax.nnx puts the objects where
+  one step's output puts them, whatever the trip count, not built);
   a structural change in a loop body is a ``TransformError``, as flax.nnx refuses it too.
 
 With ``graph_updates=False`` (or ``graph=False``) a branch carries Variable values only
@@ -72,8 +73,11 @@ def _moved_while() -> None:
 
 def _moved_fori() -> None:
     not_provided("a nnx.fori_loop body returning carry objects in other places",
-                 "flax.nnx follows each object to the place it ends in; varjax.nnx returns "
-                 "the caller's objects only where they stay in place.",
+                 "flax.nnx 0.12.8 puts the caller's objects where one step's output puts "
+                 "them, whatever the number of steps, each holding the values of that place "
+                 "(after an even number of swaps, each holds the other's); varjax.nnx does "
+                 "not copy that, and returns the caller's objects only where they stay in "
+                 "place.",
                  "return each carry object in the place it came in; swap Variable values "
                  "instead", by="varjax.nnx")
 
