@@ -94,13 +94,14 @@ class _Pure:
 
     def flat(self, graph: Graph, make: Callable[[Callable], Callable]) -> Callable:
         """A call ``args -> out`` for a graph kept by ``ArgumentGraphs``, writing back:
-        ``make`` of ``pure`` taking the object arguments (nodes, or containers of nodes such
-        as an NNX module) as two flat lists, at the first object argument's position: the
-        values of their held Variables, read in one call (``HeldValues``), and the pytree
-        children of their other leaves (``Rngs``, an array attribute), read from the nodes
-        without walking the arguments.  The objects' static parts key that function once
-        per graph, instead of JAX hashing them on every call, and it returns the
-        ``Result``'s fields as a tuple (JAX unflattens a tuple faster than a dataclass)."""
+        ``make`` of ``pure`` taking each object argument (a node, or a container of nodes
+        such as an NNX module) as two flat lists at its position (so ``donate_argnums``
+        means what it says): the values of its held Variables, all arguments' read in one
+        call (``HeldValues``), and the pytree children of its other leaves (``Rngs``, an
+        array attribute), read from the nodes without walking the arguments.  The objects'
+        static parts key that function once per graph, instead of JAX hashing them on every
+        call, and it returns the ``Result``'s fields as a tuple (JAX unflattens a tuple
+        faster than a dataclass)."""
         positions = graph.node_args
         per_arg: dict[int, list[Any]] = {i: [] for i in positions}
         places = iter(graph.places)
@@ -110,18 +111,22 @@ class _Pure:
                 per_arg[int(path[1])].append((leaf, node))
         variables: list[Any] = []
         others: list[Callable[[], tuple]] = []
-        sources: list[tuple[bool, int, int]] = []    # per leaf: (held, start, stop)
+        sources: list[tuple[tuple[bool, int, int], ...]] = []    # per argument, per leaf
+        spans: list[tuple[int, int, int, int, int]] = []    # per argument: where its values are
         size = 0    # of the other leaves' children
         for i in positions:
+            v0, c0, mine = len(variables), size, []
             for leaf, n in per_arg[i]:
                 if n is not None and isinstance(n.kind, VariableKind):
-                    sources.append((True, len(variables), 0))
+                    mine.append((True, len(variables) - v0, 0))
                     variables.append(n.obj)
                 else:
                     reader = n.kind.reader(n.obj) if n is not None else _constant(leaf)
-                    sources.append((False, size, size + len(reader())))
+                    mine.append((False, size - c0, size - c0 + len(reader())))
                     others.append(reader)
                     size += len(reader())
+            sources.append(tuple(mine))
+            spans.append((i, v0, len(variables), c0, size))
         held = HeldValues.of(variables)
         read_held = held.read if held is not None else lambda: [v.value for v in variables]
         arg_defs = graph.treedef.children()[0].children()   # (args, kwargs): nodes as leaves
@@ -133,11 +138,11 @@ class _Pure:
         if jitted is None:
             def pure(*flat_args: Any) -> tuple:
                 args = list(flat_args)
-                values, children = args[positions[0]] if positions else ((), ())
-                leaves = iter([(values[a],) if is_held else tuple(children[a:b])
-                               for is_held, a, b in sources])
-                for i, (outer, inner) in zip(positions, defs):
-                    args[i] = outer.unflatten([d.unflatten(next(leaves)) for d in inner])
+                for i, (outer, inner), mine in zip(positions, defs, sources):
+                    values, children = args[i]
+                    args[i] = outer.unflatten([
+                        d.unflatten((values[a],) if is_held else tuple(children[a:b]))
+                        for d, (is_held, a, b) in zip(inner, mine)])
                 args, _ = dealias(tuple(args), {}, layout.places)
                 out, result = run(self.fn, args, {}, graph=_copies(layout, args, {}),
                                   shared=shared, passes=self.passes)
@@ -146,14 +151,13 @@ class _Pure:
                 return out, result.updates, created, result.captured
             functools.update_wrapper(pure, self.fn)
             jitted = self._made[key] = make(pure)
-        first, rest = positions[:1], positions[1:]
 
         def call(args: tuple) -> Any:
             flat_args = list(args)
-            for i in first:
-                flat_args[i] = (read_held(), [c for read in others for c in read()])
-            for i in rest:
-                flat_args[i] = None
+            values = read_held()
+            children = [c for read in others for c in read()] if others else []
+            for i, v0, v1, c0, c1 in spans:
+                flat_args[i] = (values[v0:v1], children[c0:c1])
             out, updates, created, _ = jitted(*flat_args)
             graph.write_back(updates, created)
             return out
