@@ -430,3 +430,16 @@ def test_fori_loop_moving_carry_objects_stays_refused_as_flax_places_them_per_on
     p, q, body = _swapping(nnx)
     with pytest.raises(errors.NotProvidedError, match="whatever the number of steps"):
         fori_loop(0, 4, body, (p, q))
+
+
+def test_vmap_returning_an_argument_at_a_state_axes_output_gives_the_callers_object():
+    """With graph updates, as flax.nnx; without them the aliasing is refused, as flax.nnx
+    refuses it."""
+    outs = []
+    for lib in (nnx, flax_nnx):
+        stack = _ensemble(lib, 0)
+        vmap_ = vmap if lib is nnx else flax_nnx.vmap
+        outs.append((vmap_(lambda m: m, out_axes=lib.StateAxes({...: 0}))(stack), stack))
+    assert all(out is stack for out, stack in outs)
+    with pytest.raises(errors.InconsistentAliasError, match="cannot be an output"):
+        vmap(lambda m: m, out_axes=nnx.StateAxes({...: 0}), graph_updates=False)(outs[0][1])

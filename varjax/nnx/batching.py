@@ -95,7 +95,7 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "vmap")
-        named = with_partition("vmap", split_outputs(fn, out_axes), transform_metadata,
+        named = with_partition("vmap", split_outputs(fn, out_axes, modes[1]), transform_metadata,
                                in_axes, stacked)
         mapped = None if by_state else objects.vmap(
             carrying(named, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
@@ -119,6 +119,6 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
             if by_state:
                 on_objects_only("vmap", args, in_axes)
             out = finish(args, {}, *(by_states(args) if by_state else mapped(*args)))
-            return joined(out_axes, out)
+            return joined(out_axes, out, args)
         return call
     return as_decorator(f, build)

@@ -19,6 +19,7 @@ import jax
 
 from varjax.nnx.graph import merge, split
 from varjax.nnx.state_axes import StateAxes
+from varjax.nnx.transform_checks import objects_in
 
 __all__ = ["split_outputs", "out_prefix", "joined"]
 
@@ -41,20 +42,35 @@ def _by_state(out_axes: Any) -> bool:
     return any(isinstance(e, StateAxes) for e in jax.tree.leaves(out_axes, is_leaf=_is_entry))
 
 
-def split_outputs(fn: Callable, out_axes: Any) -> Callable:
+@dataclasses.dataclass(frozen=True)
+class _Given:
+    """In place of a ``GraphDef``: the output is the argument object at ``index`` of
+    ``objects_in(args)``, given back to the caller as its own (graph updates)."""
+
+    index: int
+
+
+def split_outputs(fn: Callable, out_axes: Any, updates: bool) -> Callable:
     """``fn`` returning, at each ``StateAxes`` entry, ``(GraphDef, states)``: the module
-    there split by the entry's filters (``fn`` itself when ``out_axes`` has none)."""
+    there split by the entry's filters (``fn`` itself when ``out_axes`` has none).  An
+    argument's object there is not split: with graph updates it comes back as ``_Given``
+    (and no states), so ``joined`` returns the caller's object, as flax.nnx does; without
+    them it is left for ``graph_updates.carrying`` to refuse."""
     if not _by_state(out_axes):
         return fn
 
-    def part(entry: Any, out: Any) -> Any:
-        if not isinstance(entry, StateAxes):
-            return out
-        graphdef, *states = split(out, *entry.filters)
-        return _Static(graphdef), tuple(states)
-
     @functools.wraps(fn)
     def parts(*args: Any, **kwargs: Any) -> Any:
+        given = {id(x): j for j, x in enumerate(objects_in(args))}
+
+        def part(entry: Any, out: Any) -> Any:
+            if not isinstance(entry, StateAxes):
+                return out
+            if id(out) in given:
+                return (_Static(_Given(given[id(out)])), ((),) * len(entry.axes)) \
+                    if updates else out
+            graphdef, *states = split(out, *entry.filters)
+            return _Static(graphdef), tuple(states)
         return jax.tree.map(part, out_axes, fn(*args, **kwargs), is_leaf=_is_entry)
     return parts
 
@@ -66,9 +82,16 @@ def out_prefix(out_axes: Any) -> Any:
                         out_axes, is_leaf=_is_entry)
 
 
-def joined(out_axes: Any, out: Any) -> Any:
-    """``out`` with each module split by ``split_outputs`` merged back."""
+def joined(out_axes: Any, out: Any, args: tuple) -> Any:
+    """``out`` with each module split by ``split_outputs`` merged back, and each argument's
+    object there the caller's own (of ``args``)."""
     if not _by_state(out_axes):
         return out
-    return jax.tree.map(lambda e, o: merge(o[0].graphdef, *o[1]) if isinstance(e, StateAxes)
-                        else o, out_axes, out, is_leaf=_is_entry)
+
+    def one(entry: Any, o: Any) -> Any:
+        if not isinstance(entry, StateAxes):
+            return o
+        if isinstance(o[0].graphdef, _Given):
+            return objects_in(args)[o[0].graphdef.index]
+        return merge(o[0].graphdef, *o[1])
+    return jax.tree.map(one, out_axes, out, is_leaf=_is_entry)
