@@ -388,13 +388,15 @@ class Dict(_Container, MutableMapping):
 def private_containers(obj: Pytree) -> list[Any]:
     """The containers inside ``obj`` that only this module's code changes, each change
     followed by ``structure_changed``: its set of data names, and a ``List``'s or
-    ``Dict``'s elements and their classification.  A kept graph compares them only after
-    such a change (``varjax.objects.graph.register_mutable``); ``obj.__dict__`` itself,
-    which ``object.__setattr__`` writes without this code, is compared on every call."""
+    ``Dict``'s elements, their classification and its attributes (all private to it).  A
+    kept graph compares them only after such a change
+    (``varjax.objects.graph.register_mutable``); a module's ``__dict__``, whose public
+    attributes ``object.__setattr__`` writes without this code, is compared on every call."""
     attributes = obj.__dict__
     found = [attributes[_DATA_NAMES]] if _DATA_NAMES in attributes else []
     if isinstance(obj, _Container):
-        found += [attributes[k] for k in ("_list", "_dict", "_data") if k in attributes]
+        found += [attributes, *(attributes[k] for k in ("_list", "_dict", "_data")
+                                if k in attributes)]
     return found
 
 

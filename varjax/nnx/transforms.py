@@ -68,8 +68,9 @@ def _structure(obj: Any) -> list[Any]:
     modules."""
     attributes = vars(obj)
     private = set(map(id, private_containers(obj)))
-    return [attributes, *(v for v in attributes.values()
-                          if type(v) in (dict, list, set) and id(v) not in private)]
+    return [c for c in (attributes, *(v for v in attributes.values()
+                                      if type(v) in (dict, list, set)))
+            if id(c) not in private]
 
 
 def _mapping(state: State) -> list[Any]:
