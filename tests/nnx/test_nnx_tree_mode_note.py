@@ -24,10 +24,11 @@ Every code block of the note, in order, and where it runs:
    syntax error as written; the assignment runs).
 12. and 13. ``nnx.custom_vjp``, previous and new code: ``tests/nnx/test_nnx_differentiation.py``
    (``test_note_previous_custom_vjp_...``, ``test_note_new_custom_vjp_...``).
-14. ``transform_metadata``, old code (``nnx.vmap(..., transform_metadata=...)``): not built in
-   varjax (``NotProvidedError``, ``tests/nnx/test_nnx_control.py``); as written it does not
-   run in flax.nnx 0.12.8 either (``class create_stack`` returning a value is a syntax error,
-   ``split_rngs(8)`` a ``TypeError``: ``splits`` is keyword-only).
+14. ``transform_metadata``, old code (``nnx.vmap(..., transform_metadata=...)``): built,
+   ``tests/nnx/test_nnx_transform_options.py::
+   test_vmap_transform_metadata_adds_the_partition_to_made_variables_as_flax``; as
+   written it does not run in flax.nnx 0.12.8 (``class create_stack`` returning a value is
+   a syntax error, ``split_rngs(8)`` a ``TypeError``: ``splits`` is keyword-only).
 15. ``transform_metadata``, new code: ``tests/nnx/test_nnx_sharding.py::
    test_the_notes_transform_metadata_example_adds_the_partition_as_flax`` (``splits=``).
 16. ``Module.sow``, old code (sow, then ``nnx.pop``): here.
