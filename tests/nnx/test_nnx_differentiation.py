@@ -133,12 +133,8 @@ def test_vjp_follows_set_graph_updates_when_graph_updates_is_not_given():
     _same_state(ours, theirs)
 
 
-def test_vjp_and_jvp_tree_mode_reduce_axes_and_returning_a_module_are_not_provided():
+def test_vjp_reduce_axes_and_returning_a_module_are_not_provided():
     m = _counted(nnx)
-    with pytest.raises(errors.NotProvidedError, match="graph=False"):
-        vjp(_loss, m, X, graph=False)
-    with pytest.raises(errors.NotProvidedError, match="graph=False"):
-        jvp(_loss, (m, X), (m, X), graph=False)
     with pytest.raises(errors.NotProvidedError, match="reduce_axes"):
         vjp(_loss, m, X, reduce_axes=("i",), graph_updates=False)
     with pytest.raises(errors.NotProvidedError, match="returning an object from nnx.vjp"):

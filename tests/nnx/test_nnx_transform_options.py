@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from varjax import errors, nnx
 from varjax.nnx.batching import vmap
 from varjax.nnx.control import fori_loop
-from varjax.nnx.differentiation import vjp
+from varjax.nnx.differentiation import jvp, vjp
 from varjax.nnx.iteration import Carry, scan
 from varjax.nnx.sharding_transforms import pmap
 
@@ -443,3 +443,36 @@ def test_vmap_returning_an_argument_at_a_state_axes_output_gives_the_callers_obj
     assert all(out is stack for out, stack in outs)
     with pytest.raises(errors.InconsistentAliasError, match="cannot be an output"):
         vmap(lambda m: m, out_axes=nnx.StateAxes({...: 0}), graph_updates=False)(outs[0][1])
+
+
+# --- vjp / jvp in tree mode (graph=False) ----------------------------------------------------
+
+def _tree_mode(lib, vjp_, jvp_):
+    m = _model(lib)
+    out, back = vjp_(lambda m, x: m(x).sum(), m, X, graph=False)
+    g_m, g_x = back(jnp.ones(()))
+    def one(a):
+        if jnp.issubdtype(a.dtype, jnp.inexact):
+            return jnp.ones_like(a)
+        return np.zeros(a.shape, jax.dtypes.float0)      # the counter's tangent
+    tangents = (jax.tree.map(one, m), jnp.ones_like(X))
+    y, t = jvp_(lambda m, x: m(x).sum(), (m, X), tangents, graph=False)
+    return m, out, g_m, g_x, y, t
+
+
+def test_vjp_and_jvp_in_tree_mode_match_flax_and_write_updates_back():
+    ours = _tree_mode(nnx, vjp, jvp)
+    theirs = _tree_mode(flax_nnx, flax_nnx.vjp, flax_nnx.jvp)
+    _same_state(ours[0], theirs[0])
+    assert int(ours[0].count[...]) == 2
+    _same_state(ours[2], theirs[2])
+    for a, b in zip(ours[3:] + (ours[1],), theirs[3:] + (theirs[1],)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_tree_mode_vjp_of_a_shared_variable_is_a_value_error_as_flax():
+    for lib, vjp_ in [(nnx, vjp), (flax_nnx, flax_nnx.vjp)]:
+        m = _model(lib)
+        m.again = m.lin.kernel
+        with pytest.raises(ValueError, match="aliasing"):
+            vjp_(lambda m, x: m(x).sum(), m, X, graph=False)

@@ -22,10 +22,11 @@ its Variable reads and writes IR effects, the updates written back to the caller
 objects afterwards (a module passed twice is one object inside).  A module argument's
 tangent or cotangent is a module of the same structure, as flax.nnx returns it.  flax.nnx
 0.12.8 runs them only without graph updates (its default raises ``NotImplementedError``);
-so does varjax.nnx, with the same error.
-``DiffState`` in ``custom_vjp``'s ``nondiff_argnums``, ``symbolic_zeros``, tree-mode
-``jvp``/``vjp`` and ``reduce_axes`` (which JAX no longer has: ``jax.vjp`` raises
-``NotImplementedError`` for it, as flax.nnx does) are refused by name.
+so does varjax.nnx, with the same error.  In tree mode (``graph=False``) they run the same
+way, the primals taken as trees: a Variable reached twice among them is refused, as flax.nnx
+refuses it.  ``DiffState`` in ``custom_vjp``'s ``nondiff_argnums``, ``symbolic_zeros`` and
+``reduce_axes`` (which JAX no longer has: ``jax.vjp`` raises ``NotImplementedError`` for
+it, as flax.nnx does) are refused by name.
 """
 from __future__ import annotations
 
@@ -56,16 +57,32 @@ from varjax.trace.variable import Variable
 __all__ = ["jvp", "vjp", "custom_vjp"]
 
 
-def _modes(what: str, graph: bool | None, graph_updates: bool | None) -> None:
-    """Our refusal of tree mode, and flax.nnx's of graph updates (the settings of
-    ``nnx.set_graph_mode``/``set_graph_updates`` where the arguments are None)."""
+def _modes(what: str, graph: bool | None, graph_updates: bool | None) -> bool:
+    """Whether the call is in graph mode, after flax.nnx's refusal of graph updates (the
+    settings of ``nnx.set_graph_mode``/``set_graph_updates`` where the arguments are None)."""
     graph, updates = resolve(graph, graph_updates)
-    if not graph:
-        not_provided(f"nnx.{what}(graph=False)", "tree mode is not built yet.",
-                     f"call nnx.{what} with graph_updates=False", by="varjax.nnx")
     if updates:
         raise NotImplementedError(f"graph-mode with graph_updates is not supported for "
                                   f"nnx.{what}. Set graph=False or graph_updates=False.")
+    return graph
+
+
+def _trees_only(what: str, graph: bool, primals: Any) -> None:
+    """Tree mode (``graph=False``) takes the primals as trees: a Variable (or module, or
+    stream) reached twice among them is refused, as flax.nnx refuses it with a
+    ``ValueError``.  Graph mode takes it as one object (object mode's own)."""
+    if graph:
+        return
+    seen: set[int] = set()
+    for x in objects_in(primals):
+        if id(x) in seen:
+            raise errors.InconsistentAliasError(
+                f"nnx.{what}: a {type(x).__name__} is reached twice among the primals; tree "
+                "mode (graph=False) takes trees, without shared references (flax.nnx "
+                "refuses this Variable aliasing too).", **errors.where(),
+                fix="pass each Variable once (nnx.clone() makes a copy), or call it with "
+                    "graph=True, graph_updates=False")
+        seen.add(id(x))
 
 
 def _traced(what: str, f: Callable, primals: tuple, has_aux: bool,
@@ -101,7 +118,7 @@ def vjp(f: Callable | None = None, *primals: Any, has_aux: bool = False,
     ``vjp_fn(g)`` returns one cotangent per primal, a module's a module of cotangents.
     ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run on ``f``'s IR before JAX
     differentiates it."""
-    _modes("vjp", graph, graph_updates)
+    in_graph = _modes("vjp", graph, graph_updates)
     if reduce_axes:
         not_provided("nnx.vjp(reduce_axes=...)", "JAX no longer has this option: jax.vjp "
                      "raises NotImplementedError for it ('deprecated'), and flax.nnx 0.12.8 "
@@ -114,6 +131,7 @@ def vjp(f: Callable | None = None, *primals: Any, has_aux: bool = False,
     if not primals:
         return functools.partial(vjp, f, has_aux=has_aux, graph=graph,
                                  graph_updates=graph_updates, passes=passes)
+    _trees_only("vjp", in_graph, primals)
     fn, graph = _traced("vjp", f, primals, has_aux, passes)
     out, vjp_fn, (aux, result) = jax.vjp(fn, *primals, has_aux=True)
     graph.write_back(result.updates, result.created)
@@ -126,7 +144,7 @@ def jvp(f: Callable | None = None, primals: tuple | None = None,
         ) -> tuple[Any, ...] | Callable[..., Any]:
     """``jax.jvp`` over NNX objects: a module's tangent is a module of tangents;
     ``(out, tangent_out)`` (``(out, tangent_out, aux)``); ``passes`` as ``vjp``'s."""
-    _modes("jvp", graph, graph_updates)
+    in_graph = _modes("jvp", graph, graph_updates)
     if f is None:
         return functools.partial(jvp, has_aux=has_aux, graph=graph, graph_updates=graph_updates,
                                  passes=passes)
@@ -134,6 +152,7 @@ def jvp(f: Callable | None = None, primals: tuple | None = None,
     if primals is None:
         return functools.partial(jvp, f, has_aux=has_aux, graph=graph,
                                  graph_updates=graph_updates, passes=passes)
+    _trees_only("jvp", in_graph, primals)
     fn, graph = _traced("jvp", f, tuple(primals), has_aux, passes)
     out, tangent, (aux, result) = jax.jvp(fn, tuple(primals), tuple(tangents), has_aux=True)
     graph.write_back(result.updates, result.created)
