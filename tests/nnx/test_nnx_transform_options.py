@@ -15,9 +15,10 @@ from jax.sharding import PartitionSpec as P
 from varjax import errors, nnx
 from varjax.nnx.batching import vmap
 from varjax.nnx.control import fori_loop
-from varjax.nnx.differentiation import jvp, vjp
+from varjax.nnx.differentiation import custom_vjp, jvp, vjp
 from varjax.nnx.iteration import Carry, scan
 from varjax.nnx.sharding_transforms import pmap
+from varjax.nnx.transforms import grad
 
 X = jnp.arange(6.0).reshape(3, 2) / 7
 
@@ -476,3 +477,56 @@ def test_tree_mode_vjp_of_a_shared_variable_is_a_value_error_as_flax():
         m.again = m.lin.kernel
         with pytest.raises(ValueError, match="aliasing"):
             vjp_(lambda m, x: m(x).sum(), m, X, graph=False)
+
+
+# --- custom_vjp(nondiff_argnums=(DiffState(...),)) ----------------------------------------
+
+def _sin_x_times_y(lib, keep_y=False):
+    """flax.nnx's docstring example: only ``x`` is differentiable."""
+    class Foo(lib.Module):
+        def __init__(self):
+            self.x, self.y = lib.Param(jnp.array(1.0)), lib.Param(jnp.array(2.0))
+    only_x = lib.PathContains("x")
+    seen = []
+
+    @(custom_vjp if lib is nnx else flax_nnx.custom_vjp)(
+        nondiff_argnums=(lib.DiffState(0, only_x),))
+    def f(m):
+        return jnp.sin(m.x[...]) * m.y[...]
+
+    def f_bwd(res, g):
+        (m_updates_g,), out_g = g
+        seen.append(sorted(lib.to_pure_dict(m_updates_g)))
+        cos_x, m = res
+        m_g = jax.tree.map(lambda x: x, m_updates_g)
+        m_g.x[...] = cos_x * out_g * m.y[...]
+        if not keep_y:
+            del m_g["y"]
+        return (m_g,)
+    f.defvjp(lambda m: (f(m), (jnp.cos(m.x[...]), m)), f_bwd)
+    return f, Foo(), lib.DiffState(0, only_x), seen
+
+
+def test_custom_vjp_diffstate_differentiates_only_its_filter_as_flax():
+    grads = []
+    for lib in (nnx, flax_nnx):
+        f, m, diff, seen = _sin_x_times_y(lib)
+        grads.append(lib.to_pure_dict(lib.grad(f, argnums=diff)(m)))
+        assert seen == [["x", "y"]]            # input_updates_g has the whole state
+    assert list(grads[0]) == list(grads[1]) == ["x"]
+    np.testing.assert_allclose(grads[0]["x"], grads[1]["x"], rtol=1e-6)
+
+
+def test_custom_vjp_diffstate_bwd_returning_a_left_out_variable_is_an_error_as_flax():
+    f, m, diff, _ = _sin_x_times_y(nnx, keep_y=True)
+    with pytest.raises(errors.TransformError, match="DiffState filter"):
+        grad(f, argnums=diff)(m)
+    f, m, diff, _ = _sin_x_times_y(flax_nnx, keep_y=True)
+    with pytest.raises(TypeError, match="same container"):
+        flax_nnx.grad(f, argnums=diff)(m)
+
+
+def test_custom_vjp_repeated_argnum_is_a_value_error_as_flax():
+    for lib, cv in ((nnx, custom_vjp), (flax_nnx, flax_nnx.custom_vjp)):
+        with pytest.raises(ValueError, match="argnum 0 is repeated"):
+            cv(lambda m: m, nondiff_argnums=(0, lib.DiffState(0, ...)))

@@ -24,20 +24,22 @@ tangent or cotangent is a module of the same structure, as flax.nnx returns it. 
 0.12.8 runs them only without graph updates (its default raises ``NotImplementedError``);
 so does varjax.nnx, with the same error.  In tree mode (``graph=False``) they run the same
 way, the primals taken as trees: a Variable reached twice among them is refused, as flax.nnx
-refuses it.  ``DiffState`` in ``custom_vjp``'s ``nondiff_argnums``, ``symbolic_zeros`` and
-``reduce_axes`` (which JAX no longer has: ``jax.vjp`` raises ``NotImplementedError`` for
-it, as flax.nnx does) are refused by name.
+refuses it.  A ``DiffState(argnum, filter)`` in ``custom_vjp``'s ``nondiff_argnums`` (graph
+updates) makes only the Variables ``filter`` selects differentiable, as in flax.nnx.
+``symbolic_zeros`` and ``reduce_axes`` (which JAX no longer has: ``jax.vjp`` raises
+``NotImplementedError`` for it, as flax.nnx does) are refused by name.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
 from varjax.ir import errors
-from varjax.ir.typing import AxisName, Passes
+from varjax.ir.typing import AxisName, Filter, Passes
 from varjax.nnx.config import resolve
+from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.pytree import Pytree
 from varjax.nnx.statelib import State
 from varjax.nnx.transform_checks import (
@@ -192,13 +194,16 @@ class _StateCotangents:
     """flax.nnx's default ``custom_vjp`` (graph updates): ``bwd(*nondiff, res, (input_updates_g,
     out_g))``, ``input_updates_g`` holding per differentiated argument the ``State`` of a
     module's update cotangents (None for another argument), and ``bwd`` returning a
-    ``State`` for a module (its Variables missing from it get zero).  Built on object mode's
+    ``State`` for a module (its Variables missing from it get zero).  An argument given as
+    ``DiffState(argnum, filter)`` is differentiated only in the Variables ``filter`` selects
+    (``diff``): the others get zero, and ``bwd`` may not return them.  Built on object mode's
     ``custom_vjp`` with ``updates_g``: the module's Variables are all written (``_touching``),
     and ``State``s are read from and made into modules of cotangents by path."""
 
-    def __init__(self, fun: Callable, nondiff_argnums: tuple[int, ...]):
+    def __init__(self, fun: Callable, nondiff_argnums: tuple[int, ...],
+                 diff: Mapping[int, Filter]):
         functools.update_wrapper(self, fun)
-        self.fun, self.nums = fun, nondiff_argnums
+        self.fun, self.nums, self.diff = fun, nondiff_argnums, diff
         self.custom = object_custom_vjp(_touching(fun, self._modules), nondiff_argnums=nondiff_argnums)
 
     def _modules(self, args: tuple) -> list[int]:
@@ -214,7 +219,7 @@ class _StateCotangents:
             given = tuple(State.from_flat(dict(_variables(updates_g[i]))) if m else None
                           for i, m in zip(diff, modules))
             tangents = bwd(*nondiff, residual, (given, g))
-            return tuple(_module_of(updates_g[i], t) if m else t
+            return tuple(_module_of(updates_g[i], t, self.diff.get(i)) if m else t
                          for i, m, t in zip(diff, modules, tangents))
         self.custom.defvjp(_touching(fwd, self._modules), backward)
 
@@ -238,10 +243,12 @@ def _refuse_symbolic_zeros(symbolic_zeros: bool) -> None:
                      "zeros)", by="varjax.nnx")
 
 
-def _module_of(template: Any, given: Any) -> Any:
+def _module_of(template: Any, given: Any, only: Filter | None) -> Any:
     """The module of cotangents ``bwd`` means by the ``State`` ``given``: ``template`` (the
     module's update cotangents) with each Variable replaced by ``given``'s at its path, or
-    by None (a zero) where ``given`` has none."""
+    by None (a zero) where ``given`` has none; with ``only`` (a ``DiffState``'s filter), a
+    Variable it does not select is None, and ``given`` having one is a ``TransformError``
+    (flax.nnx's is JAX's ``TypeError`` on the cotangents' structure)."""
     if not isinstance(given, State):
         raise errors.TransformError(
             f"nnx.custom_vjp: bwd returned {type(given).__name__} for a module argument; with "
@@ -251,8 +258,18 @@ def _module_of(template: Any, given: Any) -> Any:
     leaves, tree = jax.tree.flatten(template, is_leaf=lambda x: isinstance(x, Variable))
     by_path = dict(_variables(template))
     out = []
+    differentiable = to_predicate(only) if only is not None else lambda p, v: True
     for path, v in zip(by_path, leaves):
         leaf = flat.get(path)
+        if not differentiable(path, v):
+            if leaf is not None:
+                raise errors.TransformError(
+                    f"nnx.custom_vjp: bwd returned a cotangent for {'/'.join(map(str, path))}, "
+                    f"which the argument's DiffState filter ({only!r}) leaves out: it is not "
+                    "differentiated.", path=path, **errors.where(),
+                    fix="leave it out of the State bwd returns (del state[...])")
+            out.append(None)
+            continue
         if leaf is not None and not isinstance(leaf, Variable):
             leaf = jax.tree.unflatten(jax.tree.structure(v), [leaf])
         out.append(leaf)
@@ -283,18 +300,20 @@ def custom_vjp(fun: Callable | None = None, *, nondiff_argnums: tuple[int | Diff
     """flax.nnx's ``custom_vjp``: with graph updates (the default) ``_StateCotangents``,
     without ``_SameTypeCotangents``; a decorator with options too."""
     graph, updates = resolve(graph, graph_updates)
+    seen: set[int] = set()
     for a in nondiff_argnums:
         if isinstance(a, DiffState) and not updates:
             raise ValueError("`nondiff_argnums` cannot contain `DiffState` objects when "
                              "`graph=False` or `graph_updates=False`: pass graph=True and "
                              "graph_updates=True, or remove the DiffState.")
-        if not isinstance(a, int):
-            not_provided(f"nnx.custom_vjp(nondiff_argnums=({type(a).__name__}(...),))",
-                         "a DiffState there (a module's differentiable substate) is not built "
-                         "yet.", "give argument numbers", by="varjax.nnx")
+        index = a.argnum if isinstance(a, DiffState) else a
+        if index in seen:
+            raise ValueError(f"argnum {index} is repeated in nondiff_argnums")
+        seen.add(index)
+    nums = tuple(a for a in nondiff_argnums if not isinstance(a, DiffState))
+    diff = {a.argnum: a.filter for a in nondiff_argnums if isinstance(a, DiffState)}
 
     def build(f: Callable) -> Any:
         refuse_bound_method(f, "custom_vjp")
-        form = _StateCotangents if updates else _SameTypeCotangents
-        return form(f, tuple(nondiff_argnums))
+        return _StateCotangents(f, nums, diff) if updates else _SameTypeCotangents(f, nums)
     return as_decorator(fun, build)
