@@ -1,7 +1,9 @@
-"""The flax.nnx transform options varjax.nnx passes on to JAX, against flax.nnx 0.12.8: the
-same values and the same updates written back, bit for bit, and the option reaching JAX's
-primitive (its parameter in the jaxpr); and the options JAX itself no longer has, refused
-as JAX and flax.nnx refuse them."""
+"""Options of nnx.fori_loop, nnx.scan, nnx.vmap, nnx.pmap and nnx.shard_map against flax.nnx
+0.12.8 (``unroll``, ``_split_transpose``, ``transform_metadata``, ``pmap``'s JAX options,
+``StateAxes``/``StateSharding`` where flax takes them, a module scanned along a nonzero
+axis): the same values and Variable metadata, the same updates written back, an option
+reaching JAX's primitive where it has a parameter; what stays refused, with flax.nnx's
+behaviour that the refusal names."""
 import functools
 
 import jax
@@ -15,10 +17,8 @@ from jax.sharding import PartitionSpec as P
 from varjax import errors, nnx
 from varjax.nnx.batching import vmap
 from varjax.nnx.control import fori_loop
-from varjax.nnx.differentiation import custom_vjp, jvp, vjp
 from varjax.nnx.iteration import Carry, scan
 from varjax.nnx.sharding_transforms import pmap
-from varjax.nnx.transforms import grad
 
 X = jnp.arange(6.0).reshape(3, 2) / 7
 
@@ -283,17 +283,6 @@ def test_pmap_static_or_donated_module_is_not_provided():
         pmap(lambda m, x: m(x), donate_argnums=0)(stack, X[None])
 
 
-# --- vjp(reduce_axes=...): gone from JAX ----------------------------------------------------
-
-def test_vjp_reduce_axes_is_refused_as_jax_and_flax_refuse_it():
-    with pytest.raises(NotImplementedError, match="JAX no longer has this option"):
-        vjp(lambda x: x.sum(), X, reduce_axes=("i",), graph_updates=False)
-    with pytest.raises(NotImplementedError, match="deprecated"):
-        flax_nnx.vjp(lambda x: x.sum(), X, reduce_axes=("i",), graph_updates=False)
-    with pytest.raises(NotImplementedError, match="deprecated"):
-        jax.vjp(lambda x: x.sum(), X, reduce_axes=("i",))
-
-
 # --- scan over a module along an axis other than 0 ---------------------------------------
 
 def _counted_layer(lib):
@@ -367,6 +356,19 @@ def test_vmap_out_axes_none_of_a_state_that_differs_per_member_is_jaxs_error():
             _ensemble(lib, lib.StateAxes({lib.BatchStat: 0, ...: None}))
 
 
+def test_vmap_returning_an_argument_at_a_state_axes_output_gives_the_callers_object():
+    """With graph updates, as flax.nnx; without them the aliasing is refused, as flax.nnx
+    refuses it."""
+    outs = []
+    for lib in (nnx, flax_nnx):
+        stack = _ensemble(lib, 0)
+        vmap_ = vmap if lib is nnx else flax_nnx.vmap
+        outs.append((vmap_(lambda m: m, out_axes=lib.StateAxes({...: 0}))(stack), stack))
+    assert all(out is stack for out, stack in outs)
+    with pytest.raises(errors.InconsistentAliasError, match="cannot be an output"):
+        vmap(lambda m: m, out_axes=nnx.StateAxes({...: 0}), graph_updates=False)(outs[0][1])
+
+
 # --- StateAxes in pmap, StateSharding nested in shard_map's specs ---------------------------
 
 MESH = jax.sharding.Mesh(jax.devices()[:1], ("data",))
@@ -431,102 +433,3 @@ def test_fori_loop_moving_carry_objects_stays_refused_as_flax_places_them_per_on
     p, q, body = _swapping(nnx)
     with pytest.raises(errors.NotProvidedError, match="whatever the number of steps"):
         fori_loop(0, 4, body, (p, q))
-
-
-def test_vmap_returning_an_argument_at_a_state_axes_output_gives_the_callers_object():
-    """With graph updates, as flax.nnx; without them the aliasing is refused, as flax.nnx
-    refuses it."""
-    outs = []
-    for lib in (nnx, flax_nnx):
-        stack = _ensemble(lib, 0)
-        vmap_ = vmap if lib is nnx else flax_nnx.vmap
-        outs.append((vmap_(lambda m: m, out_axes=lib.StateAxes({...: 0}))(stack), stack))
-    assert all(out is stack for out, stack in outs)
-    with pytest.raises(errors.InconsistentAliasError, match="cannot be an output"):
-        vmap(lambda m: m, out_axes=nnx.StateAxes({...: 0}), graph_updates=False)(outs[0][1])
-
-
-# --- vjp / jvp in tree mode (graph=False) ----------------------------------------------------
-
-def _tree_mode(lib, vjp_, jvp_):
-    m = _model(lib)
-    out, back = vjp_(lambda m, x: m(x).sum(), m, X, graph=False)
-    g_m, g_x = back(jnp.ones(()))
-    def one(a):
-        if jnp.issubdtype(a.dtype, jnp.inexact):
-            return jnp.ones_like(a)
-        return np.zeros(a.shape, jax.dtypes.float0)      # the counter's tangent
-    tangents = (jax.tree.map(one, m), jnp.ones_like(X))
-    y, t = jvp_(lambda m, x: m(x).sum(), (m, X), tangents, graph=False)
-    return m, out, g_m, g_x, y, t
-
-
-def test_vjp_and_jvp_in_tree_mode_match_flax_and_write_updates_back():
-    ours = _tree_mode(nnx, vjp, jvp)
-    theirs = _tree_mode(flax_nnx, flax_nnx.vjp, flax_nnx.jvp)
-    _same_state(ours[0], theirs[0])
-    assert int(ours[0].count[...]) == 2
-    _same_state(ours[2], theirs[2])
-    for a, b in zip(ours[3:] + (ours[1],), theirs[3:] + (theirs[1],)):
-        np.testing.assert_allclose(a, b, rtol=1e-6)
-
-
-def test_tree_mode_vjp_of_a_shared_variable_is_a_value_error_as_flax():
-    for lib, vjp_ in [(nnx, vjp), (flax_nnx, flax_nnx.vjp)]:
-        m = _model(lib)
-        m.again = m.lin.kernel
-        with pytest.raises(ValueError, match="aliasing"):
-            vjp_(lambda m, x: m(x).sum(), m, X, graph=False)
-
-
-# --- custom_vjp(nondiff_argnums=(DiffState(...),)) ----------------------------------------
-
-def _sin_x_times_y(lib, keep_y=False):
-    """flax.nnx's docstring example: only ``x`` is differentiable."""
-    class Foo(lib.Module):
-        def __init__(self):
-            self.x, self.y = lib.Param(jnp.array(1.0)), lib.Param(jnp.array(2.0))
-    only_x = lib.PathContains("x")
-    seen = []
-
-    @(custom_vjp if lib is nnx else flax_nnx.custom_vjp)(
-        nondiff_argnums=(lib.DiffState(0, only_x),))
-    def f(m):
-        return jnp.sin(m.x[...]) * m.y[...]
-
-    def f_bwd(res, g):
-        (m_updates_g,), out_g = g
-        seen.append(sorted(lib.to_pure_dict(m_updates_g)))
-        cos_x, m = res
-        m_g = jax.tree.map(lambda x: x, m_updates_g)
-        m_g.x[...] = cos_x * out_g * m.y[...]
-        if not keep_y:
-            del m_g["y"]
-        return (m_g,)
-    f.defvjp(lambda m: (f(m), (jnp.cos(m.x[...]), m)), f_bwd)
-    return f, Foo(), lib.DiffState(0, only_x), seen
-
-
-def test_custom_vjp_diffstate_differentiates_only_its_filter_as_flax():
-    grads = []
-    for lib in (nnx, flax_nnx):
-        f, m, diff, seen = _sin_x_times_y(lib)
-        grads.append(lib.to_pure_dict(lib.grad(f, argnums=diff)(m)))
-        assert seen == [["x", "y"]]            # input_updates_g has the whole state
-    assert list(grads[0]) == list(grads[1]) == ["x"]
-    np.testing.assert_allclose(grads[0]["x"], grads[1]["x"], rtol=1e-6)
-
-
-def test_custom_vjp_diffstate_bwd_returning_a_left_out_variable_is_an_error_as_flax():
-    f, m, diff, _ = _sin_x_times_y(nnx, keep_y=True)
-    with pytest.raises(errors.TransformError, match="DiffState filter"):
-        grad(f, argnums=diff)(m)
-    f, m, diff, _ = _sin_x_times_y(flax_nnx, keep_y=True)
-    with pytest.raises(TypeError, match="same container"):
-        flax_nnx.grad(f, argnums=diff)(m)
-
-
-def test_custom_vjp_repeated_argnum_is_a_value_error_as_flax():
-    for lib, cv in ((nnx, custom_vjp), (flax_nnx, flax_nnx.custom_vjp)):
-        with pytest.raises(ValueError, match="argnum 0 is repeated"):
-            cv(lambda m: m, nondiff_argnums=(0, lib.DiffState(0, ...)))
