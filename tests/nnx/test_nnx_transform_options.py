@@ -393,6 +393,20 @@ def test_pmap_state_axes_anywhere_in_in_axes_matches_flax(nested):
     assert float(ours.count[...]) == 1.0
 
 
+def test_pmap_out_axes_state_axes_gives_each_state_its_axis_as_flax():
+    def made(lib, pmap_):
+        class Member(lib.Module):
+            def __init__(self, rngs):
+                self.lin = lib.Linear(2, 2, rngs=rngs)
+                self.count = lib.BatchStat(jnp.zeros(()))
+        return pmap_(Member, out_axes=lib.StateAxes({lib.Param: 0, ...: None}))(
+            lib.Rngs(0).split(1))
+    ours, theirs = made(nnx, pmap), made(flax_nnx, flax_nnx.pmap)
+    assert ours.lin.kernel.shape == theirs.lin.kernel.shape == (1, 2, 2)
+    assert ours.count.shape == theirs.count.shape == ()
+    _same_state(ours, theirs)
+
+
 def test_shard_map_state_sharding_nested_in_specs_matches_flax():
     def run(lib):
         m = _model(lib)

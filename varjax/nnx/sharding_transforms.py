@@ -22,8 +22,9 @@ it (``nnx.prefix`` by its filters), so each Variable is split by its filter's sp
 
 As in the other ``varjax.nnx`` transforms, a structural change inside, or returning an
 argument's object, is refused with ``NotProvidedError`` (``transform_checks``); options not
-built (a ``StateAxes`` in ``pmap``'s ``out_axes``, an argument holding an object in
-``pmap``'s ``static_broadcasted_argnums`` or ``donate_argnums``) raise it by name.
+built (an argument holding an object in ``pmap``'s ``static_broadcasted_argnums`` or
+``donate_argnums``) raise it by name.  A ``StateAxes`` in ``pmap``'s ``out_axes`` is
+``nnx.vmap``'s (``output_axes``).
 ``pmap``'s ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are
 ``jax.pmap``'s, and its ``transform_metadata`` is ``nnx.vmap``'s (``metadata_option``).
 """
@@ -37,6 +38,7 @@ import jax
 from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 from varjax.ir.typing import AxesPrefix, AxisName, ShardingLike
+from varjax.nnx import output_axes
 from varjax.nnx.config import resolve
 from varjax.nnx.filter_maps import FilterMap, StateSharding
 from varjax.nnx.metadata_option import with_partition
@@ -173,7 +175,8 @@ def pmap(f: Callable | None = None, *, axis_name: AxisName | None = None,
          graph_updates: bool | None = None) -> Callable[..., Any]:
     """``jax.pmap`` over NNX objects: a module argument's Variables are mapped over devices
     along its ``in_axes`` entry (``None``: broadcast) and their updates come back stacked
-    along it (a ``StateAxes`` entry: each filter's Variables along its axis); keyword
+    along it (a ``StateAxes`` entry: each filter's Variables along its axis; in
+    ``out_axes``, a module made inside, as ``nnx.vmap``'s: ``output_axes``); keyword
     arguments are mapped along axis 0, as ``jax.pmap`` maps them.
     ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are ``jax.pmap``'s,
     for arguments that hold no object (a module's Variables not written inside would keep
@@ -181,13 +184,14 @@ def pmap(f: Callable | None = None, *, axis_name: AxisName | None = None,
     ``nnx.vmap``'s (``metadata_option``)."""
     static, donated = _argnums(static_broadcasted_argnums), _argnums(donate_argnums)
     _plain_prefix("pmap", "in_axes", in_axes, int, "int", StateAxes, resolve(graph)[0])
-    _plain_prefix("pmap", "out_axes", out_axes, int, "int")
+    _plain_prefix("pmap", "out_axes", out_axes, int, "int", StateAxes, resolve(graph)[0])
     axes_of = _by_filters(in_axes, int)
+    stacked = output_axes.out_prefix(out_axes)
 
     def build(fn: Callable) -> Callable:
         def make(p: Callable, result: Result, in_axes: Any) -> Callable:
             return jax.pmap(p, axis_name=axis_name, in_axes=in_axes,
-                            out_axes=(out_axes, result), static_broadcasted_argnums=static,
+                            out_axes=(stacked, result), static_broadcasted_argnums=static,
                             devices=devices, backend=backend, axis_size=axis_size,
                             donate_argnums=donated)
 
@@ -202,8 +206,14 @@ def pmap(f: Callable | None = None, *, axis_name: AxisName | None = None,
                            "donate array arguments only")
             return axes_of(args)
         refuse_bound_method(fn, "pmap")
-        named = with_partition("pmap", fn, transform_metadata, in_axes, out_axes)
-        return _mapped(named, "pmap", prefix_of, 0, make)
+        named = with_partition("pmap", output_axes.split_outputs(fn, out_axes, False), transform_metadata,
+                               in_axes, stacked)
+        mapped = _mapped(named, "pmap", prefix_of, 0, make)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return output_axes.joined(out_axes, mapped(*args, **kwargs), args)
+        return call
     return as_decorator(f, build)
 
 
