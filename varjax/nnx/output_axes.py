@@ -1,8 +1,9 @@
-"""A ``StateAxes`` entry of ``nnx.vmap``'s ``out_axes``: the module returned there comes out
-with each state of its filters along that filter's axis, ``None`` included (the state is the
-same for every member and comes out once, as ``jax.vmap``'s ``out_axes=None`` gives it).
+"""A ``StateAxes`` entry of ``nnx.vmap``'s or ``nnx.pmap``'s ``out_axes``: the module returned
+there comes out with each state of its filters along that filter's axis, ``None`` included
+(the state is the same for every member and comes out once, as ``jax.vmap``'s
+``out_axes=None`` gives it).
 
-``jax.vmap`` takes ``out_axes`` before tracing, as a prefix of the output, but the returned
+``jax.vmap`` (``jax.pmap``) takes ``out_axes`` before tracing, as a prefix of the output, but the returned
 module's structure is known only after.  So, as flax.nnx does, the module is split inside
 (``split_outputs``) into its ``GraphDef`` (static: a node with no children, so any axis
 covers it) and one ``State`` per filter, the entry becomes ``(None, axes)`` (``out_prefix``),
