@@ -148,11 +148,11 @@ def _diff_states(argnums: Any, updates: bool) -> tuple[tuple[DiffState, ...], bo
                  for a in items), many
 
 
-_GRADS = LRU()    # (fn, graph, updates, has_aux, argnums, defs, count, passes) -> object grad
+_GRADS = LRU()    # (fn, graph, updates, has_aux, argnums, defs, count, passes, holomorphic)
 
 
 def _object_grad(fn: Callable, graph: bool, updates: bool, has_aux: bool, argnums: Any,
-                 defs: tuple, count: int, passes: tuple) -> Callable:
+                 defs: tuple, count: int, passes: tuple, holomorphic: bool) -> Callable:
     """The object-mode ``value_and_grad`` of ``fn`` through ``carrying`` (its aux and the
     changes come out as the aux), over arguments split by ``defs`` (per split argument
     its ``GraphDef``; ``count`` arguments in all) or, with no ``defs``, over the whole
@@ -160,7 +160,7 @@ def _object_grad(fn: Callable, graph: bool, updates: bool, has_aux: bool, argnum
     ``nnx.grad(f)(model)`` called again (a new ``nnx.grad`` each time, as in a loop
     body) reuses its functionalized trace instead of tracing ``f`` again.  ``passes``:
     parsed, run on ``fn``'s IR before it is differentiated."""
-    key = (fn, graph, updates, has_aux, argnums, defs, count, passes)
+    key = (fn, graph, updates, has_aux, argnums, defs, count, passes, holomorphic)
     found = _GRADS.get(key)
     if found is None:
         carried = carrying(fn, "grad", graph, updates)
@@ -180,7 +180,7 @@ def _object_grad(fn: Callable, graph: bool, updates: bool, has_aux: bool, argnum
             return out
         found = _GRADS[key] = objects.value_and_grad(inner if defs else loss,
                                                      argnums=argnums, has_aux=True,
-                                                     passes=passes)
+                                                     holomorphic=holomorphic, passes=passes)
     return found
 
 
@@ -238,8 +238,7 @@ def value_and_grad(f: Callable | None = None, *,
     the updates the function made.  ``passes`` (beyond flax.nnx, as ``jit``'s) run on the
     function's IR before it is differentiated: ``stop-gradient{collection=params}`` makes
     the Params' gradient zero while the rest of the step runs."""
-    refuse_options("value_and_grad", holomorphic=(holomorphic, False),
-                   reduce_axes=(reduce_axes, ()))
+    refuse_options("value_and_grad", reduce_axes=(reduce_axes, ()))
     parsed = parse_entries(passes)
     graph, updates = resolve(graph, graph_updates)
     diffs, many = _diff_states(argnums, updates)
@@ -247,7 +246,8 @@ def value_and_grad(f: Callable | None = None, *,
 
     def build(fn: Callable) -> Callable:
         def differentiated(defs: tuple = (), count: int = 0) -> Callable:
-            return _object_grad(fn, graph, updates, has_aux, jax_argnums, defs, count, parsed)
+            return _object_grad(fn, graph, updates, has_aux, jax_argnums, defs, count, parsed,
+                                holomorphic)
 
         @functools.wraps(fn)
         def call(*args: Any) -> Any:

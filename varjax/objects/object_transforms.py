@@ -365,12 +365,14 @@ def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
 # --- grad ---------------------------------------------------------------------------------
 
 def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
-                   has_aux: bool = False, passes: Any = ()) -> Callable:
+                   has_aux: bool = False, holomorphic: bool = False,
+                   passes: Any = ()) -> Callable:
     """``jax.value_and_grad`` over objects: every float variable of the ``argnums``
     arguments is differentiated (integer ones get ``float0`` zeros), and the gradient has
     the argument's type (a bound module of cotangents for a bound module).  ``passes`` (as
     ``jit``'s) run on the function's IR before JAX differentiates it: with
-    ``stop-gradient{collection=params}`` the params' gradient is zero."""
+    ``stop-gradient{collection=params}`` the params' gradient is zero.  ``holomorphic``:
+    ``jax.value_and_grad``'s (every differentiated variable and the value complex)."""
     pure = _Pure(fn, arg_names(fn), parse_entries(passes))
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -381,7 +383,8 @@ def value_and_grad(fn: Callable, *, argnums: int | Sequence[int] = 0,
                 out, result = p(*a, **k)
                 value, aux = out if has_aux else (out, None)
                 return value, (aux, result)
-            return jax.value_and_grad(loss, argnums=argnums, has_aux=True, allow_int=True)
+            return jax.value_and_grad(loss, argnums=argnums, has_aux=True,
+                                      holomorphic=holomorphic, allow_int=True)
         shared = graph.shared()
         first = _nodes_of(args, graph, argnums) if shared != tuple(range(len(shared))) else ()
         (value, (aux, result)), grads = pure.get(graph, make, first=first)(*args, **kwargs)
@@ -406,9 +409,10 @@ def _nodes_of(args: tuple, graph: Graph, argnums: int | Sequence[int]) -> tuple[
 
 
 def grad(fn: Callable, *, argnums: int | Sequence[int] = 0, has_aux: bool = False,
-         passes: Any = ()) -> Callable:
+         holomorphic: bool = False, passes: Any = ()) -> Callable:
     """``jax.grad`` over objects (see ``value_and_grad``)."""
-    both = value_and_grad(fn, argnums=argnums, has_aux=has_aux, passes=passes)
+    both = value_and_grad(fn, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic,
+                          passes=passes)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         out, grads = both(*args, **kwargs)
