@@ -82,8 +82,6 @@ def test_jit_decorator_with_options_and_a_train_step_on_grads():
 
 
 def test_unbuilt_options_are_refused_by_name():
-    with pytest.raises(errors.NotProvidedError, match="keep_unused"):
-        nnx.jit(lambda m: m, keep_unused=True)
     with pytest.raises(errors.NotProvidedError, match="reduce_axes"):
         nnx.grad(_loss, reduce_axes=("batch",))
     with pytest.raises(errors.TransformError, match="argnums names argument 3"):

@@ -97,19 +97,21 @@ def jit(fun: Callable | None = None, *, in_shardings: ShardingLike = None,
     Linen model: ``stop-gradient{collection=params}`` freezes the Params of a train step.
     ``in_shardings``/``out_shardings``/``static_argnames`` are flax.nnx's
     (``jit_shardings``): a module argument's Variables come in, and their updates out,
-    with its ``in_shardings`` entry (a ``StateSharding``: per filter of its state)."""
-    refuse_options("jit", donate_argnames=(donate_argnames, None),
-                   keep_unused=(keep_unused, False), device=(device, None),
-                   backend=(backend, None), inline=(inline, False))
+    with its ``in_shardings`` entry (a ``StateSharding``: per filter of its state).
+    ``donate_argnums``/``donate_argnames`` donate a module argument's Variables, each given
+    back (written or not), as in flax.nnx; ``keep_unused``, ``device``, ``backend`` and
+    ``inline`` are ``jax.jit``'s."""
     modes = resolve(graph, graph_updates)
     check_out_shardings(out_shardings)
     sharded = in_shardings is not None or out_shardings is not None
 
     def build(f: Callable) -> Callable:
         nums, names = static_positions(f, static_argnums, static_argnames)
+        donated, donated_names = static_positions(f, donate_argnums, donate_argnames)
         jitted = objects.jit(carrying(f, "jit", *modes), static_argnums=nums,
-                             static_argnames=names,
-                             donate_argnums=() if donate_argnums is None else donate_argnums,
+                             static_argnames=names, donate_argnums=donated,
+                             donate_argnames=donated_names, keep_unused=keep_unused,
+                             device=device, backend=backend, inline=inline,
                              in_shardings=in_prefix(in_shardings, nums, all(modes))
                              if sharded else None,
                              out_shardings=(out_shardings, None) if sharded else None,

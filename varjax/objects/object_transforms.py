@@ -63,10 +63,25 @@ class _Pure:
     one per argument structure (``key``: the graph's ``places``, its ``shared`` cells, then
     what the transform adds), cached so JAX's caches see the same function."""
 
-    def __init__(self, fn: Callable, names: Sequence[str], passes: tuple = ()):
+    def __init__(self, fn: Callable, names: Sequence[str], passes: tuple = (),
+                 donated: tuple[int | str, ...] = ()):
         self.fn, self.names, self.passes = fn, tuple(names), passes
+        self.donated = donated     # arguments (positions, names) whose buffers are donated
         self._made: dict[Any, Callable] = {}
         self.graphs = ArgumentGraphs()
+
+    def run(self, args: tuple, kwargs: dict, graph: Graph, **options: Any) -> tuple[Any, Result]:
+        """``run`` of ``fn`` on JAX's copies (``graph`` their nodes); with donated arguments,
+        every cell of their nodes comes back as an update (``_donated``)."""
+        kept = _donated(graph, self.donated, len(args))
+        out, result = run(self.fn, args, kwargs, graph=graph, passes=self.passes, **options)
+        if kept:
+            updates = list(result.updates)
+            for i, value in kept:
+                if updates[i] is None:
+                    updates[i] = value
+            result = Result(updates, result.created, result.captured)
+        return out, result
 
     def originals(self, args: tuple, kwargs: dict) -> Graph:
         """The argument objects of one call (``_originals``), kept across calls."""
@@ -86,8 +101,8 @@ class _Pure:
         if found is None:
             def pure(*args: Any, **kwargs: Any) -> tuple[Any, Result]:
                 args, kwargs = dealias(args, kwargs, places)
-                return run(self.fn, args, kwargs, graph=_copies(layout, args, kwargs),
-                           shared=shared, sources=sources, passes=self.passes)
+                return self.run(args, kwargs, _copies(layout, args, kwargs), shared=shared,
+                                sources=sources)
             functools.update_wrapper(pure, self.fn)
             found = self._made[key] = make(pure)
         return found
@@ -144,8 +159,7 @@ class _Pure:
                         d.unflatten((values[a],) if is_held else tuple(children[a:b]))
                         for d, (is_held, a, b) in zip(inner, mine)])
                 args, _ = dealias(tuple(args), {}, layout.places)
-                out, result = run(self.fn, args, {}, graph=_copies(layout, args, {}),
-                                  shared=shared, passes=self.passes)
+                out, result = self.run(args, {}, _copies(layout, args, {}), shared=shared)
                 # No variable created (the usual step): no per-node dicts for JAX to build.
                 created = result.created if any(result.created) else ()
                 return out, result.updates, created, result.captured
@@ -162,6 +176,31 @@ class _Pure:
             graph.write_back(updates, created)
             return out
         return call
+
+
+def _donated(graph: Graph, donated: tuple[int | str, ...], count: int) -> list[tuple[int, Any]]:
+    """``(cell index, value)`` of every cell of the nodes of the ``donated`` arguments (a
+    position among ``count``, or a keyword), read from JAX's copies before the call.  ``jax.jit`` deletes a
+    donated argument's buffers, so a variable the call did not write must come back as an
+    output too, or its object would be left holding a deleted array (flax.nnx returns every
+    Variable of an argument)."""
+    if not donated:
+        return []
+    wanted = {("0", str(i % count)) if isinstance(i, int) else ("1", i) for i in donated}
+    nodes: set[int] = set()
+    places = iter(graph.places)
+    for path, is_object in zip(graph.paths, graph.is_object):
+        if is_object:
+            j = next(places)
+            if tuple(path[:2]) in wanted:
+                nodes.add(j)
+    found: list[tuple[int, Any]] = []
+    start = 0
+    for j, node in enumerate(graph.nodes):
+        if j in nodes:
+            found += [(start + c, cell.get()) for c, cell in enumerate(node.cells)]
+        start += len(node.cells)
+    return found
 
 
 def _constant(value: Any) -> Callable[[], tuple]:
@@ -185,8 +224,10 @@ def wrapper(fn: Callable, call: Callable[..., Any]) -> Callable:
 
 def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
         static_argnames: Sequence[str] = (), donate_argnums: int | Sequence[int] = (),
+        donate_argnames: str | Sequence[str] = (),
         in_shardings: Callable[[tuple], Any] | None = None, out_shardings: Any = None,
-        passes: Any = ()) -> Callable:
+        keep_unused: bool = False, device: jax.Device | None = None,
+        backend: str | None = None, inline: bool = False, passes: Any = ()) -> Callable:
     """``jax.jit`` over objects: their variables are traced inputs; updates come back.
     ``passes`` (instances or pipeline strings) run on the call's IR, on every variable of
     its objects, as ``apply(passes=...)`` runs them on a model's: an NNX train step with
@@ -197,16 +238,24 @@ def jit(fn: Callable, *, static_argnums: int | Sequence[int] = (),
     argument (static ones included, as None), an object's entry a sharding of all its
     variables or a tree of them; each variable's update comes back with its object's
     sharding, so a sharded parameter stays sharded across train steps, as in flax.nnx.
-    ``out_shardings`` is ``jax.jit``'s, over ``fn``'s output."""
+    ``out_shardings`` is ``jax.jit``'s, over ``fn``'s output.
+
+    ``donate_argnums``/``donate_argnames``: an object argument's variables are donated, and
+    every one of them comes back as an output (``_donated``), written or not.
+    ``keep_unused``, ``device``, ``backend`` and ``inline`` are ``jax.jit``'s."""
     parsed = parse_entries(passes)
-    pure = _Pure(fn, arg_names(fn), parsed)
+    donated = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+    names = (donate_argnames,) if isinstance(donate_argnames, str) else tuple(donate_argnames)
+    pure = _Pure(fn, arg_names(fn), parsed, donated + names)
     statics = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     sharded = in_shardings is not None or out_shardings is not None
 
     def make(p: Callable, dynamic_in: Any = None, result: Any = None) -> Callable:
         return jax.jit(p, static_argnums=static_argnums, static_argnames=static_argnames,
-                       donate_argnums=donate_argnums, in_shardings=dynamic_in,
-                       out_shardings=None if not sharded else (out_shardings, result))
+                       donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                       in_shardings=dynamic_in,
+                       out_shardings=None if not sharded else (out_shardings, result),
+                       keep_unused=keep_unused, device=device, backend=backend, inline=inline)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         graph = pure.originals(args, kwargs)
