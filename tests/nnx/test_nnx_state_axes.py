@@ -185,7 +185,7 @@ def test_out_axes_state_axes_stacks_each_state_of_a_made_module_as_flax(transfor
 
 def test_state_axes_errors_match_flax_and_what_is_not_built_is_named():
     """Tree mode, a StateAxes on an array, and an output state at None or Carry are
-    flax.nnx's ValueErrors; a StateAxes nested in a prefix is not built."""
+    flax.nnx's ValueErrors (nested StateAxes: test_nnx_nested_state_axes.py)."""
     for lib in (nnx, flax_nnx):
         _, scan_, state_axes, carry, _ = _lib(lib)
         with pytest.raises(ValueError, match="cannot contain `StateAxes`"):
@@ -197,8 +197,6 @@ def test_state_axes_errors_match_flax_and_what_is_not_built_is_named():
         with pytest.raises(ValueError, match="Cannot use StateAxes on non-graph nodes"):
             scan_(lambda c, x: (c, x), in_axes=(carry, state_axes({...: 0})))(
                 jnp.zeros(()), jnp.ones((2,)))
-    with pytest.raises(errors.NotProvidedError, match="nested"):
-        vmap(lambda m: m, in_axes=((StateAxes({...: 0}), 0),))
 
 
 def _by_state(lib):

@@ -13,17 +13,18 @@ reaches the caller's module, its new arrays and Variables stacked along axis 0, 
 argument's object the function returns is the caller's own (``graph_updates``); without
 them only Variable values come back.
 
-An argument's ``in_axes`` entry may be a ``StateAxes`` (graph mode, with or without graph
-updates): the module is split into a state per filter, each mapped along its axis, and
-merged again inside (``state_axes``).  An ``out_axes`` entry may be one too: a module made
-inside comes back with each state stacked along its filter's axis, or once where it is
-``None`` (``output_axes``).
+An argument's ``in_axes`` entry may be a ``StateAxes``, or hold some under tuples, dicts and
+other containers (graph mode, with or without graph updates): each module at one is split into a state
+per filter, each mapped along its axis, and merged again inside (``state_axes``).  An
+``out_axes`` entry may be one too, anywhere: a module made inside comes back with each state
+stacked along its filter's axis, or once where it is ``None`` (``output_axes``).
 
 ``transform_metadata={nnx.PARTITION_NAME: name}`` adds the mapped axis's name to each
 Variable's ``out_sharding`` as it leaves and removes it as it enters (``metadata_option``).
 
-Not built, refused with ``NotProvidedError`` by name: a ``StateAxes`` nested in a prefix,
-``transform_metadata`` keys other than ``PARTITION_NAME``, ``spmd_axis_name``.
+Not built, refused with ``NotProvidedError`` by name: a ``StateAxes`` inside an NNX object of
+the prefix (an ``nnx.prefix`` tree), ``transform_metadata`` keys other than ``PARTITION_NAME``,
+``spmd_axis_name``.
 """
 from __future__ import annotations
 
@@ -41,9 +42,12 @@ from varjax.nnx.output_axes import joined, out_prefix, split_outputs
 from varjax.nnx.state_axes import (
     StateAxes,
     check_state_axes,
+    gathered,
     merged,
+    nests_state_axes,
     on_objects_only,
     split_by,
+    spread,
     zeros,
 )
 from varjax.nnx.transform_checks import (
@@ -59,15 +63,15 @@ __all__ = ["vmap"]
 
 
 def _int_axes(name: str, axes: Any, graph: bool) -> None:
-    """``in_axes``/``out_axes`` are a prefix of ints and Nones, or per argument (output) a
-    ``StateAxes`` of those; anything else there is not built."""
+    """``in_axes``/``out_axes`` are a prefix of ints, Nones and ``StateAxes`` of those;
+    anything else there is not built."""
     check_state_axes("vmap", name, axes, graph, (int, type(None)))
     for leaf in jax.tree.leaves(zeros(axes)):
         if not isinstance(leaf, int) or isinstance(leaf, bool):
             not_provided(f"nnx.vmap({name}={type(leaf).__name__}(...))",
                          f"an {name} entry other than an int, None or a StateAxes is not "
-                         "built yet.", f"give an int, None or a StateAxes per argument in "
-                         f"{name}", by="varjax.nnx")
+                         "built yet.", f"give ints, Nones or StateAxes in {name}",
+                         by="varjax.nnx")
 
 
 def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0,
@@ -88,7 +92,7 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
             "nnx.vmap: in_axes is a StateAxes; in_axes is a prefix of the arguments' tuple, "
             "so a StateAxes is one argument's entry.", **errors.where(),
             fix="in_axes=(state_axes, ...), one entry per argument")
-    by_state = isinstance(in_axes, tuple) and any(isinstance(a, StateAxes) for a in in_axes)
+    by_state = isinstance(in_axes, (tuple, list)) and nests_state_axes(in_axes)
     _int_axes("in_axes", in_axes, modes[0])
     _int_axes("out_axes", out_axes, modes[0])
     stacked = out_prefix(out_axes)
@@ -100,24 +104,24 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
         mapped = None if by_state else objects.vmap(
             carrying(named, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
             axis_size=axis_size, axis_name=axis_name, passes=passes)
-        made: dict[tuple, Callable] = {}     # per GraphDefs of the split arguments
+        made: dict[tuple, Callable] = {}     # per layout and GraphDefs of the split arguments
 
         def by_states(args: tuple) -> Any:
-            given, axes, defs = split_by(args, in_axes)
-            key = tuple(sorted(defs.items()))
+            parts, part_axes, layout = spread("vmap", args, tuple(in_axes))
+            on_objects_only("vmap", parts, part_axes)
+            given, axes, defs = split_by(parts, part_axes)
+            key = (layout, tuple(sorted(defs.items())))
             found = made.get(key)
             if found is None:
                 carried = carrying(named, "vmap", *modes)
                 found = made[key] = objects.vmap(
-                    lambda *a: carried(*merged(defs, a)), in_axes=axes,
+                    lambda *a: carried(*gathered(layout, merged(defs, a))), in_axes=axes,
                     out_axes=(stacked, 0), axis_size=axis_size, axis_name=axis_name, passes=passes)
             return found(*given)
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             args = positional(fn, args, kwargs)
-            if by_state:
-                on_objects_only("vmap", args, in_axes)
             out = finish(args, {}, *(by_states(args) if by_state else mapped(*args)))
             return joined(out_axes, out, args)
         return call

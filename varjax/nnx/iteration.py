@@ -2,9 +2,10 @@
 
 ``nnx.scan`` describes each positional argument by an ``in_axes`` entry: ``Carry`` (at most
 one, the loop carry), an int (the axis it is scanned along), ``None`` (the same every step)
-or a ``StateAxes`` giving each state of a module one of those; ``out_axes`` says the same of
-what the function returns.  That desugars onto ``vj.scan``'s ``(carry, xs) -> (carry, ys)``
-as flax.nnx's own graph-mode scan does:
+or a ``StateAxes`` giving each state of a module one of those (also inside tuples, dicts and
+other containers of an argument's entry: ``state_axes.spread`` makes each part there an argument of its
+own); ``out_axes`` says the same of what the function returns.  That desugars onto
+``vj.scan``'s ``(carry, xs) -> (carry, ys)`` as flax.nnx's own graph-mode scan does:
 
 * a ``StateAxes`` argument is split into one state per filter (``state_axes.split_by``),
   each state a part with its own axis, and merged again inside every step;
@@ -30,8 +31,9 @@ name from a Variable's ``out_sharding`` as it enters a step and adds it as it le
 (``metadata_option``); ``_split_transpose`` is passed on to ``jax.lax.scan`` (which, in JAX
 0.10, takes it and ignores it).  A module (or state) scanned along an axis other than 0 is
 scanned as a copy with that axis moved to 0, whose updates are written back to the caller's
-Variables with the axis moved back (``_move``).  A ``StateAxes`` nested in a prefix, and
-``transform_metadata`` with a ``StateAxes`` in ``out_axes``, are refused by name.
+Variables with the axis moved back (``_move``).  A ``StateAxes`` inside an NNX object of
+``in_axes`` (an ``nnx.prefix`` tree), and ``transform_metadata`` with a ``StateAxes`` in
+``out_axes``, are refused by name.
 """
 from __future__ import annotations
 
@@ -50,9 +52,11 @@ from varjax.nnx.pytree import Pytree
 from varjax.nnx.state_axes import (
     StateAxes,
     check_state_axes,
+    gathered,
     on_objects_only,
     restacked,
     split_by,
+    spread,
     zeros,
 )
 from varjax.nnx.transform_checks import (
@@ -82,8 +86,8 @@ def _is_axis(x: Any) -> bool:
 
 def _axes_leaves(name: str, axes: Any, graph: bool) -> list[tuple[Any, Any]]:
     """``(path, entry)`` of ``axes``, checked as flax.nnx checks them: ``Carry`` only at the
-    top level and once; every entry an int, ``None``, ``Carry`` or (per argument, in graph
-    mode) a ``StateAxes`` of those."""
+    top level and once; every entry an int, ``None``, ``Carry`` or (in graph mode) a
+    ``StateAxes`` of those."""
     leaves = jax.tree_util.tree_leaves_with_path(
         axes, is_leaf=lambda x: _is_axis(x) or not isinstance(x, (tuple, list, dict, Pytree)))
     carries = [p for p, x in leaves if x is Carry]
@@ -97,9 +101,9 @@ def _axes_leaves(name: str, axes: Any, graph: bool) -> list[tuple[Any, Any]]:
     for _, x in leaves:
         if not (_is_axis(x) or isinstance(x, (int, StateAxes)) and not isinstance(x, bool)):
             not_provided(f"nnx.scan({name}={type(x).__name__}(...))",
-                         f"an {name} entry other than an int, None, nnx.Carry or (per "
-                         "argument) a StateAxes is not built yet.",
-                         f"give an int, None, nnx.Carry or StateAxes per argument in {name}",
+                         f"an {name} entry other than an int, None, nnx.Carry or a "
+                         "StateAxes is not built yet.",
+                         f"give ints, Nones, nnx.Carry or StateAxes in {name}",
                          by="varjax.nnx")
     return leaves
 
@@ -235,9 +239,11 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
         named = with_partition("scan", fn, transform_metadata, in_axes, out_axes, _is_axis)
 
         @functools.cache
-        def steps(key: tuple, arg_carry: int | None) -> Callable:
+        def steps(key: tuple, arg_carry: int | None, layout: tuple) -> Callable:
             """The ``(carry, xs)`` step calling ``fn`` with its arguments made of the parts,
-            one per layout (``_Layout.key``), so ``checked`` keeps one per layout too.  With
+            one per layout (``_Layout.key``, and ``state_axes.spread``'s ``layout`` of the
+            arguments holding a nested ``StateAxes``), so ``checked`` keeps one per layout
+            too.  With
             graph updates a broadcast object's Variables are given back their values at the
             end of every step, so each step sees the same ones (flax.nnx's graph mode passes
             every step the states it was given)."""
@@ -253,7 +259,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
                     parts[k] = a
                 kept = [(a, _without_keys(split_merge.state(a))) for k, a in zip(fixed, c[2])
                         if k in restored and objects_in(a)]
-                out = body(*_arguments(key, parts))
+                out = body(*gathered(layout, _arguments(key, parts)))
                 for a, before in kept:
                     split_merge.update(a, before)
                 if out_carry is None:
@@ -271,18 +277,16 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
                 raise ValueError("When in_axes=Carry, the function must take exactly one "
                                  f"argument, got {len(args)} arguments.")
             axes = _per_arg(in_axes, len(args))
-            if len(axes) != len(args):
-                raise ValueError(f"nnx.scan: in_axes has {len(axes)} entries and the "
-                                 f"function was given {len(args)} arguments.")
-            on_objects_only("scan", args, axes)
-            lay = _Layout(args, tuple(_by_path(a, e) for a, e in zip(args, axes)))
+            parts, part_axes, layout = spread("scan", args, axes)
+            on_objects_only("scan", parts, part_axes)
+            lay = _Layout(parts, tuple(_by_path(a, e) for a, e in zip(parts, part_axes)))
             arg_carry = next((i for i, a in enumerate(axes) if a is Carry), None)
             init = (lay.parts[lay.carry_at] if lay.carry_at is not None else None,
                     tuple(lay.parts[k] for k in lay.carried),
                     tuple(lay.parts[k] for k in lay.fixed))
             moved: list = []
             xs = tuple(_move(lay.parts[k], lay.axes[k], True, moved) for k in lay.scanned)
-            run = control_flow.scan(steps(lay.key(), arg_carry), length=length,
+            run = control_flow.scan(steps(lay.key(), arg_carry, layout), length=length,
                                     reverse=reverse, unroll=unroll,
                                     _split_transpose=_split_transpose, passes=passes)
             (carry, _, _), ys = run(init, xs)

@@ -7,6 +7,12 @@ filter, each state is passed with its axis, and inside the function ``merge`` ma
 module again from the states (their Variables, so their updates come back to the caller's).
 ``split_by`` and ``merged`` are those two halves; the transform keeps one traced function per
 ``GraphDef``s (``split`` gives equal ones for an unchanged structure).
+
+A ``StateAxes`` may also sit inside an argument's entry, under tuples, dicts and the like:
+``in_axes=((state_axes, 0), None)`` for ``f((model, x), y)``.  flax.nnx splits each node at a
+``StateAxes`` wherever it is, exactly as a whole argument's; so here ``spread`` makes such an
+argument one argument per leaf of its entry (the part under it), every ``StateAxes`` then a
+whole argument's entry, and ``gathered`` puts the parts back together inside.
 """
 from __future__ import annotations
 
@@ -15,8 +21,10 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
+from varjax.ir.typing import Prefix
 from varjax.nnx.filter_maps import FilterMap
 from varjax.nnx.graph import merge, split
+from varjax.nnx.pytree import Pytree
 from varjax.nnx.transform_checks import objects_in
 from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
@@ -54,17 +62,69 @@ def merged(defs: Mapping[int, Any], args: tuple) -> tuple:
     return tuple(merge(defs[i], *a) if i in defs else a for i, a in enumerate(args))
 
 
+def nests_state_axes(axes: Prefix) -> bool:
+    """Whether a ``StateAxes`` is anywhere in ``axes``."""
+    return any(isinstance(e, StateAxes) for _, e in _entries(axes))
+
+
+def _spread_leaf(x: Any) -> bool:
+    """An entry ``spread`` does not go into: ``None``, a ``StateAxes``, or an NNX object (an
+    ``nnx.prefix`` tree, its argument's entry as it is)."""
+    return x is None or isinstance(x, (StateAxes, Pytree))
+
+
+def spread(what: str, args: tuple, axes: tuple) -> tuple[tuple, tuple, tuple]:
+    """``args`` (one ``axes`` entry each) with each argument whose entry holds a ``StateAxes``
+    under containers (tuples, dicts, any pytree but an NNX object) made one argument per leaf
+    of that entry (the part of the
+    argument under it, as JAX matches a prefix), and the leaves as their entries; with the
+    ``layout`` (hashable) that ``gathered`` puts the arguments back together by."""
+    if len(axes) != len(args):
+        raise ValueError(f"nnx.{what}: in_axes has {len(axes)} entries and the function "
+                         f"was given {len(args)} arguments.")
+    given, entries, layout = [], [], []
+    for a, entry in zip(args, axes):
+        if isinstance(entry, StateAxes) or not nests_state_axes(entry):
+            given.append(a)
+            entries.append(entry)
+            layout.append(None)
+            continue
+        leaves, treedef = jax.tree.flatten(entry, is_leaf=_spread_leaf)
+        given.extend(treedef.flatten_up_to(a))
+        entries.extend(leaves)
+        layout.append(treedef)
+    return tuple(given), tuple(entries), tuple(layout)
+
+
+def gathered(layout: tuple, args: tuple) -> tuple:
+    """The arguments ``spread`` gave ``layout`` for, from their parts ``args``."""
+    out, k = [], 0
+    for treedef in layout:
+        n = 1 if treedef is None else treedef.num_leaves
+        out.append(args[k] if treedef is None else treedef.unflatten(args[k:k + n]))
+        k += n
+    return tuple(out)
+
+
 def _entries(axes: Any) -> list[tuple[Any, Any]]:
     """``(path, entry)`` of a prefix of axes, a ``StateAxes`` one entry."""
-    return jax.tree_util.tree_leaves_with_path(
-        axes, is_leaf=lambda x: x is None or isinstance(x, StateAxes))
+    return jax.tree_util.tree_leaves_with_path(axes, is_leaf=_is_entry)
 
 
 def check_state_axes(what: str, name: str, axes: Any, graph: bool, allowed: tuple) -> None:
     """The ``StateAxes`` entries of ``name`` (``in_axes``/``out_axes`` of ``nnx.<what>``) as
     flax.nnx allows them: in graph mode only (tree mode is flax's ``ValueError``), each axis
-    of an ``allowed`` type; one per argument (or output), not nested in a prefix (not built
-    here: ``NotProvidedError``)."""
+    of an ``allowed`` type; anywhere in ``out_axes``, and in ``in_axes`` anywhere but inside
+    an NNX object (``spread``; there ``NotProvidedError``)."""
+    if name == "in_axes":
+        for node in jax.tree.leaves(axes, is_leaf=_spread_leaf):
+            if isinstance(node, Pytree) and nests_state_axes(node):
+                not_provided(f"nnx.{what}(in_axes=...) with a StateAxes inside a "
+                             f"{type(node).__name__} of the prefix",
+                             "a StateAxes is taken at an argument's entry or inside "
+                             "containers there; an NNX object in a prefix (an nnx.prefix "
+                             "tree) is its argument's entry as a whole.",
+                             "give the module the StateAxes as its entry", by="varjax.nnx")
     for path, entry in _entries(axes):
         if not isinstance(entry, StateAxes):
             continue
@@ -72,10 +132,6 @@ def check_state_axes(what: str, name: str, axes: Any, graph: bool, allowed: tupl
             raise ValueError(f"`{name}` cannot contain `StateAxes` objects when `graph=False`: "
                              "split the module (nnx.split(model, filter, ...)) and pass the "
                              "states with their own axes, or pass graph=True.")
-        if len(path) > isinstance(axes, tuple):
-            not_provided(f"nnx.{what}({name}=...) with a StateAxes nested in a prefix",
-                         "a StateAxes is built as a whole argument's (or output's) entry.",
-                         f"give the module its own entry in {name}", by="varjax.nnx")
         for f, axis in entry.items():
             if not isinstance(axis, allowed) or isinstance(axis, bool):
                 raise ValueError(f"Invalid axes {axis} for filter {f} at "
@@ -95,16 +151,16 @@ def zeros(axes: Any) -> Any:
     """``axes`` with each ``StateAxes`` entry ``0``: what the transform stacks along before
     ``restacked`` moves each state's Variables to its own axis."""
     return jax.tree.map(lambda e: 0 if isinstance(e, StateAxes) else e, axes,
-                        is_leaf=lambda x: x is None or isinstance(x, StateAxes))
+                        is_leaf=_is_entry)
 
 
 def restacked(out: Any, axes: Any) -> Any:
-    """``out`` (stacked along 0 at ``StateAxes`` entries) with each state of an object there
-    stacked along its filter's axis instead: its Variables' values get that axis moved from
-    0 (they are the output's new Variables, made by the transform)."""
-    entries = axes if isinstance(axes, tuple) else (axes,)
-    outs = out if isinstance(axes, tuple) else (out,)
-    for entry, sub in zip(entries, outs):
+    """``out`` (stacked along 0 at ``StateAxes`` entries, wherever they are in ``axes``) with
+    each state of an object there stacked along its filter's axis instead: its Variables'
+    values get that axis moved from 0 (they are the output's new Variables, made by the
+    transform)."""
+    entries, treedef = jax.tree.flatten(axes, is_leaf=_is_entry)
+    for entry, sub in zip(entries, treedef.flatten_up_to(out)):
         if not isinstance(entry, StateAxes):
             continue
         _, *states = split(sub, *entry.filters)
@@ -113,6 +169,10 @@ def restacked(out: Any, axes: Any) -> Any:
                 for v in jax.tree.leaves(state, is_leaf=_is_variable):
                     v.value = jax.tree.map(lambda x: jnp.moveaxis(x, 0, axis), v.value)
     return out
+
+
+def _is_entry(x: Any) -> bool:
+    return x is None or isinstance(x, StateAxes)
 
 
 def _is_variable(x: Any) -> bool:
