@@ -1,9 +1,11 @@
 """A ``StateAxes`` nested inside an argument's ``in_axes`` entry (a tuple, list, dict or named
 tuple of the argument's parts) and inside ``out_axes``, in ``nnx.vmap`` and ``nnx.scan``,
-against flax.nnx 0.12.8: outputs and the Variables after the call bitwise equal, what flax.nnx
-refuses refused with its error class; beyond flax.nnx, also without graph updates."""
+against flax.nnx 0.12.8: outputs and the Variables after the call bitwise equal (with
+``transform_metadata`` too), what flax.nnx refuses refused with its error class; beyond
+flax.nnx, also without graph updates."""
 import collections
 import contextlib
+import functools
 import warnings
 
 import jax
@@ -195,3 +197,35 @@ def test_state_axes_inside_a_prefix_tree_is_not_built():
     tree = prefix(linear, lambda path, leaf: StateAxes({...: 0}))
     with pytest.raises(errors.NotProvidedError, match="StateAxes inside a Linear"):
         vmap(lambda m: m, in_axes=((tree, 0),))
+
+
+def _named(lib, name):
+    """A stack whose Params are mapped and whose BatchStat (also named ``layers``) is
+    broadcast by a StateAxes nested beside ``x``, with ``transform_metadata``."""
+    vmap_, scan_, state_axes, _ = _lib(lib)
+    seen = []
+
+    class Layer(lib.Module):
+        def __init__(self, rngs):
+            self.w = lib.Param(rngs.params.uniform((2,)), out_sharding=("embed",))
+
+    def apply(pair):
+        m, x = pair
+        seen.append((m.w.out_sharding, m.s.out_sharding))
+        return x * m.w[...] * m.s[...].sum()
+    metadata = {lib.PARTITION_NAME: "layers"}
+    with flax_nnx.use_eager_sharding(False), _quiet():    # no mesh: flax would place it
+        stack = vmap_(Layer, transform_metadata=metadata)(lib.Rngs(0).split(3))
+        stack.s = lib.BatchStat(jnp.ones((3,)), out_sharding=("layers",))
+        entry = (state_axes({lib.Param: 0, ...: None}), None)
+        transform = vmap_ if name == "vmap" else functools.partial(scan_, out_axes=0)
+        y = transform(apply, in_axes=(entry,), transform_metadata=metadata)((stack, X[0]))
+    return stack, y, seen
+
+
+@pytest.mark.parametrize("name", ["vmap", "scan"])
+def test_transform_metadata_with_a_nested_state_axes_as_flax(name):
+    (ours, y, seen), (theirs, fy, fseen) = _named(nnx, name), _named(flax_nnx, name)
+    assert seen[-1] == fseen[-1] == (("embed",), ("layers",))
+    assert ours.w.out_sharding == theirs.w.out_sharding == ("layers", "embed")
+    np.testing.assert_array_equal(y, fy)

@@ -11,7 +11,8 @@ function, a loop's ``nnx.Carry`` entries (not mapped) treated as ``None``.
 As in flax.nnx, a mapping without ``PARTITION_NAME`` changes nothing.  flax.nnx also
 inserts the value of each other key into the Variable metadata of that name, and calls a
 Variable's ``on_add_axis``/``on_remove_axis`` hooks; neither is built.  An argument's
-``StateAxes`` entry gives each of its Variables its filter's axis (``nnx.prefix``);
+``StateAxes`` entry, or one nested in its entry, gives each of its Variables its filter's
+axis (``nnx.prefix``);
 ``nnx.vmap`` hands its outputs here already split by their ``StateAxes`` (``output_axes``),
 and one in ``nnx.scan``'s ``out_axes`` is refused by name.
 """
