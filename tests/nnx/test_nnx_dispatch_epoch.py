@@ -222,3 +222,21 @@ def test_a_list_of_variables_changed_in_place_is_seen_by_object_mode():
     assert float(total(vs)) == 7.0
     vs[0] = vnnx.Param(jnp.full((), 8.0))
     assert float(total(vs)) == 14.0
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_a_variable_put_in_dict_under_a_new_name_is_refused_in_graph_mode(lib):
+    """``m.__dict__['z'] = Param(...)`` adds no data name: the Variable is a static
+    attribute, whose updates would be lost.  Graph mode refuses it with a ValueError, as
+    flax.nnx does (varjax: ``StaticDataError`` naming it); tree mode ignores it in both."""
+    nnx = LIBS[lib]
+    m = CLASSES[lib][1]()
+    step = STEPS[lib, "graph"]
+    step(m)
+    m.__dict__["z"] = _param(nnx, 3.0)
+    with pytest.raises(ValueError) as caught:
+        step(m)
+    if lib == "varjax":
+        assert "attribute 'z' of Net is static" in str(caught.value)
+    total = float(sum(_values(nnx, m)))       # z not among them
+    assert float(STEPS[lib, "tree"](m)) == 2 * total

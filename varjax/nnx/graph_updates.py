@@ -40,7 +40,7 @@ import numpy as np
 
 from varjax.ir import errors
 from varjax.ir.caches import LRU
-from varjax.nnx.pytree import Dict, List, Pytree
+from varjax.nnx.pytree import Dict, List, Pytree, check_pytree
 from varjax.objects.graph import key_name, structure_changed
 from varjax.objects.nodes import is_node
 
@@ -204,6 +204,14 @@ class _Call:
                     fix="return arrays, or a copy made with nnx.clone(), or call it with "
                         "graph_updates=True")
 
+    def refuse_static_data(self) -> None:
+        """Graph mode: a static attribute holding data (a Variable put in ``m.__dict__``
+        bypassing assignment) is ``check_pytree``'s ``StaticDataError``, a ``ValueError``
+        as flax.nnx raises; its updates would otherwise be lost.  Checked once per trace."""
+        for _, x in self.objects:
+            if isinstance(x, Pytree):
+                check_pytree(x)
+
     def refuse_shared(self) -> None:
         """Tree mode: a Variable reached at two places among the arguments is refused, with
         the ``ValueError`` flax.nnx raises, naming both paths."""
@@ -244,6 +252,8 @@ def carrying(fn: Callable, what: str, graph: bool, updates: bool) -> Callable:
             call = _Call(what, args, kwargs)
             if not graph:
                 call.refuse_shared()
+            else:
+                call.refuse_static_data()
             out = fn(*args, **kwargs)
             changed = call.changed()
             if not updates:

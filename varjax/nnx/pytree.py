@@ -170,10 +170,11 @@ def _class_status(cls: type) -> dict[str, bool]:
 
 def _check_static(owner: Any, name: str, value: Any) -> None:
     if any(is_data(leaf) for leaf in jax.tree.leaves(value, is_leaf=is_data)):
+        why = ("marked nnx.static, or put in its __dict__ without assignment" if is_data(value)
+               else f"a {type(value).__name__} is not data by its type")
         raise errors.StaticDataError(
-            f"attribute '{name}' of {type(owner).__name__} is static (a "
-            f"{type(value).__name__} is not data by its type) but holds data (a Variable, "
-            "an NNX object or an array), which a transform would not see.",
+            f"attribute '{name}' of {type(owner).__name__} is static ({why}) but holds data "
+            "(a Variable, an NNX object or an array), which a transform would not see.",
             path=(name,), **errors.where(),
             fix=f"use nnx.List/nnx.Dict for containers of layers, or mark it: "
                 f"self.{name} = nnx.data(...)")
