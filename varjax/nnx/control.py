@@ -26,7 +26,7 @@ import jax
 from varjax.ir import errors
 from varjax.ir.typing import ArrayLike, Passes, PyTree
 from varjax.nnx.config import resolve
-from varjax.nnx.graph_updates import carrying, finish
+from varjax.nnx.graph_updates import carrying, finish, restored, shared_output
 from varjax.nnx.transform_checks import (
     as_given,
     checked,
@@ -120,9 +120,15 @@ def eval_shape(f: Callable, *args: Any, graph: bool | None = None,
     """``jax.eval_shape`` over NNX objects: the output's modules hold Variables of
     ``jax.ShapeDtypeStruct``s (an abstract model: ``eval_shape(lambda: Model(rngs))``).
     The function runs on copies of the arguments, so, as in flax.nnx, nothing is written
-    back to them (in every mode: ``graph``/``graph_updates`` change nothing here), and
-    their writes are not reported as lost (``raw_writes.tracing_only``)."""
+    back to them (``graph_updates`` changes nothing here), and their writes are not
+    reported as lost (``raw_writes.tracing_only``).  In graph mode the output's objects
+    share what they shared inside (a submodule held twice is one); tree mode refuses that,
+    as flax.nnx does."""
     refuse_bound_method(f, "eval_shape")
+    graph_mode = resolve(graph, graph_updates)[0]
+
+    def shaped(*a: Any, **k: Any) -> Any:       # what the output shares crosses JAX too
+        return shared_output(f(*a, **k), "eval_shape", graph_mode)
     with raw_writes.tracing_only():
-        return jax.eval_shape(object_transforms.jit(f), *args, **kwargs)
+        return restored(jax.eval_shape(object_transforms.jit(shaped), *args, **kwargs))
 

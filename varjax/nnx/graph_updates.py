@@ -44,7 +44,7 @@ from varjax.nnx.pytree import Dict, List, Pytree, check_pytree
 from varjax.objects.graph import key_name, structure_changed
 from varjax.objects.nodes import is_node
 
-__all__ = ["carrying", "finish", "objects_with_paths"]
+__all__ = ["carrying", "finish", "objects_with_paths", "restored", "shared_output"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,26 @@ class _Changes:
     places: tuple
 
 
+@dataclasses.dataclass(frozen=True)
+class _Same:
+    """Stands, in a traced output, for the object with ``index`` (``_walk`` order) met again:
+    JAX copies each place of an output separately, so a second place would come out as a
+    second object."""
+
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shared:
+    """A traced output holding ``_Same`` markers, for ``finish`` to make one object again."""
+
+    tree: Any
+
+
 jax.tree_util.register_pytree_node(_Arg, lambda m: ((), m.position), lambda p, _: _Arg(p))
+jax.tree_util.register_pytree_node(_Same, lambda m: ((), m.index), lambda i, _: _Same(i))
+jax.tree_util.register_pytree_node(_Shared, lambda s: ((s.tree,), None),
+                                   lambda _, kids: _Shared(kids[0]))
 jax.tree_util.register_pytree_node(_Static, lambda s: ((), s.value), lambda v, _: _Static(v))
 jax.tree_util.register_pytree_node(_Changes, lambda c: (c.children, c.places),
                                    lambda places, children: _Changes(tuple(children), places))
@@ -121,6 +140,62 @@ def _attributes(treedef: Any, ids: list[int]) -> dict[Any, tuple]:
         keys = [(n, True, None) for n in names] + [(n, False, v) for n, v in statics]
     kids = iter(ids)
     return {k: ("data", next(kids)) if data_ else ("static", value) for k, data_, value in keys}
+
+
+def _walk(tree: Any, first: Callable[[Any], int | None], again: Callable[[Any], Any],
+          opaque: Callable[[Any], bool] = lambda x: False) -> Any:
+    """``tree`` rebuilt with its objects numbered in tree order, modules before their
+    children: ``first(x)`` numbers an object met for the first time (None: met before, and
+    ``again(x)`` stands for it), and a module is rebuilt one level at a time around its
+    walked children (``made[n]``, the rebuilt object numbered ``n``, is what a later
+    ``_Same(n)`` becomes); an ``opaque`` object (an argument's, which ``export`` makes an
+    ``_Arg``) is left as it is.  ``_strip`` inside a transform and ``_restore`` outside walk
+    an output in the same order, so their numbers agree."""
+    made: dict[int, Any] = {}
+
+    def one(x: Any) -> Any:
+        if isinstance(x, _Same):
+            return made[x.index]
+        if not _is_object(x) or opaque(x):
+            return x
+        n = first(x)
+        if n is None:
+            return again(x)
+        if isinstance(x, Pytree):
+            children, treedef = _one_level(x)
+            x = treedef.unflatten([jax.tree.map(one, c, is_leaf=_marked) for c in children])
+        made[n] = x
+        return x
+    return jax.tree.map(one, tree, is_leaf=_marked)
+
+
+def _marked(x: Any) -> bool:
+    return isinstance(x, _Same) or _is_object(x)
+
+
+def _strip(tree: Any, opaque: Callable[[Any], bool]) -> tuple[Any, bool]:
+    """``tree`` with every object met a second time a ``_Same`` marker (so JAX's copy of it
+    keeps one object per object); whether there was any."""
+    seen: dict[int, int] = {}
+
+    def first(x: Any) -> int | None:
+        if id(x) in seen:
+            return None
+        seen[id(x)] = len(seen)
+        return seen[id(x)]
+    again = [False]
+
+    def marker(x: Any) -> _Same:
+        again[0] = True
+        return _Same(seen[id(x)])
+    stripped = _walk(tree, first, marker, opaque)
+    return stripped, again[0]
+
+
+def _restore(tree: Any) -> Any:
+    """JAX's copy of a ``_strip``ped tree with each ``_Same`` the one object it stands for."""
+    count = iter(range(1 << 62))
+    return _walk(tree, lambda _: next(count), lambda x: x)
 
 
 def _show(path: tuple[str, ...]) -> str:
@@ -260,7 +335,8 @@ def carrying(fn: Callable, what: str, graph: bool, updates: bool) -> Callable:
                 if changed:
                     call.refuse_change(changed[0])
                 call.refuse_returned(out)
-                return out, ()
+                return shared_output(out, what, graph), ()
+            out = shared_output(out, what, graph, lambda x: id(x) in call.position)
             out, placed = call.export(out, statics=False)
             if not changed and not placed:
                 return out, ()
@@ -270,10 +346,37 @@ def carrying(fn: Callable, what: str, graph: bool, updates: bool) -> Callable:
     return found
 
 
+def shared_output(out: Any, what: str, graph: bool,
+            opaque: Callable[[Any], bool] = lambda x: False) -> Any:
+    """``out`` as it can cross JAX with what its objects share: as it is when they share
+    nothing; in graph mode ``_Shared`` (``_strip``); in tree mode a refusal naming both
+    places, as flax.nnx refuses it (``ValueError``)."""
+    stripped, again = _strip(out, opaque)
+    if not again:
+        return out
+    if not graph:
+        seen: dict[int, tuple[str, ...]] = {}
+        for path, x in objects_with_paths(out):
+            if id(x) in seen:
+                raise errors.InconsistentAliasError(
+                    f"nnx.{what}: {type(x).__name__} is returned at {_show(seen[id(x)])} and "
+                    f"at {_show(path)}; tree mode (graph=False) returns trees, without shared "
+                    "references (flax.nnx refuses this aliasing too).", path=path,
+                    **errors.where(), fix="return it once, or call it with graph=True")
+            seen[id(x)] = path
+    return _Shared(stripped)
+
+
+def restored(out: Any) -> Any:
+    """JAX's copy of a ``shared_output``, its objects shared again as they were inside."""
+    return _restore(out.tree) if isinstance(out, _Shared) else out
+
+
 def finish(args: tuple, kwargs: dict, out: Any, changes: Any) -> Any:
     """Outside the transform: ``out`` with the caller's objects of ``args``/``kwargs`` (as
     ``carrying``'s wrapper got them) where the markers are, and the changed objects'
     attributes set in place (``changes``: what the wrapper returned beside ``out``)."""
+    out = restored(out)
     if not isinstance(changes, _Changes):
         return out
     objects = [x for _, x in objects_with_paths({"args": args, "kwargs": kwargs})]
