@@ -22,6 +22,7 @@ IR after each pass).
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import AbstractSet, Any, Callable, Sequence
 
 import jax
@@ -30,13 +31,13 @@ from jax.experimental import checkify as checkify_lib
 from varjax.ir import errors
 from varjax.ir.typing import ShardingLike
 from varjax.nnx.config import resolve
+from varjax.nnx.jit_shardings import partial_prefix, refuse_state_shardings, static_positions
 from varjax.nnx.transform_checks import (
     as_decorator,
     checked,
     no_argument_returned,
     objects_in,
     refuse_bound_method,
-    refuse_options,
 )
 from varjax.objects import inspection
 from varjax.objects import object_transforms as objects
@@ -63,6 +64,38 @@ def _no_objects_after(bound: int, what: str) -> Callable[[str, Callable, tuple, 
     return check
 
 
+def _partial_positions(fun: Callable, bound: int, n: int, argnums: int | Sequence[int] | None,
+                       argnames: str | Sequence[str] | None,
+                       what: str) -> tuple[bool, tuple[int, ...], tuple[str, ...]]:
+    """``jit_partial``'s ``argnums``/``argnames`` (position 0 the bound arguments, as one;
+    ``k`` the call's argument ``k - 1``; names ``fun``'s parameters) as object mode's ``jit``
+    takes them, whose positions are the ``n`` nodes of the bound arguments, then the call's:
+    ``(whether they name the bound arguments, the call's positions, the call's names)``.
+    Each of positions and names is completed from the other by ``fun``'s signature
+    (``static_positions``), as ``jax.jit`` completes them."""
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums or ())
+    own = tuple(i if i < 0 else bound + i - 1 for i in nums if i != 0)
+    own, names = static_positions(fun, own, argnames)
+    bound_names = _bound_names(fun, bound)
+    names_bound = 0 in nums or any(0 <= i < bound for i in own) or bool(set(names) & bound_names)
+    if names_bound and what == "static":
+        raise errors.ConfigError(
+            "nnx.jit_partial: static_argnums 0 (or a bound parameter's name in "
+            "static_argnames) names the bound arguments, which are traced.", **errors.where(),
+            fix="give the positions of the call's own arguments, from 1, or their names")
+    return (names_bound, tuple(i if i < 0 else n + i - bound for i in own if not 0 <= i < bound),
+            tuple(name for name in names if name not in bound_names))
+
+
+def _bound_names(fun: Callable, bound: int) -> set[str]:
+    """The names of ``fun``'s first ``bound`` parameters, which the bound arguments fill."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params[:bound] if p.kind != p.VAR_POSITIONAL}
+
+
 def jit_partial(fun: Callable, *partial_args: Any, in_shardings: ShardingLike = None,
                 out_shardings: ShardingLike = None,
                 static_argnums: int | Sequence[int] | None = None,
@@ -81,34 +114,44 @@ def jit_partial(fun: Callable, *partial_args: Any, in_shardings: ShardingLike = 
     structure is fixed here, as in flax.nnx.
 
     As in flax.nnx, graph updates are refused (pass ``graph_updates=False`` or
-    ``graph=False``), the call's own arguments may not hold NNX objects, and
-    ``static_argnums`` counts the bound arguments as one, at position 0 (so ``1`` is the
-    call's first argument)."""
-    refuse_options("jit_partial", in_shardings=(in_shardings, None),
-                   out_shardings=(out_shardings, None), static_argnames=(static_argnames, None),
-                   donate_argnums=(donate_argnums, None), donate_argnames=(donate_argnames, None),
-                   keep_unused=(keep_unused, False), device=(device, None),
-                   backend=(backend, None), inline=(inline, False))
+    ``graph=False``), the call's own arguments may not hold NNX objects, and the bound
+    arguments are one argument to ``jax.jit``, at position 0 (so ``1`` is the call's first
+    argument): ``static_argnums`` may not name them; ``donate_argnums=0`` (or a bound
+    parameter's name in ``donate_argnames``) donates every Variable of every bound
+    argument, each given back written or not.  ``in_shardings`` as a tuple gives each
+    bound argument an entry (a Sharding, None, or a tree of its structure such as
+    ``nnx.get_named_sharding(model, mesh)``), then each of the call's; a bound Variable's
+    update comes back with its entry's sharding.  A ``StateSharding`` is refused, as in
+    flax.nnx.  ``out_shardings``, ``keep_unused``, ``device``, ``backend`` and ``inline``
+    are ``jax.jit``'s (flax.nnx 0.12.8 refuses ``device``/``backend``: it always passes
+    ``out_shardings`` with them; ``nnx.jit`` here takes them, and so does this)."""
     if resolve(graph, graph_updates)[1]:
         raise errors.ConfigError(
             "nnx.jit_partial does not carry graph updates (structural changes inside the "
             "function); it needs graph_updates=False, or tree mode (graph=False).",
             **errors.where(), fix="pass graph_updates=False (as flax.nnx asks)")
+    refuse_state_shardings("jit_partial", in_shardings=in_shardings,
+                           out_shardings=out_shardings)
     refuse_bound_method(fun, "jit_partial")
     bound = len(partial_args)
-    statics = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums or ())
-    if 0 in statics:
-        raise errors.ConfigError(
-            "nnx.jit_partial: static_argnums 0 names the bound arguments, which are traced.",
-            **errors.where(), fix="give the positions of the call's own arguments, from 1")
     leaves, treedef = jax.tree.flatten(partial_args, is_leaf=is_node)
     n = len(leaves)
+    _, statics, static_names = _partial_positions(fun, bound, n, static_argnums,
+                                                  static_argnames, "static")
+    all_bound, donated, donated_names = _partial_positions(fun, bound, n, donate_argnums,
+                                                           donate_argnames, "donate")
     checked_fun = checked(fun, "jit_partial", _no_objects_after(bound, "jit_partial"))
 
     def flat(*args: Any, **kwargs: Any) -> Any:
         return checked_fun(*jax.tree.unflatten(treedef, args[:n]), *args[n:], **kwargs)
     flat.__name__ = getattr(fun, "__name__", "fn")   # not its signature: JAX reads that
-    jitted = objects.jit(flat, static_argnums=tuple(n + i - 1 for i in statics))
+    sharded = in_shardings is not None or out_shardings is not None
+    jitted = objects.jit(
+        flat, static_argnums=statics, static_argnames=static_names,
+        donate_argnums=(tuple(range(n)) if all_bound else ()) + donated, donate_argnames=donated_names,
+        in_shardings=partial_prefix(in_shardings, partial_args, statics) if sharded else None,
+        out_shardings=out_shardings, keep_unused=keep_unused, device=device, backend=backend,
+        inline=inline)
 
     @functools.wraps(fun)
     def call(*args: Any, **kwargs: Any) -> Any:

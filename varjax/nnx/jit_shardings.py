@@ -9,6 +9,10 @@ filters, as ``nnx.shard_map`` makes its ``in_specs``), and static positions get 
 object mode sees one entry per positional argument; each Variable's update comes back with
 its entry's sharding, as flax.nnx's ``jit`` gives an argument's state out with its
 ``in_shardings``.
+
+``nnx.jit_partial`` passes its bound arguments to object mode's ``jit`` as their nodes, one
+positional argument each (``partial_prefix``): a bound argument's entry is broadcast to each
+of its nodes, as flax.nnx broadcasts it over the argument's flattened Variables.
 """
 from __future__ import annotations
 
@@ -17,11 +21,16 @@ from typing import Any, Callable, Iterable
 
 import jax
 
+from varjax.ir import errors
+from varjax.ir.typing import Prefix, ShardingLike
 from varjax.nnx.filter_maps import StateSharding
 from varjax.nnx.prefixes import prefix
+from varjax.objects.nodes import is_node
 from varjax.trace.unprovided import not_provided
+from varjax.trace.variable import Variable
 
-__all__ = ["static_positions", "in_prefix", "check_out_shardings"]
+__all__ = ["static_positions", "in_prefix", "check_out_shardings", "partial_prefix",
+           "refuse_state_shardings"]
 
 
 def _is_sharding_map(x: Any) -> bool:
@@ -92,3 +101,54 @@ def check_out_shardings(out_shardings: Any) -> None:
                      "the output's structure isn't known before tracing.",
                      "give a Sharding (or None) for a returned module, or return arrays",
                      by="varjax.nnx")
+
+
+def _per_node(entry: Prefix, arg: Any, position: int) -> list[ShardingLike]:
+    """``entry`` (a Sharding, None, or a prefix tree of ``arg``, its leaves Shardings or
+    Variables holding one, as ``nnx.get_named_sharding`` gives) broadcast to each node of
+    ``arg`` in flattening order."""
+    def spread(leaf: Any, sub: Any) -> list[Any]:
+        sharding = leaf.value if isinstance(leaf, Variable) else leaf
+        return [sharding] * len(jax.tree.leaves(sub, is_leaf=is_node))
+    try:
+        spread_tree = jax.tree.map(spread, entry, arg, is_leaf=lambda x: x is None or is_node(x))
+    except ValueError as e:
+        raise errors.ConfigError(
+            f"nnx.jit_partial: in_shardings entry {position} is not a prefix of bound "
+            f"argument {position} ({type(arg).__name__}): {e}", **errors.where(),
+            fix="give a bound argument one Sharding (or None), or a tree of its structure "
+                "(nnx.get_named_sharding(model, mesh))") from None
+    return jax.tree.leaves(spread_tree, is_leaf=lambda x: x is None)
+
+
+def partial_prefix(in_shardings: ShardingLike, partial_args: tuple,
+                   statics: Iterable[int]) -> Callable[[tuple], Any]:
+    """``nnx.jit_partial``'s ``in_shardings`` over object mode's positional arguments (each
+    node of the bound arguments, then the call's): a tuple's first ``len(partial_args)``
+    entries are the bound arguments', each broadcast to its nodes (``_per_node``), the rest
+    the call's; anything else is every argument's, as ``jax.jit`` takes it.  A
+    ``StateSharding`` (in or out) is refused before: flax.nnx's ``ValueError``."""
+    if not isinstance(in_shardings, (tuple, list)):
+        return in_prefix(in_shardings, statics, False)
+    bound = len(partial_args)
+    if len(in_shardings) < bound:
+        raise errors.ConfigError(
+            f"nnx.jit_partial: in_shardings has {len(in_shardings)} entries for {bound} bound "
+            "arguments.", **errors.where(),
+            fix="give one entry per bound argument, then one per argument of the call")
+    per_node = [s for i, (entry, arg) in enumerate(zip(in_shardings, partial_args))
+                for s in _per_node(entry, arg, i)]
+    return in_prefix((*per_node, *in_shardings[bound:]), statics, False)
+
+
+def refuse_state_shardings(what: str, **options: Any) -> None:
+    """flax.nnx's ``ValueError`` for a ``StateSharding`` in ``jit_partial``'s options: the
+    bound arguments are flattened to their Variables once, before any filter could split
+    them (varjax's ``ConfigError``, also a ``ValueError``)."""
+    for name, value in options.items():
+        if any(map(_is_sharding_map, jax.tree.leaves(value, is_leaf=_is_sharding_map))):
+            raise errors.ConfigError(
+                f"`{name}` cannot contain `StateSharding` objects in `{what}`.",
+                **errors.where(),
+                fix="give each bound module a Sharding, or a tree of its structure "
+                    "(nnx.get_named_sharding(model, mesh))")
