@@ -82,6 +82,16 @@ def test_in_shardings_entry_may_be_a_tree_of_the_bound_module():
     np.testing.assert_array_equal(m.w[...], [3.0] * 4)
 
 
+def test_in_shardings_skip_a_static_call_argument_as_jax_jit_s():
+    """``jax.jit``'s convention: entries for the traced arguments only (flax.nnx 0.12.8's
+    jit_partial fails on static arguments with a tuple of in_shardings, either way)."""
+    m = _model(vnnx)
+    fn = jit_partial(_branching, m, static_argnums=2, in_shardings=(SPLIT, REPLICATED),
+                     graph_updates=False)
+    np.testing.assert_array_equal(fn(jnp.ones(4), 3.0), [3.0] * 4)
+    assert m.w[...].sharding == SPLIT
+
+
 def test_in_shardings_with_too_few_entries_or_a_wrong_tree_is_a_config_error():
     m = _model(vnnx)
     with pytest.raises(errors.ConfigError, match="1 entries for 2 bound arguments"):

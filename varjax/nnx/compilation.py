@@ -66,19 +66,20 @@ def _no_objects_after(bound: int, what: str) -> Callable[[str, Callable, tuple, 
 
 def _partial_positions(fun: Callable, bound: int, n: int, argnums: int | Sequence[int] | None,
                        argnames: str | Sequence[str] | None,
-                       what: str) -> tuple[bool, tuple[int, ...], tuple[str, ...]]:
+                       static: bool) -> tuple[bool, tuple[int, ...], tuple[str, ...]]:
     """``jit_partial``'s ``argnums``/``argnames`` (position 0 the bound arguments, as one;
     ``k`` the call's argument ``k - 1``; names ``fun``'s parameters) as object mode's ``jit``
     takes them, whose positions are the ``n`` nodes of the bound arguments, then the call's:
     ``(whether they name the bound arguments, the call's positions, the call's names)``.
     Each of positions and names is completed from the other by ``fun``'s signature
-    (``static_positions``), as ``jax.jit`` completes them."""
+    (``static_positions``), as ``jax.jit`` completes them.  ``static``: naming the bound
+    arguments is a ``ConfigError`` (they are traced)."""
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums or ())
     own = tuple(i if i < 0 else bound + i - 1 for i in nums if i != 0)
     own, names = static_positions(fun, own, argnames)
     bound_names = _bound_names(fun, bound)
     names_bound = 0 in nums or any(0 <= i < bound for i in own) or bool(set(names) & bound_names)
-    if names_bound and what == "static":
+    if names_bound and static:
         raise errors.ConfigError(
             "nnx.jit_partial: static_argnums 0 (or a bound parameter's name in "
             "static_argnames) names the bound arguments, which are traced.", **errors.where(),
@@ -137,9 +138,9 @@ def jit_partial(fun: Callable, *partial_args: Any, in_shardings: ShardingLike = 
     leaves, treedef = jax.tree.flatten(partial_args, is_leaf=is_node)
     n = len(leaves)
     _, statics, static_names = _partial_positions(fun, bound, n, static_argnums,
-                                                  static_argnames, "static")
+                                                  static_argnames, static=True)
     all_bound, donated, donated_names = _partial_positions(fun, bound, n, donate_argnums,
-                                                           donate_argnames, "donate")
+                                                           donate_argnames, static=False)
     checked_fun = checked(fun, "jit_partial", _no_objects_after(bound, "jit_partial"))
 
     def flat(*args: Any, **kwargs: Any) -> Any:
