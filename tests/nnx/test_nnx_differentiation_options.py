@@ -5,33 +5,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from counting_model import X
+from counting_model import counting_model as _model
+from counting_model import same_state as _same_state
 from flax import nnx as flax_nnx
 
 from varjax import errors, nnx
 from varjax.nnx.differentiation import custom_vjp, jvp, vjp
 from varjax.nnx.transforms import grad
-
-X = jnp.arange(6.0).reshape(3, 2) / 7
-
-
-def _model(lib, seed=0):
-    class Model(lib.Module):
-        def __init__(self, rngs):
-            self.lin = lib.Linear(2, 2, rngs=rngs)
-            self.count = lib.BatchStat(jnp.array(0))
-
-        def __call__(self, x):
-            self.count[...] += 1
-            return jnp.tanh(self.lin(x))
-    return Model(lib.Rngs(seed))
-
-
-def _same_state(ours, theirs):
-    a, b = nnx.to_pure_dict(nnx.state(ours)), flax_nnx.to_pure_dict(flax_nnx.state(theirs))
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(x, y)
-
 
 # --- vjp(reduce_axes=...): gone from JAX ----------------------------------------------------
 

@@ -11,6 +11,9 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from counting_model import X
+from counting_model import counting_model as _model
+from counting_model import same_state as _same_state
 from flax import nnx as flax_nnx
 from jax.sharding import PartitionSpec as P
 
@@ -19,27 +22,6 @@ from varjax.nnx.batching import vmap
 from varjax.nnx.control import fori_loop
 from varjax.nnx.iteration import Carry, scan
 from varjax.nnx.sharding_transforms import pmap
-
-X = jnp.arange(6.0).reshape(3, 2) / 7
-
-
-def _model(lib, seed=0):
-    class Model(lib.Module):
-        def __init__(self, rngs):
-            self.lin = lib.Linear(2, 2, rngs=rngs)
-            self.count = lib.BatchStat(jnp.array(0))
-
-        def __call__(self, x):
-            self.count[...] += 1
-            return jnp.tanh(self.lin(x))
-    return Model(lib.Rngs(seed))
-
-
-def _same_state(ours, theirs):
-    a, b = nnx.to_pure_dict(nnx.state(ours)), flax_nnx.to_pure_dict(flax_nnx.state(theirs))
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(x, y)
 
 
 def _params(jaxpr, name):

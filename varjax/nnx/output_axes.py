@@ -22,17 +22,18 @@ from varjax.nnx.graph import merge, split
 from varjax.nnx.state_axes import StateAxes
 from varjax.nnx.transform_checks import objects_in
 
-__all__ = ["split_outputs", "out_prefix", "joined"]
+__all__ = ["GraphDefLeaf", "split_outputs", "out_prefix", "joined"]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static:
-    """The returned module's ``GraphDef`` in the traced output: a pytree with no children."""
+class GraphDefLeaf:
+    """A returned module's ``GraphDef`` in a traced output, its states beside it: a pytree
+    with no children (``shard_map``'s ``StateSharding`` outputs use it too)."""
 
     graphdef: Any
 
 
-jax.tree_util.register_pytree_node(_Static, lambda s: ((), s.graphdef), lambda g, _: _Static(g))
+jax.tree_util.register_pytree_node(GraphDefLeaf, lambda s: ((), s.graphdef), lambda g, _: GraphDefLeaf(g))
 
 
 def _is_entry(x: Any) -> bool:
@@ -68,10 +69,10 @@ def split_outputs(fn: Callable, out_axes: Any, updates: bool) -> Callable:
             if not isinstance(entry, StateAxes):
                 return out
             if id(out) in given:
-                return (_Static(_Given(given[id(out)])), ((),) * len(entry.axes)) \
+                return (GraphDefLeaf(_Given(given[id(out)])), ((),) * len(entry.axes)) \
                     if updates else out
             graphdef, *states = split(out, *entry.filters)
-            return _Static(graphdef), tuple(states)
+            return GraphDefLeaf(graphdef), tuple(states)
         return jax.tree.map(part, out_axes, fn(*args, **kwargs), is_leaf=_is_entry)
     return parts
 

@@ -10,7 +10,6 @@ the parts into the module.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -19,18 +18,9 @@ from jax.sharding import PartitionSpec
 
 from varjax.nnx.filter_maps import StateSharding
 from varjax.nnx.graph import merge, split
+from varjax.nnx.output_axes import GraphDefLeaf
 
 __all__ = ["split_by_state", "by_state_specs", "joined"]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    """The returned module's ``GraphDef`` in the traced output: a pytree with no children."""
-
-    graphdef: Any
-
-
-jax.tree_util.register_pytree_node(_Static, lambda s: ((), s.graphdef), lambda g, _: _Static(g))
 
 
 def _is_entry(x: Any) -> bool:
@@ -52,7 +42,7 @@ def split_by_state(fn: Callable, out_specs: Any) -> Callable:
         if not isinstance(spec, StateSharding):
             return out
         graphdef, *states = split(out, *spec.filters)
-        return _Static(graphdef), tuple(states)
+        return GraphDefLeaf(graphdef), tuple(states)
 
     @functools.wraps(fn)
     def parts(*args: Any, **kwargs: Any) -> Any:
