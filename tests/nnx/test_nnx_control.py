@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx as flax_nnx
+from jax.sharding import PartitionSpec as P
 
 from varjax import errors, nnx
 from varjax.nnx.batching import vmap
@@ -246,9 +247,21 @@ def test_vmap_broadcast_module_written_per_member_is_an_error():
         vmap(lambda m, x: m(x), in_axes=(None, 0))(ours, X[:, None, :])
 
 
-def test_vmap_spmd_axis_name_is_not_provided():
-    with pytest.raises(errors.NotProvidedError, match="spmd_axis_name"):
-        vmap(lambda m: m, spmd_axis_name="x")
+@pytest.mark.parametrize("spmd", [None, "x"])
+def test_vmap_spmd_axis_name_shards_the_mapped_axis_over_the_mesh_as_flax(spmd):
+    """A sharding constraint inside the body is per member; ``spmd_axis_name`` adds the mesh
+    axis at the mapped dimension, as ``jax.vmap`` (and flax.nnx) do."""
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    specs = []
+    for lib, vmap_ in ((flax_nnx, flax_nnx.vmap), (nnx, vmap)):
+        layer = lib.Linear(2, 3, rngs=lib.Rngs(0))
+
+        def body(m, x):
+            return jax.lax.with_sharding_constraint(m(x), jax.sharding.NamedSharding(mesh, P()))
+        with jax.set_mesh(mesh):
+            y = vmap_(body, in_axes=(None, 0), spmd_axis_name=spmd)(layer, X[:4])
+        specs.append(y.sharding.spec)
+    assert specs[0] == specs[1] == (P("x") if spmd else P())
 
 
 def test_vmap_of_a_bound_method_is_refused_as_flax_refuses_it():

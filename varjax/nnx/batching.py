@@ -23,8 +23,8 @@ stacked along its filter's axis, or once where it is ``None`` (``output_axes``).
 Variable's ``out_sharding`` as it leaves and removes it as it enters (``metadata_option``).
 
 Not built, refused with ``NotProvidedError`` by name: a ``StateAxes`` inside an NNX object of
-the prefix (an ``nnx.prefix`` tree), ``transform_metadata`` keys other than ``PARTITION_NAME``,
-``spmd_axis_name``.
+the prefix (an ``nnx.prefix`` tree), ``transform_metadata`` keys other than ``PARTITION_NAME``.
+``spmd_axis_name`` is ``jax.vmap``'s.
 """
 from __future__ import annotations
 
@@ -54,7 +54,6 @@ from varjax.nnx.transform_checks import (
     as_decorator,
     positional,
     refuse_bound_method,
-    refuse_options,
 )
 from varjax.objects import object_transforms as objects
 from varjax.trace.unprovided import not_provided
@@ -85,7 +84,6 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
     Variables' ``out_sharding`` at their axis inside and adds it to the returned ones' at
     ``out_axes`` (``metadata_option``).  ``passes`` (beyond flax.nnx, as ``nnx.jit``'s) run
     on the body's IR, once, before JAX batches it."""
-    refuse_options("vmap", spmd_axis_name=(spmd_axis_name, None))
     modes = resolve(graph, graph_updates)
     if isinstance(in_axes, StateAxes):
         raise errors.TransformError(
@@ -103,7 +101,8 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
                                in_axes, stacked)
         mapped = None if by_state else objects.vmap(
             carrying(named, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
-            axis_size=axis_size, axis_name=axis_name, passes=passes)
+            axis_size=axis_size, axis_name=axis_name, spmd_axis_name=spmd_axis_name,
+            passes=passes)
         made: dict[tuple, Callable] = {}     # per layout and GraphDefs of the split arguments
 
         def by_states(args: tuple) -> Any:
@@ -116,7 +115,8 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
                 carried = carrying(named, "vmap", *modes)
                 found = made[key] = objects.vmap(
                     lambda *a: carried(*gathered(layout, merged(defs, a))), in_axes=axes,
-                    out_axes=(stacked, 0), axis_size=axis_size, axis_name=axis_name, passes=passes)
+                    out_axes=(stacked, 0), axis_size=axis_size, axis_name=axis_name,
+                    spmd_axis_name=spmd_axis_name, passes=passes)
             return found(*given)
 
         @functools.wraps(fn)

@@ -378,12 +378,15 @@ def _cell_axes(graph: Graph, axes: list[Any], what: str, name: str = "in_axes") 
 
 
 def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
-         axis_size: int | None = None, axis_name: Any = None, passes: Any = ()) -> Any:
+         axis_size: int | None = None, axis_name: Any = None, spmd_axis_name: Any = None,
+         passes: Any = ()) -> Any:
     """``jax.vmap`` over objects; an update is stacked along its object's axis.  ``passes``
-    (as ``jit``'s) run on the body's IR, once, before JAX batches it."""
+    (as ``jit``'s) run on the body's IR, once, before JAX batches it; ``spmd_axis_name`` is
+    ``jax.vmap``'s (the mesh axes the mapped axis is sharded over)."""
     if fn is None:
         return functools.partial(vmap, in_axes=in_axes, out_axes=out_axes,
-                                 axis_size=axis_size, axis_name=axis_name, passes=passes)
+                                 axis_size=axis_size, axis_name=axis_name,
+                                 spmd_axis_name=spmd_axis_name, passes=passes)
     pure = _Pure(fn, arg_names(fn), parse_entries(passes))
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -393,7 +396,8 @@ def vmap(fn: Callable | None = None, *, in_axes: Any = 0, out_axes: Any = 0,
         result_axes = Result(cell_axes, axes, 0)
         vmapped = pure.get(graph, lambda p: jax.vmap(
             p, in_axes=tuple(in_axes) if isinstance(in_axes, list) else in_axes,
-            out_axes=(out_axes, result_axes), axis_size=axis_size, axis_name=axis_name),
+            out_axes=(out_axes, result_axes), axis_size=axis_size, axis_name=axis_name,
+            spmd_axis_name=spmd_axis_name),
             (tuple(cell_axes),))
         try:
             out, result = vmapped(*args, **kwargs)
