@@ -123,9 +123,40 @@ def test_state_sharding_without_graph_updates_is_flax_nnxs_value_error():
                  graph_updates=False)(_linear(lib))
 
 
-def test_state_sharding_in_out_shardings_or_nested_is_not_built():
+def _kernel_columns(sharding):
+    return sharding({lambda path, _: path[-1] == "kernel": COLUMNS, ...: REPLICATED})
+
+
+def test_state_sharding_in_out_shardings_places_a_module_made_inside_as_flax_nnx():
+    """The module returned at a ``StateSharding`` entry is split by its filters inside, each
+    state on its sharding, and merged outside, as flax.nnx does."""
+    placed = []
+    for lib, jit_, sharding in LIBS:
+        out = jit_(lambda x: (_linear(lib), x * 2), out_shardings=(_kernel_columns(sharding),
+                                                                   REPLICATED))(X)
+        module = out[0]
+        placed.append([(v[...].sharding.spec, np.asarray(v[...]))
+                       for v in (module.kernel, module.bias)])
+        assert isinstance(module, lib.Linear)
+    (ours_kernel, ours_bias), (theirs_kernel, theirs_bias) = placed
+    assert ours_kernel[0] == theirs_kernel[0] == P(None, "x")
+    assert ours_bias[0] == theirs_bias[0] == P()
+    np.testing.assert_array_equal(ours_kernel[1], theirs_kernel[1])
+
+
+def test_state_sharding_in_out_shardings_refusals_are_flax_nnxs():
+    """An argument's module returned there (its Variables come back with its in_shardings
+    entry), and any StateSharding without graph updates, are flax.nnx's ValueErrors."""
+    for lib, jit_, sharding in LIBS:
+        with pytest.raises(ValueError):
+            jit_(lambda m: m, out_shardings=_kernel_columns(sharding))(_linear(lib))
+        for graph in (True, False):
+            with pytest.raises(ValueError, match="cannot contain `StateSharding`"):
+                jit_(lambda m: m, out_shardings=_kernel_columns(sharding), graph=graph,
+                     graph_updates=False)(_linear(lib))
+
+
+def test_state_sharding_nested_in_an_in_shardings_entry_is_not_built():
     spec = StateSharding({...: REPLICATED})
-    with pytest.raises(errors.NotProvidedError, match="out_shardings"):
-        jit(lambda m: m, out_shardings=spec)
     with pytest.raises(errors.NotProvidedError, match="nested"):
         jit(lambda m: m, in_shardings=((spec, REPLICATED),))

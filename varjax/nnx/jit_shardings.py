@@ -93,14 +93,16 @@ def in_prefix(in_shardings: Any, statics: Iterable[int],
     return of
 
 
-def check_out_shardings(out_shardings: Any) -> None:
-    """A ``StateSharding`` in ``out_shardings`` is refused with ``NotProvidedError``: it
-    needs the output's module, which is known only after tracing."""
-    if any(map(_is_sharding_map, jax.tree.leaves(out_shardings, is_leaf=_is_sharding_map))):
-        not_provided("nnx.jit(out_shardings=... StateSharding ...)",
-                     "the output's structure isn't known before tracing.",
-                     "give a Sharding (or None) for a returned module, or return arrays",
-                     by="varjax.nnx")
+def check_out_shardings(out_shardings: ShardingLike, graph_updates: bool) -> None:
+    """A ``StateSharding`` in ``out_shardings`` (built: the returned module is split by its
+    filters, each state on its sharding, ``output_axes``) needs graph mode and graph updates,
+    as in flax.nnx, whose ``ValueError`` this is."""
+    if not graph_updates and any(map(_is_sharding_map, jax.tree.leaves(
+            out_shardings, is_leaf=_is_sharding_map))):
+        raise ValueError("`out_shardings` cannot contain `StateSharding` objects when "
+                         "`graph=False` or `graph_updates=False`: return the module's states "
+                         "(nnx.split(model, filter, ...)) with their own shardings, or pass "
+                         "graph=True and graph_updates=True.")
 
 
 def _per_node(entry: Prefix, arg: Any, position: int) -> list[ShardingLike]:

@@ -1,7 +1,8 @@
 """A ``StateAxes`` entry of ``nnx.vmap``'s or ``nnx.pmap``'s ``out_axes``: the module returned
 there comes out with each state of its filters along that filter's axis, ``None`` included
 (the state is the same for every member and comes out once, as ``jax.vmap``'s
-``out_axes=None`` gives it).
+``out_axes=None`` gives it).  A ``StateSharding`` entry of ``nnx.jit``'s ``out_shardings``
+is the same with a sharding per filter (``kind=StateSharding``).
 
 ``jax.vmap`` (``jax.pmap``) takes ``out_axes`` before tracing, as a prefix of the output, but the returned
 module's structure is known only after.  So, as flax.nnx does, the module is split inside
@@ -17,7 +18,10 @@ import functools
 from typing import Any, Callable
 
 import jax
+from jax.sharding import PartitionSpec
 
+from varjax.ir import errors
+from varjax.nnx.filter_maps import FilterMap
 from varjax.nnx.graph import merge, split
 from varjax.nnx.state_axes import StateAxes
 from varjax.nnx.transform_checks import objects_in
@@ -37,11 +41,11 @@ jax.tree_util.register_pytree_node(GraphDefLeaf, lambda s: ((), s.graphdef), lam
 
 
 def _is_entry(x: Any) -> bool:
-    return x is None or isinstance(x, StateAxes)
+    return x is None or isinstance(x, (FilterMap, PartitionSpec))
 
 
-def _by_state(out_axes: Any) -> bool:
-    return any(isinstance(e, StateAxes) for e in jax.tree.leaves(out_axes, is_leaf=_is_entry))
+def _by_state(out_axes: Any, kind: type[FilterMap]) -> bool:
+    return any(isinstance(e, kind) for e in jax.tree.leaves(out_axes, is_leaf=_is_entry))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +56,16 @@ class _Given:
     index: int
 
 
-def split_outputs(fn: Callable, out_axes: Any, updates: bool) -> Callable:
-    """``fn`` returning, at each ``StateAxes`` entry, ``(GraphDef, states)``: the module
-    there split by the entry's filters (``fn`` itself when ``out_axes`` has none).  An
+def split_outputs(fn: Callable, out_axes: Any, updates: bool,
+                  kind: type[FilterMap] = StateAxes, what: str = "") -> Callable:
+    """``fn`` returning, at each ``kind`` entry, ``(GraphDef, states)``: the module there
+    split by the entry's filters (``fn`` itself when ``out_axes`` has none).  An
     argument's object there is not split: with graph updates it comes back as ``_Given``
     (and no states), so ``joined`` returns the caller's object, as flax.nnx does; without
-    them it is left for ``graph_updates.carrying`` to refuse."""
-    if not _by_state(out_axes):
+    them it is left for ``graph_updates.carrying`` to refuse.  Given ``what`` (``nnx.jit``'s
+    ``out_shardings``, whose argument's Variables come back with their ``in_shardings``),
+    an argument's object there is refused, as flax.nnx refuses it."""
+    if not _by_state(out_axes, kind):
         return fn
 
     @functools.wraps(fn)
@@ -66,10 +73,17 @@ def split_outputs(fn: Callable, out_axes: Any, updates: bool) -> Callable:
         given = {id(x): j for j, x in enumerate(objects_in(args))}
 
         def part(entry: Any, out: Any) -> Any:
-            if not isinstance(entry, StateAxes):
+            if not isinstance(entry, kind):
                 return out
+            if id(out) in given and what:
+                raise errors.InconsistentAliasError(
+                    f"{what}: an argument's {type(out).__name__} is returned at a "
+                    f"{kind.__name__} entry; its Variables come back with the argument's own "
+                    "entry, so it cannot take this one too (flax.nnx refuses this aliasing "
+                    "too).", **errors.where(),
+                    fix="return a new module, or give that output None")
             if id(out) in given:
-                return (GraphDefLeaf(_Given(given[id(out)])), ((),) * len(entry.axes)) \
+                return (GraphDefLeaf(_Given(given[id(out)])), ((),) * len(entry)) \
                     if updates else out
             graphdef, *states = split(out, *entry.filters)
             return GraphDefLeaf(graphdef), tuple(states)
@@ -77,21 +91,21 @@ def split_outputs(fn: Callable, out_axes: Any, updates: bool) -> Callable:
     return parts
 
 
-def out_prefix(out_axes: Any) -> Any:
-    """``out_axes`` with each ``StateAxes`` made ``(None, its axes)``: the prefix of
+def out_prefix(out_axes: Any, kind: type[FilterMap] = StateAxes) -> Any:
+    """``out_axes`` with each ``kind`` entry made ``(None, its values)``: the prefix of
     ``split_outputs``'s output."""
-    return jax.tree.map(lambda e: (None, tuple(e.axes)) if isinstance(e, StateAxes) else e,
+    return jax.tree.map(lambda e: (None, tuple(e.values())) if isinstance(e, kind) else e,
                         out_axes, is_leaf=_is_entry)
 
 
-def joined(out_axes: Any, out: Any, args: tuple) -> Any:
+def joined(out_axes: Any, out: Any, args: tuple, kind: type[FilterMap] = StateAxes) -> Any:
     """``out`` with each module split by ``split_outputs`` merged back, and each argument's
     object there the caller's own (of ``args``)."""
-    if not _by_state(out_axes):
+    if not _by_state(out_axes, kind):
         return out
 
     def one(entry: Any, o: Any) -> Any:
-        if not isinstance(entry, StateAxes):
+        if not isinstance(entry, kind):
             return o
         if isinstance(o[0].graphdef, _Given):
             return objects_in(args)[o[0].graphdef.index]

@@ -40,10 +40,12 @@ from varjax.ir import errors
 from varjax.ir.caches import LRU
 from varjax.ir.typing import AxisName, Filter, Passes, ShardingLike
 from varjax.nnx.config import resolve
+from varjax.nnx.filter_maps import StateSharding
 from varjax.nnx.graph import merge, split, state
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.graphlib import flat_of
 from varjax.nnx.jit_shardings import check_out_shardings, in_prefix, static_positions
+from varjax.nnx.output_axes import joined, out_prefix, split_outputs
 from varjax.nnx.pytree import Pytree, private_containers
 from varjax.nnx.state_ops import from_flat_state
 from varjax.nnx.statelib import State
@@ -97,29 +99,34 @@ def jit(fun: Callable | None = None, *, in_shardings: ShardingLike = None,
     Linen model: ``stop-gradient{collection=params}`` freezes the Params of a train step.
     ``in_shardings``/``out_shardings``/``static_argnames`` are flax.nnx's
     (``jit_shardings``): a module argument's Variables come in, and their updates out,
-    with its ``in_shardings`` entry (a ``StateSharding``: per filter of its state).
+    with its ``in_shardings`` entry (a ``StateSharding``: per filter of its state); a
+    module made inside and returned at a ``StateSharding`` entry of ``out_shardings`` is
+    split by its filters, each state on its sharding, and merged outside (``output_axes``).
     ``donate_argnums``/``donate_argnames`` donate a module argument's Variables, each given
     back (written or not), as in flax.nnx; ``keep_unused``, ``device``, ``backend`` and
     ``inline`` are ``jax.jit``'s."""
     modes = resolve(graph, graph_updates)
-    check_out_shardings(out_shardings)
+    check_out_shardings(out_shardings, all(modes))
     sharded = in_shardings is not None or out_shardings is not None
 
     def build(f: Callable) -> Callable:
         nums, names = static_positions(f, static_argnums, static_argnames)
         donated, donated_names = static_positions(f, donate_argnums, donate_argnames)
-        jitted = objects.jit(carrying(f, "jit", *modes), static_argnums=nums,
+        by_state = split_outputs(f, out_shardings, True, StateSharding, "nnx.jit(out_shardings)")
+        jitted = objects.jit(carrying(by_state, "jit", *modes), static_argnums=nums,
                              static_argnames=names, donate_argnums=donated,
                              donate_argnames=donated_names, keep_unused=keep_unused,
                              device=device, backend=backend, inline=inline,
                              in_shardings=in_prefix(in_shardings, nums, all(modes))
                              if sharded else None,
-                             out_shardings=(out_shardings, None) if sharded else None,
+                             out_shardings=(out_prefix(out_shardings, StateSharding), None)
+                             if sharded else None,
                              passes=passes)
 
         @functools.wraps(f)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return finish(args, kwargs, *jitted(*args, **kwargs))
+            out = finish(args, kwargs, *jitted(*args, **kwargs))
+            return joined(out_shardings, out, args, StateSharding) if by_state is not f else out
         return inspection.mark(call, *inspection.marked_step(jitted))
     return as_decorator(fun, build)
 
