@@ -156,7 +156,20 @@ def test_state_sharding_in_out_shardings_refusals_are_flax_nnxs():
                      graph_updates=False)(_linear(lib))
 
 
-def test_state_sharding_nested_in_an_in_shardings_entry_is_not_built():
-    spec = StateSharding({...: REPLICATED})
-    with pytest.raises(errors.NotProvidedError, match="nested"):
-        jit(lambda m: m, in_shardings=((spec, REPLICATED),))
+def test_state_sharding_nested_in_an_in_shardings_entry_places_that_module_as_flax_nnx():
+    """``in_shardings=((state_sharding, replicated),)`` for a ``(model, x)`` argument: the
+    module inside the tuple is placed by its filters, its updates come back so."""
+    placed = []
+    for lib, jit_, sharding in LIBS:
+        model = _linear(lib)
+
+        def step(pair):
+            m, x = pair
+            m.bias[...] = m.bias[...] + 1.0
+            return m(x)
+        y = jit_(step, in_shardings=((_kernel_columns(sharding), REPLICATED),))((model, X))
+        placed.append((model.kernel[...].sharding.spec, np.asarray(model.bias[...]),
+                       np.asarray(y)))
+    assert placed[0][0] == placed[1][0] == P(None, "x")
+    np.testing.assert_array_equal(placed[0][1], placed[1][1])
+    np.testing.assert_allclose(placed[0][2], placed[1][2], rtol=1e-6)

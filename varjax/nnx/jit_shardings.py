@@ -20,13 +20,13 @@ import inspect
 from typing import Any, Callable, Iterable
 
 import jax
+from jax.sharding import PartitionSpec
 
 from varjax.ir import errors
 from varjax.ir.typing import Prefix, ShardingLike
 from varjax.nnx.filter_maps import StateSharding
 from varjax.nnx.prefixes import prefix
 from varjax.objects.nodes import is_node
-from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
 
 __all__ = ["static_positions", "in_prefix", "check_out_shardings", "partial_prefix",
@@ -63,18 +63,11 @@ def static_positions(fn: Callable, argnums: Any, argnames: Any) -> tuple[tuple[i
 def in_prefix(in_shardings: Any, statics: Iterable[int],
               graph_updates: bool) -> Callable[[tuple], Any]:
     """The call's prefix over every positional argument: ``in_shardings`` with None at the
-    static positions and each ``StateSharding`` entry made its argument's prefix tree.  A
-    ``StateSharding`` is an argument's whole entry (refused deeper, with
-    ``NotProvidedError``); without graph mode and graph updates it is flax.nnx's
-    ``ValueError``."""
-    nested = in_shardings if isinstance(in_shardings, (tuple, list)) else ()
-    for entry in jax.tree.leaves(nested, is_leaf=_is_sharding_map):
-        if _is_sharding_map(entry) and not any(entry is e for e in nested):
-            not_provided("nnx.jit(in_shardings=... StateSharding nested in an entry ...)",
-                         "a StateSharding is built as a positional argument's whole entry.",
-                         "give the module argument the StateSharding as its entry",
-                         by="varjax.nnx")
-    if not graph_updates and any(map(_is_sharding_map, nested)):
+    static positions and each ``StateSharding`` (an argument's entry, or anywhere inside
+    one: ``((state_sharding, replicated),)`` for a ``(model, x)`` argument) made the prefix
+    tree of the part of the argument it stands for; without graph mode and graph updates a
+    ``StateSharding`` is flax.nnx's ``ValueError``."""
+    if not graph_updates and _has_sharding_map(in_shardings):
         raise ValueError("`in_shardings` cannot contain `StateSharding` objects when "
                          "`graph=False` or `graph_updates=False`: split the module "
                          "(nnx.split(model, filter, ...)) and pass the states with their own "
@@ -88,9 +81,24 @@ def in_prefix(in_shardings: Any, statics: Iterable[int],
     def of(args: tuple) -> tuple:
         if len(entries) != len(args):   # object mode names the mismatch
             return tuple(entries)
-        return tuple(prefix(a, e.map_prefix) if _is_sharding_map(e) else e
-                     for a, e in zip(args, entries))
+        return tuple(_expanded(e, a) for a, e in zip(args, entries))
     return of
+
+
+def _has_sharding_map(tree: Any) -> bool:
+    return any(map(_is_sharding_map, jax.tree.leaves(tree, is_leaf=_is_sharding_map)))
+
+
+def _expanded(entry: ShardingLike, arg: Any) -> ShardingLike:
+    """``entry`` with each ``StateSharding`` in it the prefix tree of the part of ``arg`` it
+    stands for (``nnx.prefix`` by its filters)."""
+    if _is_sharding_map(entry):
+        return prefix(arg, entry.map_prefix)
+    if not _has_sharding_map(entry):
+        return entry
+    return jax.tree.map(lambda e, a: prefix(a, e.map_prefix) if _is_sharding_map(e) else e,
+                        entry, arg, is_leaf=lambda x: x is None or _is_sharding_map(x)
+                        or isinstance(x, (jax.sharding.Sharding, PartitionSpec)))
 
 
 def check_out_shardings(out_shardings: ShardingLike, graph_updates: bool) -> None:
