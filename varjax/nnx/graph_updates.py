@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Any, Callable
 
 import jax
@@ -142,15 +143,15 @@ def _attributes(treedef: Any, ids: list[int]) -> dict[Any, tuple]:
     return {k: ("data", next(kids)) if data_ else ("static", value) for k, data_, value in keys}
 
 
-def _walk(tree: Any, first: Callable[[Any], int | None], again: Callable[[Any], Any],
+def _walk(tree: Any, number: Callable[[Any], "int | _Same"],
           opaque: Callable[[Any], bool] = lambda x: False) -> Any:
     """``tree`` rebuilt with its objects numbered in tree order, modules before their
-    children: ``first(x)`` numbers an object met for the first time (None: met before, and
-    ``again(x)`` stands for it), and a module is rebuilt one level at a time around its
-    walked children (``made[n]``, the rebuilt object numbered ``n``, is what a later
-    ``_Same(n)`` becomes); an ``opaque`` object (an argument's, which ``export`` makes an
-    ``_Arg``) is left as it is.  ``_strip`` inside a transform and ``_restore`` outside walk
-    an output in the same order, so their numbers agree."""
+    children: ``number(x)`` gives an object met for the first time its number, or the
+    ``_Same`` marker standing for one met before; a module is rebuilt one level at a time
+    around its walked children, and a ``_Same(n)`` in ``tree`` becomes the rebuilt object
+    numbered ``n``.  An ``opaque`` object (an argument's, which ``export`` makes an ``_Arg``)
+    is left as it is.  ``_strip`` inside a transform and ``_restore`` outside walk an output
+    in the same order, so their numbers agree."""
     made: dict[int, Any] = {}
 
     def one(x: Any) -> Any:
@@ -158,9 +159,9 @@ def _walk(tree: Any, first: Callable[[Any], int | None], again: Callable[[Any], 
             return made[x.index]
         if not _is_object(x) or opaque(x):
             return x
-        n = first(x)
-        if n is None:
-            return again(x)
+        n = number(x)
+        if isinstance(n, _Same):
+            return n
         if isinstance(x, Pytree):
             children, treedef = _one_level(x)
             x = treedef.unflatten([jax.tree.map(one, c, is_leaf=_marked) for c in children])
@@ -177,25 +178,22 @@ def _strip(tree: Any, opaque: Callable[[Any], bool]) -> tuple[Any, bool]:
     """``tree`` with every object met a second time a ``_Same`` marker (so JAX's copy of it
     keeps one object per object); whether there was any."""
     seen: dict[int, int] = {}
+    met = [0]
 
-    def first(x: Any) -> int | None:
+    def number(x: Any) -> int | _Same:
+        met[0] += 1
         if id(x) in seen:
-            return None
+            return _Same(seen[id(x)])
         seen[id(x)] = len(seen)
         return seen[id(x)]
-    again = [False]
-
-    def marker(x: Any) -> _Same:
-        again[0] = True
-        return _Same(seen[id(x)])
-    stripped = _walk(tree, first, marker, opaque)
-    return stripped, again[0]
+    stripped = _walk(tree, number, opaque)
+    return stripped, met[0] > len(seen)
 
 
 def _restore(tree: Any) -> Any:
     """JAX's copy of a ``_strip``ped tree with each ``_Same`` the one object it stands for."""
-    count = iter(range(1 << 62))
-    return _walk(tree, lambda _: next(count), lambda x: x)
+    count = itertools.count()
+    return _walk(tree, lambda _: next(count))
 
 
 def _show(path: tuple[str, ...]) -> str:

@@ -29,7 +29,7 @@ from varjax.nnx.prefixes import prefix
 from varjax.objects.nodes import is_node
 from varjax.trace.variable import Variable
 
-__all__ = ["static_positions", "in_prefix", "check_out_shardings", "partial_prefix",
+__all__ = ["static_positions", "in_prefix", "needs_graph_updates", "partial_prefix",
            "refuse_state_shardings"]
 
 
@@ -67,11 +67,7 @@ def in_prefix(in_shardings: Any, statics: Iterable[int],
     one: ``((state_sharding, replicated),)`` for a ``(model, x)`` argument) made the prefix
     tree of the part of the argument it stands for; without graph mode and graph updates a
     ``StateSharding`` is flax.nnx's ``ValueError``."""
-    if not graph_updates and _has_sharding_map(in_shardings):
-        raise ValueError("`in_shardings` cannot contain `StateSharding` objects when "
-                         "`graph=False` or `graph_updates=False`: split the module "
-                         "(nnx.split(model, filter, ...)) and pass the states with their own "
-                         "shardings, or pass graph=True and graph_updates=True.")
+    needs_graph_updates("in_shardings", in_shardings, graph_updates)
     if not isinstance(in_shardings, (tuple, list)):
         return lambda args: in_shardings
     entries = list(in_shardings)
@@ -101,16 +97,15 @@ def _expanded(entry: ShardingLike, arg: Any) -> ShardingLike:
                         or isinstance(x, (jax.sharding.Sharding, PartitionSpec)))
 
 
-def check_out_shardings(out_shardings: ShardingLike, graph_updates: bool) -> None:
-    """A ``StateSharding`` in ``out_shardings`` (built: the returned module is split by its
-    filters, each state on its sharding, ``output_axes``) needs graph mode and graph updates,
-    as in flax.nnx, whose ``ValueError`` this is."""
-    if not graph_updates and any(map(_is_sharding_map, jax.tree.leaves(
-            out_shardings, is_leaf=_is_sharding_map))):
-        raise ValueError("`out_shardings` cannot contain `StateSharding` objects when "
-                         "`graph=False` or `graph_updates=False`: return the module's states "
-                         "(nnx.split(model, filter, ...)) with their own shardings, or pass "
-                         "graph=True and graph_updates=True.")
+def needs_graph_updates(name: str, shardings: ShardingLike, graph_updates: bool) -> None:
+    """A ``StateSharding`` in ``shardings`` (``nnx.jit``'s ``name`` option) needs graph mode
+    and graph updates, as in flax.nnx, whose ``ValueError`` this is: the module it stands
+    for is split by its filters, which a tree-mode call does not do."""
+    if not graph_updates and _has_sharding_map(shardings):
+        raise ValueError(f"`{name}` cannot contain `StateSharding` objects when "
+                         "`graph=False` or `graph_updates=False`: split the module "
+                         "(nnx.split(model, filter, ...)) and give its states their own "
+                         "shardings, or pass graph=True and graph_updates=True.")
 
 
 def _per_node(entry: Prefix, arg: Any, position: int) -> list[ShardingLike]:

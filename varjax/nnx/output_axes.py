@@ -1,8 +1,9 @@
 """A ``StateAxes`` entry of ``nnx.vmap``'s or ``nnx.pmap``'s ``out_axes``: the module returned
 there comes out with each state of its filters along that filter's axis, ``None`` included
 (the state is the same for every member and comes out once, as ``jax.vmap``'s
-``out_axes=None`` gives it).  A ``StateSharding`` entry of ``nnx.jit``'s ``out_shardings``
-is the same with a sharding per filter (``kind=StateSharding``).
+``out_axes=None`` gives it).  A ``StateSharding`` entry of ``nnx.jit``'s ``out_shardings`` or
+``nnx.shard_map``'s ``out_specs`` is the same with a sharding or spec per filter
+(``kind=StateSharding``).
 
 ``jax.vmap`` (``jax.pmap``) takes ``out_axes`` before tracing, as a prefix of the output, but the returned
 module's structure is known only after.  So, as flax.nnx does, the module is split inside
@@ -32,7 +33,7 @@ __all__ = ["GraphDefLeaf", "split_outputs", "out_prefix", "joined"]
 @dataclasses.dataclass(frozen=True)
 class GraphDefLeaf:
     """A returned module's ``GraphDef`` in a traced output, its states beside it: a pytree
-    with no children (``shard_map``'s ``StateSharding`` outputs use it too)."""
+    with no children."""
 
     graphdef: Any
 
@@ -91,10 +92,11 @@ def split_outputs(fn: Callable, out_axes: Any, updates: bool,
     return parts
 
 
-def out_prefix(out_axes: Any, kind: type[FilterMap] = StateAxes) -> Any:
-    """``out_axes`` with each ``kind`` entry made ``(None, its values)``: the prefix of
-    ``split_outputs``'s output."""
-    return jax.tree.map(lambda e: (None, tuple(e.values())) if isinstance(e, kind) else e,
+def out_prefix(out_axes: Any, kind: type[FilterMap] = StateAxes, whole: Any = None) -> Any:
+    """``out_axes`` with each ``kind`` entry made ``(whole, its values)``: the prefix of
+    ``split_outputs``'s output (``whole`` covers the ``GraphDefLeaf``, which has no leaves:
+    ``None`` for an axis or sharding, ``P()`` for a ``shard_map`` spec)."""
+    return jax.tree.map(lambda e: (whole, tuple(e.values())) if isinstance(e, kind) else e,
                         out_axes, is_leaf=_is_entry)
 
 

@@ -9,7 +9,7 @@ module's spec (axis), so a module replicated with ``P()`` must be written the sa
 every shard (``check_vma`` says so), one sharded along ``'data'`` comes back sharded.
 A Variable made inside comes back with its module's spec; one the function returns, with
 ``out_specs``, where a ``StateSharding`` entry gives each filter of a returned module's state
-its spec (``output_states``: the module is split inside and merged outside, as in flax.nnx).
+its spec (``output_axes``: the module is split inside and merged outside, as in flax.nnx).
 
 ``transform_metadata`` is ``vj.transform_metadata`` (``varjax/objects/metadata.py``) with
 NNX's signature: placed inside ``nnx.vmap``/``nnx.scan``, it adds the partition name to
@@ -42,7 +42,6 @@ from varjax.nnx import output_axes
 from varjax.nnx.config import resolve
 from varjax.nnx.filter_maps import FilterMap, StateSharding
 from varjax.nnx.metadata_option import with_partition
-from varjax.nnx.output_states import by_state_specs, joined, split_by_state
 from varjax.nnx.prefixes import prefix
 from varjax.nnx.state_axes import StateAxes
 from varjax.nnx.transform_checks import (
@@ -135,7 +134,7 @@ def shard_map(f: Callable | None = None, *, mesh: Mesh | AbstractMesh, in_specs:
         _plain_prefix("shard_map", name, specs, PartitionSpec, "PartitionSpec", StateSharding,
                       resolve(graph)[0])
 
-    split_specs = by_state_specs(out_specs)
+    split_specs = output_axes.out_prefix(out_specs, StateSharding, PartitionSpec())
 
     def build(fn: Callable) -> Callable:
         def make(p: Callable, result: Result, specs: Any) -> Callable:
@@ -143,9 +142,10 @@ def shard_map(f: Callable | None = None, *, mesh: Mesh | AbstractMesh, in_specs:
                                  axis_names=axis_names, check_vma=check_vma)
 
         def positional_only(*args: Any) -> Any:
-            return joined(out_specs, mapped(*args))
+            return output_axes.joined(out_specs, mapped(*args), args, StateSharding)
         refuse_bound_method(fn, "shard_map")
-        mapped = _mapped(split_by_state(fn, out_specs), "shard_map",
+        mapped = _mapped(output_axes.split_outputs(fn, out_specs, False, StateSharding),
+                         "shard_map",
                          _by_filters(in_specs, PartitionSpec),
                          PartitionSpec(), make)
         return functools.wraps(fn)(positional_only)

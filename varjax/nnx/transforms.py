@@ -44,7 +44,7 @@ from varjax.nnx.filter_maps import StateSharding
 from varjax.nnx.graph import merge, split, state
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.graphlib import flat_of
-from varjax.nnx.jit_shardings import check_out_shardings, in_prefix, static_positions
+from varjax.nnx.jit_shardings import in_prefix, needs_graph_updates, static_positions
 from varjax.nnx.output_axes import joined, out_prefix, split_outputs
 from varjax.nnx.pytree import Pytree, private_containers
 from varjax.nnx.state_ops import from_flat_state
@@ -106,7 +106,7 @@ def jit(fun: Callable | None = None, *, in_shardings: ShardingLike = None,
     back (written or not), as in flax.nnx; ``keep_unused``, ``device``, ``backend`` and
     ``inline`` are ``jax.jit``'s."""
     modes = resolve(graph, graph_updates)
-    check_out_shardings(out_shardings, all(modes))
+    needs_graph_updates("out_shardings", out_shardings, all(modes))
     sharded = in_shardings is not None or out_shardings is not None
 
     def build(f: Callable) -> Callable:
