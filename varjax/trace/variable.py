@@ -330,6 +330,15 @@ class Variable:
         """The metadata given at construction (``out_sharding=...`` and the like)."""
         return dict(self._metadata)
 
+    def add_axis(self, axis_index: int, axis_name: str | None) -> None:
+        """Called by ``vj.transform_metadata`` after it named a new axis ``axis_index`` of
+        the variable (a transform stacked it): a hook point that does nothing here, where
+        NNX's Variables run their ``on_add_axis`` hooks."""
+
+    def remove_axis(self, axis_index: int, axis_name: str | None) -> None:
+        """As ``add_axis``, when ``vj.transform_metadata`` took axis ``axis_index`` away
+        (the transform's body sees one member): NNX's ``on_remove_axis`` hooks."""
+
     def __getattr__(self, name: str) -> Any:
         # Only for names not found normally: metadata, then the value's (shape, dtype...).
         if name.startswith("_"):
@@ -409,7 +418,7 @@ class HeldValues:
         """Each Variable's value, in order."""
         if pending:
             return [v.value for v in self.variables]
-        return list(map(_get_value, self.variables))
+        return [v._value for v in self.variables]
 
     def write(self, values: list[Any]) -> None:
         """Sets each Variable whose new value is not None."""
