@@ -153,8 +153,8 @@ def _swap(i, carry):
     return b, a
 
 
-def test_fori_loop_body_moving_carry_objects_is_not_provided():
-    with pytest.raises(errors.NotProvidedError, match="other places"):
+def test_fori_loop_body_moving_carry_objects_is_refused():
+    with pytest.raises(errors.CarryIdentityError, match="other places"):
         fori_loop(0, 3, _swap, (_model(nnx), _model(nnx, 1)))
 
 

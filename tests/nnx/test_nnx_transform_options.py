@@ -427,5 +427,5 @@ def test_fori_loop_moving_carry_objects_stays_refused_as_flax_places_them_per_on
     out = flax_nnx.fori_loop(0, 4, body, (p, q))
     assert out[0] is q and float(p.v[...]) == 213.0 and float(q.v[...]) == 102.0
     p, q, body = _swapping(nnx)
-    with pytest.raises(errors.NotProvidedError, match="whatever the number of steps"):
+    with pytest.raises(errors.CarryIdentityError, match="whatever the number of steps"):
         fori_loop(0, 4, body, (p, q))

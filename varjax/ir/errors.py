@@ -354,6 +354,11 @@ class InconsistentAliasError(TransformError, ValueError):
     ``in_axes``); also a ``ValueError``, which JAX raises for inconsistent arguments."""
 
 
+class CarryIdentityError(TransformError, ValueError):
+    """A loop body returns its carry's objects in other places than it was given them (two
+    modules or Variables swapped); also a ``ValueError``, which flax.nnx raises for it."""
+
+
 class UnsupportedPrimitiveError(VarjaxError, NotImplementedError):
     """A higher-order primitive carries variable effects varjax cannot discharge."""
 

@@ -8,9 +8,10 @@ statistics, a counter), as flax.nnx writes them.  With graph updates (the defaul
 * a branch's structural change to an operand's module (a ``sow``) reaches the caller's
   module, and an operand's object a branch returns is the caller's own (``graph_updates``);
 * a loop returns its carry with the caller's objects in it (flax.nnx does), when the body
-  returns each carry object in the place it came in; a body that moves them is refused
-  (``while_loop``: flax.nnx refuses it too; ``fori_loop``: flax.nnx puts the objects where
-  one step's output puts them, whatever the trip count, not built);
+  returns each carry object in the place it came in; a body that moves them is refused with
+  ``CarryIdentityError`` (``carry_moves``: ``while_loop`` as flax.nnx refuses it; for
+  ``fori_loop`` flax.nnx puts the objects where one step's output puts them, whatever the
+  trip count, which is not what the loop computes);
   a structural change in a loop body is a ``TransformError``, as flax.nnx refuses it too.
 
 With ``graph_updates=False`` (or ``graph=False``) a branch carries Variable values only
@@ -19,12 +20,13 @@ flax.nnx does.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
 
-from varjax.ir import errors
 from varjax.ir.typing import ArrayLike, Passes, PyTree
+from varjax.nnx.carry_moves import WHY_FORI, WHY_WHILE, refuse_moved
 from varjax.nnx.config import resolve
 from varjax.nnx.graph_updates import carrying, finish, restored, shared_output
 from varjax.nnx.transform_checks import (
@@ -35,7 +37,6 @@ from varjax.nnx.transform_checks import (
 )
 from varjax.objects import control_flow, object_transforms
 from varjax.trace import raw_writes
-from varjax.trace.unprovided import not_provided
 
 __all__ = ["cond", "switch", "while_loop", "fori_loop", "eval_shape"]
 
@@ -63,31 +64,14 @@ def switch(index: ArrayLike, branches: Sequence[Callable], *operands: Any,
     return finish(operands, {}, out, changes)
 
 
-def _moved_while() -> None:
-    raise errors.TransformError(
-        "nnx.while_loop: the body returns the carry's objects in other places; the number "
-        "of steps is not known while tracing, so neither is where each object ends "
-        "(flax.nnx refuses it too).", **errors.where(),
-        fix="return each carry object in the place it came in; swap Variable values instead")
-
-
-def _moved_fori() -> None:
-    not_provided("a nnx.fori_loop body returning carry objects in other places",
-                 "flax.nnx 0.12.8 puts the caller's objects where one step's output puts "
-                 "them, whatever the number of steps, each holding the values of that place "
-                 "(after an even number of swaps, each holds the other's); varjax.nnx does "
-                 "not copy that, and returns the caller's objects only where they stay in "
-                 "place.",
-                 "return each carry object in the place it came in; swap Variable values "
-                 "instead", by="varjax.nnx")
-
-
 def _while_carry(what: str, body: Callable, args: tuple, out: Any) -> None:
-    same_carry_objects(what, body, args[0], out, _moved_while)
+    same_carry_objects(what, body, args[0], out,
+                       functools.partial(refuse_moved, what, body, args[0], out, WHY_WHILE))
 
 
 def _fori_carry(what: str, body: Callable, args: tuple, out: Any) -> None:
-    same_carry_objects(what, body, args[1], out, _moved_fori)
+    same_carry_objects(what, body, args[1], out,
+                       functools.partial(refuse_moved, what, body, args[1], out, WHY_FORI))
 
 
 def while_loop(cond_fun: Callable, body_fun: Callable, init_val: PyTree, *,

@@ -23,8 +23,10 @@ own); ``out_axes`` says the same of what the function returns.  That desugars on
 
 The carry returned holds the caller's objects (their Variables hold the final values), as in
 flax.nnx, when the function returns each carry object in the place it came in (without graph
-updates, new objects holding the caller's Variables, as flax.nnx returns them then); a
-structural change inside is a ``TransformError``, as flax.nnx refuses it too; elsewhere
+updates, new objects holding the caller's Variables, as flax.nnx returns them then); one
+that returns them in other places is refused with ``CarryIdentityError`` (a ``ValueError``,
+as flax.nnx's; ``carry_moves``); a structural change inside is a ``TransformError``, as
+flax.nnx refuses it too; elsewhere
 ``transform_checks`` refuses what object mode cannot keep (an argument's object returned
 as an output).  ``transform_metadata={nnx.PARTITION_NAME: name}`` removes the scanned axis's
 name from a Variable's ``out_sharding`` as it enters a step and adds it as it leaves
@@ -44,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from varjax.ir.typing import Passes, Prefix
+from varjax.nnx.carry_moves import WHY_SCAN, refuse_moved
 from varjax.nnx.config import resolve
 from varjax.nnx.graph import merge
 from varjax.nnx.metadata_option import with_partition
@@ -303,22 +306,16 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
 
 
 def _carry_kept(arg_carry: int | None, out_carry: Any) -> Callable:
-    """The check of what ``fn`` returns: the carry's objects in their places, and no
-    argument's object among the other outputs."""
+    """The check of what ``fn`` returns: the carry's objects in their places (moved:
+    ``carry_moves.refuse_moved``), and no argument's object among the other outputs."""
     def check(what: str, fn: Callable, args: tuple, out: Any) -> None:
-        if out_carry is Carry:
-            same_carry_objects(what, fn, args[arg_carry], out, _moved)
-            return
         if out_carry is not None:
-            same_carry_objects(what, fn, args[arg_carry], out[out_carry], _moved)
+            new = out if out_carry is Carry else out[out_carry]
+            carry = args[arg_carry]
+            same_carry_objects(what, fn, carry, new, functools.partial(
+                refuse_moved, what, fn, carry, new, WHY_SCAN))
+            if out_carry is Carry:
+                return
             out = out[:out_carry] + out[out_carry + 1:]
         no_argument_returned(what, fn, args, out)
     return check
-
-
-def _moved() -> None:
-    not_provided("a nnx.scan function returning carry objects in other places",
-                 "flax.nnx refuses a carry whose objects are not the ones it was given; "
-                 "varjax.nnx returns the caller's objects only where they stay in place.",
-                 "return each carry object in the place it came in; swap Variable values "
-                 "instead", by="varjax.nnx")
