@@ -141,9 +141,7 @@ def test_vmap_transform_metadata_without_partition_name_changes_nothing_as_flax(
     assert stack.w.out_sharding == ("embed",) and seen == [("embed",)]
 
 
-def test_transform_metadata_other_keys_and_scan_out_state_axes_are_not_provided():
-    with pytest.raises(errors.NotProvidedError, match="'sharding_names'"):
-        vmap(lambda m: m, transform_metadata={**TM, "sharding_names": "x"})
+def test_scan_transform_metadata_with_a_state_axes_in_out_axes_is_not_provided():
     with pytest.raises(errors.NotProvidedError, match="StateAxes in out_axes"):
         scan(lambda x: x, in_axes=0, out_axes=nnx.StateAxes({nnx.Param: 0, ...: 1}),
              transform_metadata=TM)

@@ -8,9 +8,11 @@ shape) and gets it back after; each Variable it returns gets it at its ``out_axe
 So this is ``vj.transform_metadata`` (``varjax/objects/metadata.py``) wrapped around the
 function, a loop's ``nnx.Carry`` entries (not mapped) treated as ``None``.
 
-As in flax.nnx, a mapping without ``PARTITION_NAME`` changes nothing.  flax.nnx also
-inserts the value of each other key into the Variable metadata of that name, and calls a
-Variable's ``on_add_axis``/``on_remove_axis`` hooks; neither is built.  An argument's
+As in flax.nnx, a mapping without ``PARTITION_NAME`` changes nothing.  With it, each other
+key's value is put in (and taken out) at the axis of each Variable's metadata entry of that
+name that is a tuple (``extra=('x', 'y')`` becomes ``('L', 'x', 'y')``), and a Variable's
+``on_remove_axis``/``on_add_axis`` hooks run once per Variable and crossing
+(``vj.transform_metadata``'s ``names`` and ``add_axis``).  An argument's
 ``StateAxes`` entry, or one nested in its entry, gives each of its Variables its filter's
 axis (``nnx.prefix``);
 ``nnx.vmap`` hands its outputs here already split by their ``StateAxes`` (``output_axes``),
@@ -65,18 +67,13 @@ def _by_variable(axes: tuple, args: tuple, not_mapped: Callable[[Any], bool]) ->
 def with_partition(what: str, fn: Callable, transform_metadata: Mapping[str, Any] | None,
                    in_axes: Any, out_axes: Any,
                    not_mapped: Callable[[Any], bool] = lambda x: False) -> Callable:
-    """``fn`` with the partition name of ``transform_metadata`` removed from its arguments'
+    """``fn`` with the names of ``transform_metadata`` removed from its arguments'
     Variables at ``in_axes`` and added to its outputs' at ``out_axes`` (the module
     docstring); ``fn`` itself where the mapping has no ``PARTITION_NAME``."""
     if not transform_metadata or PARTITION_NAME not in transform_metadata:
         return fn
-    others = sorted(k for k in transform_metadata if k != PARTITION_NAME)
-    if others:
-        not_provided(f"nnx.{what}(transform_metadata={{{others[0]!r}: ...}})",
-                     "metadata keys other than nnx.PARTITION_NAME are not built.",
-                     f"give nnx.{what} transform_metadata={{nnx.PARTITION_NAME: ...}} only",
-                     by="varjax.nnx")
     name = transform_metadata[PARTITION_NAME]
+    others = {k: v for k, v in transform_metadata.items() if k != PARTITION_NAME}
     ins = _plain(what, in_axes, not_mapped, "in_axes")
     outs = _plain(what, out_axes, not_mapped, "out_axes")
 
@@ -89,6 +86,6 @@ def with_partition(what: str, fn: Callable, transform_metadata: Mapping[str, Any
         axes = _by_variable(axes, args + tuple(kwargs.values()), not_mapped)
         adjusted = metadata.transform_metadata(
             lambda *a: fn(*a[:n], **dict(zip(keys, a[n:]))), in_axes=axes, out_axes=outs,
-            partition=name)
+            partition=name, names=others)
         return adjusted(*args, *kwargs.values())
     return named

@@ -31,7 +31,8 @@ __all__ = ["Variable", "Param", "BatchStat", "Cache", "Intermediate", "Perturbat
 A = TypeVar("A")
 F = TypeVar("F", bound=Callable[..., Any])
 _MISSING: Any = object()
-_HOOKS = ("on_set_value", "on_get_value", "on_create_value", "on_add_axis", "on_remove_axis")
+_VALUE_HOOKS = ("on_set_value", "on_get_value", "on_create_value")
+_AXIS_HOOKS = ("on_add_axis", "on_remove_axis")
 
 
 @dataclasses.dataclass
@@ -39,7 +40,8 @@ class VariableMetadata(Generic[A]):
     """What an initializer wrapped by ``with_metadata`` returns: the value and the metadata
     the Variable made from it takes (``nnx.Param(init(key, shape))`` unwraps it), so a
     layer that passes its initializer's result to a Variable carries the metadata without
-    knowing of it.  The hooks are flax.nnx's deprecated Variable hooks; varjax runs none."""
+    knowing of it.  The hooks are flax.nnx's deprecated Variable hooks: varjax runs the
+    axis hooks (``Variable.add_axis``) and refuses the value hooks (``_no_value_hooks``)."""
 
     raw_value: A
     on_set_value: tuple[Callable[..., Any], ...] = ()
@@ -50,8 +52,8 @@ class VariableMetadata(Generic[A]):
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _no_hooks(hooks: Mapping[str, Any]) -> None:
-    given = sorted(name for name in _HOOKS if hooks.get(name))
+def _no_value_hooks(hooks: Mapping[str, Any]) -> None:
+    given = sorted(name for name in _VALUE_HOOKS if hooks.get(name))
     if given:
         not_provided(f"Variable hooks ({', '.join(given)})",
                      "varjax reads and writes Variables as IR effects and runs no hooks "
@@ -60,20 +62,26 @@ def _no_hooks(hooks: Mapping[str, Any]) -> None:
                      by="varjax.nnx")
 
 
+def _as_tuple(hooks: Callable[..., Any] | Sequence[Callable[..., Any]]) -> tuple:
+    return (hooks,) if callable(hooks) else tuple(hooks)
+
+
 def with_metadata(initializer: F, on_set_value: Sequence[Callable[..., Any]] = (),
                   on_get_value: Sequence[Callable[..., Any]] = (),
                   on_create_value: Sequence[Callable[..., Any]] = (),
                   on_add_axis: Sequence[Callable[..., Any]] = (),
                   on_remove_axis: Sequence[Callable[..., Any]] = (), **metadata: Any) -> F:
     """``initializer`` whose result carries ``metadata`` into the Variable made from it
-    (``VariableMetadata``): ``nnx.with_metadata(init, out_sharding=('a', None))``."""
-    _no_hooks(dict(on_set_value=on_set_value, on_get_value=on_get_value,
-                   on_create_value=on_create_value, on_add_axis=on_add_axis,
-                   on_remove_axis=on_remove_axis))
+    (``VariableMetadata``): ``nnx.with_metadata(init, out_sharding=('a', None))``; the axis
+    hooks (a callable or a sequence of them) with it."""
+    _no_value_hooks(dict(on_set_value=on_set_value, on_get_value=on_get_value,
+                         on_create_value=on_create_value))
+    add, remove = _as_tuple(on_add_axis), _as_tuple(on_remove_axis)
 
     @functools.wraps(initializer)
     def wrapper(*args: Any) -> VariableMetadata:
-        return VariableMetadata(initializer(*args), metadata=metadata)
+        return VariableMetadata(initializer(*args), on_add_axis=add, on_remove_axis=remove,
+                                metadata=metadata)
     return wrapper  # type: ignore[return-value]
 
 
@@ -133,8 +141,9 @@ class Variable(core.Variable, collection="Variable"):
                  ref: bool | None = None, **metadata: Any):
         _refuse_mode(f"nnx.{type(self).__name__}", hijax, ref)
         if isinstance(value, VariableMetadata):
-            _no_hooks(dataclasses.asdict(value))
-            value, metadata = value.raw_value, {**metadata, **value.metadata}
+            _no_value_hooks(dataclasses.asdict(value))
+            hooks = {k: _as_tuple(getattr(value, k)) for k in _AXIS_HOOKS if getattr(value, k)}
+            value, metadata = value.raw_value, {**hooks, **metadata, **value.metadata}
         if "collection" in metadata:
             raise errors.InvalidVariablesError(
                 f"nnx.{type(self).__name__}: an NNX Variable's collection is its type, got "
@@ -179,6 +188,27 @@ class Variable(core.Variable, collection="Variable"):
     def replace(self, value: PyTree) -> "Variable":
         """A new Variable of this type and metadata holding ``value``."""
         return type(self)(value, **self._metadata)
+
+    def add_axis(self, axis_index: int, axis_name: str | None) -> None:
+        """Runs the ``on_add_axis`` hooks, ``hook(self, axis_index, axis_name)``, after a
+        transform's ``transform_metadata`` named a new axis (``vj.transform_metadata``)."""
+        for hook in self._hooks("on_add_axis"):
+            hook(self, axis_index, axis_name)
+
+    def remove_axis(self, axis_index: int, axis_name: str | None) -> None:
+        """As ``add_axis``, the ``on_remove_axis`` hooks, after the axis was taken away."""
+        for hook in self._hooks("on_remove_axis"):
+            hook(self, axis_index, axis_name)
+
+    def _hooks(self, name: str) -> tuple:
+        """The hooks ``name`` of metadata (``on_add_axis=`` given to the Variable or its
+        ``with_metadata`` initializer), else the class's method of that name, as flax.nnx
+        picks them."""
+        given = self._metadata.get(name)
+        if given is not None:
+            return _as_tuple(given)
+        own = getattr(type(self), name, None)
+        return (own,) if own is not None else ()
 
 
 def _delegate(name: str) -> Any:

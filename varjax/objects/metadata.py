@@ -14,7 +14,11 @@ as in NNX:
 On entry the partition name is removed, at the argument's axis, from each ``vj.Variable``
 of the arguments (its ``out_sharding`` metadata, NNX's key, and a boxed value's names);
 on exit it is put back, and added to each ``vj.Variable`` of the output at its
-``out_axes`` entry.  A ``None`` axis leaves a variable alone.
+``out_axes`` entry.  A ``None`` axis leaves a variable alone.  ``names={key: name}``
+(NNX's other ``transform_metadata`` keys) does the same to each metadata entry ``key``
+that is a tuple of names.  Each change ends with the Variable's ``remove_axis``/
+``add_axis(axis, partition)``, where NNX's Variables run their ``on_remove_axis``/
+``on_add_axis`` hooks, once per Variable and crossing, as flax.nnx calls them.
 
 Sharp edges:
   * Only ``vj.Variable`` objects are adjusted.  A bound Linen module's boxed variables
@@ -25,7 +29,7 @@ Sharp edges:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 
@@ -37,25 +41,39 @@ from varjax.trace.variable_api import Variable
 _KEY = "out_sharding"
 
 
+def _names(var: Variable, key: str, axis: int, name: Any, add: bool) -> None:
+    """Metadata entry ``key`` of ``var``, when a non-empty tuple (a name per axis), with
+    ``name`` put in at ``axis`` (``add``) or taken out there: it must be ``name``."""
+    names = var._metadata.get(key)
+    if not names or (key != _KEY and not isinstance(names, tuple)):
+        return
+    names = list(names)
+    if add:
+        names.extend([None] * (axis - len(names)))
+        names.insert(axis, name)
+    elif names.pop(axis) != name:
+        raise errors.PartitioningError(
+            f"vj.transform_metadata: axis {axis} of a variable of collection "
+            f"'{var.collection}' has {key} {var._metadata[key][axis]!r}, not {name!r}.",
+            collection=var.collection, path=var.path, **errors.where(),
+            fix="give transform_metadata the names the axis was added with")
+    var._metadata[key] = tuple(names)
+
+
 def _change(var: Variable, axis: int, params: dict, add: bool) -> None:
-    names = var._metadata.get(_KEY)
-    if names:
-        names = list(names)
-        if add:
-            names.extend([None] * (axis - len(names)))
-            names.insert(axis, params[axis_metadata.PARTITION_NAME])
-        elif names.pop(axis) != params[axis_metadata.PARTITION_NAME]:
-            raise errors.PartitioningError(
-                f"vj.transform_metadata: axis {axis} of a variable of collection "
-                f"'{var.collection}' is named {var._metadata[_KEY][axis]!r}, not "
-                f"{params[axis_metadata.PARTITION_NAME]!r}.", collection=var.collection,
-                path=var.path, **errors.where(),
-                fix="give transform_metadata the partition the axis was added with")
-        var._metadata[_KEY] = tuple(names)
+    """Name or unname ``var``'s axis ``axis``: its ``out_sharding`` by the partition, each
+    other metadata entry ``params`` names by its value, a boxed value's names, then the
+    Variable's own ``add_axis``/``remove_axis`` (NNX's hooks)."""
+    partition = params[axis_metadata.PARTITION_NAME]
+    _names(var, _KEY, axis, partition, add)
+    for key, name in params.items():
+        if key != axis_metadata.PARTITION_NAME:
+            _names(var, key, axis, name, add)
     value = var.value
     if any(map(axis_metadata.is_axis_metadata,
                jax.tree.leaves(value, is_leaf=axis_metadata.is_axis_metadata))):
         var.value = (axis_metadata.add_axis if add else axis_metadata.remove_axis)(value, axis, params)
+    (var.add_axis if add else var.remove_axis)(axis, partition)
 
 
 def _variables(axes: Any, tree: Any, what: str) -> list[tuple[Variable, int]]:
@@ -85,13 +103,15 @@ def _prefix(axes: Any, n: int) -> tuple:
 
 
 def transform_metadata(fn: Callable | None = None, *, in_axes: AxesPrefix = 0,
-                       out_axes: AxesPrefix = 0, partition: str | None) -> Callable[..., Any]:
+                       out_axes: AxesPrefix = 0, partition: str | None,
+                       names: Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """Remove ``partition`` from the arguments' variables' names at their axis while ``fn``
-    runs, and add it to the output's (see the module docstring)."""
+    runs, and add it to the output's (see the module docstring); ``names``: further
+    metadata entries adjusted the same way, each by its own name for the axis."""
     if fn is None:
         return functools.partial(transform_metadata, in_axes=in_axes, out_axes=out_axes,
-                                 partition=partition)
-    params = {axis_metadata.PARTITION_NAME: partition}
+                                 partition=partition, names=names)
+    params = {**(names or {}), axis_metadata.PARTITION_NAME: partition}
 
     @functools.wraps(fn)
     def wrapper(*args: Any) -> Any:
