@@ -242,11 +242,6 @@ def test_a_gradient_of_a_variable_the_model_lacks_is_an_error_naming_it():
         opt.update(ours, grads)
 
 
-def test_tree_mode_is_not_provided():
-    with pytest.raises(errors.NotProvidedError, match="graph=False"):
-        Optimizer(_model(nnx), optax.sgd(0.1), wrt=nnx.Param, graph=False)
-
-
 def test_a_variables_metadata_goes_to_its_optimizer_state():
     class Model(nnx.Module):
         def __init__(self):

@@ -9,6 +9,12 @@ arrays and writes the results back into the model's and the optimizer's Variable
 those are held values; inside a transform they are handles, and each write is a
 ``var_set`` of the trace, which the transform returns to the caller's objects.
 
+``graph`` is flax.nnx's: ``False`` reads the model and the gradient as
+trees (tree mode), so a Variable reached at two paths is refused with an
+``InconsistentAliasError`` naming both, as flax.nnx refuses it; ``None`` (the default) is read
+from ``nnx.set_graph_mode`` at each ``nnx.state`` call, construction and every ``update``
+alike, so an optimizer made in graph mode follows the setting it is updated under.
+
 Optax is the user's: the transformation object is passed in, and nothing here imports it,
 so varjax does not depend on it.  ``optax.apply_updates`` is two lines, written out below.
 """
@@ -25,7 +31,6 @@ from varjax.nnx.graph import state, update
 from varjax.nnx.pytree import Pytree, data
 from varjax.nnx.statelib import State
 from varjax.nnx.variablelib import OptState, Param
-from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
 
 __all__ = ["Optimizer", "ModelAndOptimizer", "OptState", "OptArray", "OptVariable",
@@ -111,17 +116,16 @@ class Optimizer(Pytree, Generic[M]):
 
     ``step`` (an ``OptState``, uint32) counts the updates; ``opt_state`` is
     ``tx.init`` of the selected variables with each leaf an ``OptState`` Variable; ``tx``
-    and ``wrt`` are static.  The model is not held (``ModelAndOptimizer`` holds it)."""
+    and ``wrt`` are static.  The model is not held (``ModelAndOptimizer`` holds it).
+    ``graph`` (static) is how the model and gradient are read: ``True`` graph mode,
+    ``False`` tree mode, ``None`` the current ``nnx.set_graph_mode``."""
 
     def __init__(self, model: M, tx: GradientTransformation, *, wrt: Filter,
                  graph: bool | None = None):
-        if graph is False:
-            not_provided("nnx.Optimizer(graph=False)", "tree mode is not built yet.",
-                         "leave graph out (graph mode)", by="varjax.nnx")
         self.graph = graph
         self.step = OptState(jnp.array(0, dtype=jnp.uint32))
         self.tx = tx
-        self.opt_state = data(to_opt_state(tx.init(state(model, wrt))))
+        self.opt_state = data(to_opt_state(tx.init(state(model, wrt, graph=graph))))
         self.wrt = wrt
 
     def __getattr__(self, name: str) -> Any:
@@ -138,8 +142,8 @@ class Optimizer(Pytree, Generic[M]):
         model's variables and the new state written into ``opt_state``, ``step`` + 1.
         ``kwargs`` go to ``tx.update`` (``GradientTransformationExtraArgs``).  Returns
         the updates."""
-        params = state(model, self.wrt)
-        grads = state(grads, self.wrt)
+        params = state(model, self.wrt, graph=self.graph)
+        grads = state(grads, self.wrt, graph=self.graph)
         _same_paths(params, grads)
         param_values = _values(params)
         updates, new_opt_state = self.tx.update(_values(grads), _values(self.opt_state),
@@ -154,7 +158,8 @@ class Optimizer(Pytree, Generic[M]):
 
 class ModelAndOptimizer(Optimizer[M]):
     """An ``Optimizer`` that holds its model (``self.model``), so ``update(grads)`` takes
-    only the gradient: flax.nnx's form of before 0.11, deprecated there."""
+    only the gradient: flax.nnx's form of before 0.11, deprecated there.  It takes no
+    ``graph``, as flax.nnx's: the current ``nnx.set_graph_mode`` decides."""
 
     def __init__(self, model: M, tx: GradientTransformation, *, wrt: Filter = Param):
         super().__init__(model, tx, wrt=wrt)
