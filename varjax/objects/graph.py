@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from varjax.ir.primitives import Path
+from varjax.objects.dict_versions import version_reader
 from varjax.objects.nodes import Cell, NodeKind, VariableKind, is_node, kind_of
 from varjax.trace.context import active
 from varjax.trace.variable import HeldValues, Variable
@@ -79,6 +80,7 @@ class Graph:
         self._variables: HeldValues | _EachValue | None = None     # see write_back
         self._cells: list[int] = []
         self._writers: list[tuple[Callable[[list[Any]], None], int, int]] = []
+        self._direct = False
 
     def write_back(self, updates: list[Any], created: list[dict]) -> None:
         """Apply a call's changes to the nodes: ``updates[i]`` is cell i's new value (None:
@@ -99,9 +101,13 @@ class Graph:
                                           start + len(node.cells)))
                 start += len(node.cells)
             self._variables = HeldValues.of(variables) or _EachValue(variables)
-        self._variables.write([updates[i] for i in self._cells])
-        for write, start, stop in self._writers:
-            write(updates[start:stop])
+            self._direct = self._cells == list(range(start))   # only Variables: no reorder
+        if self._direct:
+            self._variables.write(updates)
+        else:
+            self._variables.write([updates[i] for i in self._cells])
+            for write, start, stop in self._writers:
+                write(updates[start:stop])
         if any(created):
             for node, made in zip(self.nodes, created):
                 for (col, path), value in made.items():
@@ -283,6 +289,7 @@ def _plain(x: Any) -> bool:
 # lists, sets) whose contents are an instance's structure, and those of them that change
 # only through code that calls ``structure_changed`` (``register_mutable``).
 _MUTABLE: list[tuple[type, Callable[[Any], list[Any]], Callable[[Any], list[Any]]]] = []
+_TAG = operator.attrgetter("value")
 # Pytree types whose structure cannot change after they are made.
 _FROZEN = (tuple, type(None))
 # Bumped by every change of a guarded container (``structure_changed``).
@@ -320,26 +327,47 @@ def _parts_of(x: Any) -> tuple[Callable[[Any], list[Any]], Callable[[Any], list[
 class _Containers:
     """Python containers and what they held, compared by identity in C
     (``map(operator.is_, ...)``): an equal object is a change too (a Variable compares
-    equal to an array of its value)."""
+    equal to an array of its value).  Where CPython keeps dict version tags
+    (``dict_versions``) the dicts are compared only when a tag moved: a kept train step's
+    modules' ``__dict__``s are then checked in one read each."""
 
     def __init__(self) -> None:
         self.mappings: list[tuple[dict, int, Any, tuple]] = []
         self.sequences: list[tuple[list, int, tuple]] = []
         self.sets: list[tuple[set, frozenset]] = []
+        self.versions: list[Any] | None = []
+        self.tags: list[int] = []
 
     def add(self, p: Any) -> None:
         if isinstance(p, dict):
             self.mappings.append((p, len(p), frozenset(p), tuple(p.values())))
+            reader = version_reader(p)
+            if reader is None or self.versions is None:
+                self.versions = None
+            else:
+                self.versions.append(reader)
+                self.tags.append(reader.value)
         elif isinstance(p, list):
             self.sequences.append((p, len(p), tuple(p)))
         else:
             self.sets.append((p, frozenset(p)))
 
-    def unchanged(self) -> bool:
+    def same_mappings(self) -> bool:
+        """Whether each dict holds the same keys and the same objects, compared entry by
+        entry (where no version tag says so at once)."""
         is_ = operator.is_
         for d, n, keys, values in self.mappings:
             if len(d) != n or not all(map(is_, d.values(), values)) or d.keys() != keys:
                 return False
+        return True
+
+    def unchanged(self) -> bool:
+        if self.versions is None or list(map(_TAG, self.versions)) != self.tags:
+            if not self.same_mappings():
+                return False
+            if self.versions is not None:      # changed and changed back: the same again
+                self.tags = list(map(_TAG, self.versions))
+        is_ = operator.is_
         for seq, n, items in self.sequences:
             if len(seq) != n or not all(map(is_, seq, items)):
                 return False

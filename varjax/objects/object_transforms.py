@@ -166,6 +166,8 @@ class _Pure:
             functools.update_wrapper(pure, self.fn)
             jitted = self._made[key] = make(pure)
 
+        write_back = graph.write_back
+
         def call(args: tuple) -> Any:
             flat_args = list(args)
             values = read_held()
@@ -173,7 +175,7 @@ class _Pure:
             for i, v0, v1, c0, c1 in spans:
                 flat_args[i] = (values[v0:v1], children[c0:c1])
             out, updates, created, _ = jitted(*flat_args)
-            graph.write_back(updates, created)
+            write_back(updates, created)
             return out
         return call
 

@@ -38,7 +38,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import operator
 from typing import Any, Iterator, Mapping, Protocol
 
 import jax
@@ -384,9 +383,6 @@ def _unflatten(cls: type[Variable], aux: tuple, children: tuple) -> Variable:
 
 
 jax.tree_util.register_pytree_node(Variable, _flatten, functools.partial(_unflatten, Variable))
-
-
-_get_value = operator.attrgetter("_value")
 
 
 class HeldValues:
