@@ -255,14 +255,6 @@ def test_pmap_static_argument_reaches_jax_as_a_python_value():
     assert got == [int]
 
 
-def test_pmap_static_or_donated_module_is_not_provided():
-    stack = _one_device_stack(nnx, vmap, [])
-    with pytest.raises(errors.NotProvidedError, match=r"static_broadcasted_argnums=.*argument 0"):
-        pmap(lambda m, x: m(x), static_broadcasted_argnums=0)(stack, X[None])
-    with pytest.raises(errors.NotProvidedError, match=r"donate_argnums=.*argument 0"):
-        pmap(lambda m, x: m(x), donate_argnums=0)(stack, X[None])
-
-
 # --- scan over a module along an axis other than 0 ---------------------------------------
 
 def _counted_layer(lib):

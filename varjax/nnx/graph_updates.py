@@ -45,7 +45,8 @@ from varjax.nnx.pytree import Dict, List, Pytree, check_pytree
 from varjax.objects.graph import key_name, structure_changed
 from varjax.objects.nodes import is_node
 
-__all__ = ["carrying", "finish", "objects_with_paths", "restored", "shared_output"]
+__all__ = ["carrying", "finish", "gathered", "objects_with_paths", "per_object", "restored",
+           "shared_output"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,17 @@ class _Shared:
     tree: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class _Changed:
+    """One changed argument object's new children (outputs) and one-level treedef (static),
+    at its place in ``per_object``'s tuple."""
+
+    children: Any
+    treedef: Any
+
+
+jax.tree_util.register_pytree_node(_Changed, lambda c: ((c.children,), c.treedef),
+                                   lambda treedef, kids: _Changed(kids[0], treedef))
 jax.tree_util.register_pytree_node(_Arg, lambda m: ((), m.position), lambda p, _: _Arg(p))
 jax.tree_util.register_pytree_node(_Same, lambda m: ((), m.index), lambda i, _: _Same(i))
 jax.tree_util.register_pytree_node(_Shared, lambda s: ((s.tree,), None),
@@ -267,11 +279,13 @@ class _Call:
         """Without graph updates an argument's Variable among the outputs is refused, with
         the ``ValueError`` flax.nnx raises (its copy and the caller's would be two)."""
         given = {id(x): p for p, x in self.objects if is_node(x)}
-        for path, x in objects_with_paths(out):
+        for path, x in objects_with_paths([out]):     # [out]: a bare Variable is one too
+            path = path[1:]
             if is_node(x) and id(x) in given:
                 raise errors.InconsistentAliasError(
                     f"nnx.{self.what}: {type(x).__name__} {_show(given[id(x)])} of the "
-                    f"arguments is returned at output {_show(path)}; with graph_updates=False "
+                    f"arguments is returned {'at output ' + _show(path) if path else 'as the output'}"
+                    "; with graph_updates=False "
                     "an argument's Variable cannot be an output (flax.nnx refuses this Variable "
                     "aliasing too).", path=given[id(x)], **errors.where(),
                     fix="return arrays, or a copy made with nnx.clone(), or call it with "
@@ -391,3 +405,29 @@ def finish(args: tuple, kwargs: dict, out: Any, changes: Any) -> Any:
             obj.__dict__.update(fresh.__dict__)
             structure_changed()
     return resolve(out)
+
+
+def per_object(carried: Callable) -> Callable:
+    """``carried`` (a ``carrying`` wrapper) returning its changes as one entry per argument
+    object (``objects_with_paths`` order; ``None`` where it did not change).  ``jax.shard_map``
+    and ``jax.pmap`` take their output prefix before tracing, when which objects change is
+    not known; this tuple's length is, so each object's entry can be its argument's
+    ``in_specs``/``in_axes`` entry, and a changed module's new children come out as flax.nnx
+    gives them back (sharded, stacked or once, as the module came in).  ``gathered`` turns
+    it back into ``finish``'s changes."""
+    @functools.wraps(carried)
+    def spread(*args: Any, **kwargs: Any) -> tuple[Any, tuple]:
+        out, changes = carried(*args, **kwargs)
+        per: list[Any] = [None] * len(objects_with_paths({"args": args, "kwargs": kwargs}))
+        if isinstance(changes, _Changes):
+            for (i, treedef), kids in zip(changes.places, changes.children):
+                per[i] = _Changed(kids, treedef)
+        return out, tuple(per)
+    return spread
+
+
+def gathered(per: tuple) -> _Changes:
+    """``per_object``'s tuple as the changes ``finish`` applies (markers always resolved)."""
+    changed = [(i, c) for i, c in enumerate(per) if c is not None]
+    return _Changes(tuple(c.children for _, c in changed),
+                    tuple((i, c.treedef) for i, c in changed))

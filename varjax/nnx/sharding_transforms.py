@@ -20,13 +20,22 @@ An ``in_specs`` entry may be a ``StateSharding`` (an ``in_axes`` entry of ``pmap
 refuses it, as flax.nnx does): it is made the prefix tree of the part of the arguments under
 it (``nnx.prefix`` by its filters), so each Variable is split by its filter's spec (axis).
 
-As in the other ``varjax.nnx`` transforms, a structural change inside, or returning an
-argument's object, is refused with ``NotProvidedError`` (``transform_checks``); options not
-built (an argument holding an object in ``pmap``'s ``static_broadcasted_argnums`` or
-``donate_argnums``) raise it by name.  A ``StateAxes`` in ``pmap``'s ``out_axes`` is
-``nnx.vmap``'s (``output_axes``).
+With graph updates (the default) both carry NNX's graph updates as ``nnx.jit`` does
+(``graph_updates``): an argument's object the function returns is the caller's own, and a
+structural change to an argument's module (a ``sow``, a new, removed or changed attribute)
+reaches the caller's module, its new arrays and Variables coming out with the module's own
+entry (``P()``: once; ``P('data')``/an axis: sharded or stacked), as flax.nnx gives the
+arguments back with their ``in_specs``/``in_axes``.  JAX takes the output prefix before the
+function runs, so the changes come out as one entry per argument object (``per_object``),
+whose prefix is known then.  Without graph updates a structural change or an argument's
+Variable returned is refused, as in ``nnx.jit``.  A change to a module whose entry is split
+by filters (a ``StateSharding``/``StateAxes``) is ``NotProvidedError``.
+
+A ``StateAxes`` in ``pmap``'s ``out_axes`` is ``nnx.vmap``'s (``output_axes``).
 ``pmap``'s ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are
-``jax.pmap``'s, and its ``transform_metadata`` is ``nnx.vmap``'s (``metadata_option``).
+``jax.pmap``'s (a donated module's Variables all come back; an object in a static argument
+is flax.nnx's ``ValueError``), and its ``transform_metadata`` is ``nnx.vmap``'s
+(``metadata_option``).
 """
 from __future__ import annotations
 
@@ -37,17 +46,17 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import jax
 from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
+from varjax.ir import errors
 from varjax.ir.typing import AxesPrefix, AxisName, ShardingLike
 from varjax.nnx import output_axes
 from varjax.nnx.config import resolve
 from varjax.nnx.filter_maps import FilterMap, StateSharding
+from varjax.nnx.graph_updates import carrying, finish, gathered, objects_with_paths, per_object
 from varjax.nnx.metadata_option import with_partition
 from varjax.nnx.prefixes import prefix
 from varjax.nnx.state_axes import StateAxes
 from varjax.nnx.transform_checks import (
     as_decorator,
-    checked,
-    no_argument_returned,
     objects_in,
     positional,
     refuse_bound_method,
@@ -83,25 +92,80 @@ def _plain_prefix(what: str, name: str, prefix: Any, leaf: type, label: str,
                          "states with their own entries", by="varjax.nnx")
 
 
+_BY_FILTER = object()    # an object whose entry is split by filters (a StateSharding's)
+
+
+def _object_entries(prefix: Any, args: tuple, kwargs: dict, at_keyword: Any) -> tuple:
+    """Each argument object's entry of the call's prefix, in ``objects_with_paths`` order
+    (keyword arguments' at ``at_keyword``): the entry covering it, or ``_BY_FILTER`` for a
+    module whose Variables the prefix reaches one by one (``nnx.prefix`` of a
+    ``StateSharding``/``StateAxes``).  A changed object's new children come out with it."""
+    per_arg = prefix if isinstance(prefix, (tuple, list)) else (prefix,) * len(args)
+    found: dict[int, Any] = {}
+
+    def visit(entry: Any, sub: Any) -> None:
+        for _, x in objects_with_paths([sub]):
+            found.setdefault(id(x), entry)
+    for entry, arg in zip(per_arg, args):
+        jax.tree.map(visit, entry, arg, is_leaf=lambda x: x is None)
+    for value in kwargs.values():
+        visit(at_keyword, value)
+    return tuple(found.get(id(x), _BY_FILTER)
+                 for _, x in objects_with_paths({"args": args, "kwargs": kwargs}))
+
+
+def _whole_changes_only(p: Callable, what: str, entries: tuple) -> Callable:
+    """``p`` refusing, while tracing, a structural change to a module whose entry is split
+    by filters: its new Variables would each need their filter's entry, and JAX takes the
+    output prefix before the function runs."""
+    by_filter = [i for i, e in enumerate(entries) if e is _BY_FILTER]
+    if not by_filter:
+        return p
+
+    @functools.wraps(p)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        (out, per), result = p(*args, **kwargs)
+        for i in by_filter:
+            if per[i] is not None:
+                not_provided(f"a structural change inside nnx.{what} to a module split by "
+                             "filters",
+                             "a module whose entry is a StateSharding/StateAxes gained, lost "
+                             "or changed an attribute; its new Variables would need their "
+                             "filter's entry, which JAX takes before the function runs.",
+                             f"make the change outside nnx.{what}, or give the module one "
+                             "entry", by="varjax.nnx")
+        return (out, per), result
+    return checked
+
+
 def _mapped(fn: Callable, what: str, prefix_of: Callable[[tuple], Any], unmapped: Any,
-            make: Callable[[Callable, Result, Any], Callable]) -> Callable:
-    """``fn`` under a mapping JAX transform (``make(pure, result_prefix, prefix)``): each
-    Variable's update, and each Variable made under a module, comes back along its module's
-    entry of the call's prefix (``prefix_of(args)``); what a ``capture`` collected, along
-    ``unmapped``."""
+            make: Callable[[Callable, Result, Any, tuple], Callable], modes: tuple[bool, bool],
+            donated: tuple[int, ...] = ()) -> Callable:
+    """``fn`` under a mapping JAX transform (``make(pure, result_prefix, prefix,
+    changes_prefix)``): each Variable's update, and each Variable made under a module, comes
+    back along its module's entry of the call's prefix (``prefix_of(args)``); what a
+    ``capture`` collected, along ``unmapped``.  With graph updates, an argument's object
+    returned is the caller's and a structural change reaches the caller's object
+    (``graph_updates``), its new children along the object's entry (``changes_prefix``);
+    ``donated`` arguments' Variables all come back (object mode's ``_donated``)."""
     refuse_bound_method(fn, what)
-    pure = objects._Pure(checked(fn, what, no_argument_returned), arg_names(fn))
+    pure = objects._Pure(per_object(carrying(fn, what, *modes)), arg_names(fn),
+                         donated=donated)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         prefix = prefix_of(args)
         graph = pure.originals(args, kwargs)
         nodes = objects._node_axes(prefix, args, kwargs, graph, f"nnx.{what}")
         cells = objects._cell_axes(graph, nodes, f"nnx.{what}")
+        entries = _object_entries(prefix, args, kwargs, 0)
+        changes = tuple(unmapped if e is _BY_FILTER else e for e in entries)
         result = Result(cells, nodes, unmapped)
-        out, result = pure.get(graph, lambda p: make(p, result, prefix),
-                               (tuple(cells),))(*args, **kwargs)
+        (out, per), result = pure.get(
+            graph, lambda p: make(_whole_changes_only(p, what, entries), result, prefix,
+                                  changes),
+            (tuple(cells), entries))(*args, **kwargs)
         graph.write_back(result.updates, result.created)
-        return out
+        return finish(args, kwargs, out, gathered(per))
     return objects.wrapper(fn, call)
 
 
@@ -130,24 +194,25 @@ def shard_map(f: Callable | None = None, *, mesh: Mesh | AbstractMesh, in_specs:
     """``jax.shard_map`` over NNX objects: a module argument's Variables are split by its
     ``in_specs`` entry (``P()``: replicated; a ``StateSharding``: a spec per filter of its
     state) and their updates come back with it."""
+    modes = resolve(graph, graph_updates)
     for name, specs in (("in_specs", in_specs), ("out_specs", out_specs)):
         _plain_prefix("shard_map", name, specs, PartitionSpec, "PartitionSpec", StateSharding,
-                      resolve(graph)[0])
+                      modes[0])
 
     split_specs = output_axes.out_prefix(out_specs, StateSharding, PartitionSpec())
 
     def build(fn: Callable) -> Callable:
-        def make(p: Callable, result: Result, specs: Any) -> Callable:
-            return jax.shard_map(p, mesh=mesh, in_specs=specs, out_specs=(split_specs, result),
+        def make(p: Callable, result: Result, specs: Any, changes: tuple) -> Callable:
+            return jax.shard_map(p, mesh=mesh, in_specs=specs,
+                                 out_specs=((split_specs, changes), result),
                                  axis_names=axis_names, check_vma=check_vma)
 
         def positional_only(*args: Any) -> Any:
             return output_axes.joined(out_specs, mapped(*args), args, StateSharding)
         refuse_bound_method(fn, "shard_map")
-        mapped = _mapped(output_axes.split_outputs(fn, out_specs, False, StateSharding),
-                         "shard_map",
-                         _by_filters(in_specs, PartitionSpec),
-                         PartitionSpec(), make)
+        mapped = _mapped(output_axes.split_outputs(fn, out_specs, modes[1], StateSharding),
+                         "shard_map", _by_filters(in_specs, PartitionSpec), PartitionSpec(),
+                         make, modes)
         return functools.wraps(fn)(positional_only)
     return as_decorator(f, build)
 
@@ -156,14 +221,19 @@ def _argnums(given: int | Iterable[int]) -> tuple[int, ...]:
     return (given,) if isinstance(given, int) else tuple(given)
 
 
-def _no_objects_at(what: str, option: str, nums: tuple[int, ...], args: tuple, why: str,
-                   fix: str) -> None:
-    """``NotProvidedError`` when an argument at ``nums`` holds an NNX object."""
+def _no_static_objects(nums: tuple[int, ...], args: tuple) -> None:
+    """An argument holding an NNX object at ``static_broadcasted_argnums`` is refused with
+    the ``ValueError`` flax.nnx raises there (JAX's, for its non-hashable state): a static
+    argument is hashed into the compiled function, so its Variables would not be traced."""
     for i in nums:
-        if i < len(args) and objects_in(args[i]):
-            not_provided(f"nnx.{what}({option}=...) for an argument holding an object "
-                         f"(argument {i}, a {type(args[i]).__name__})", why, fix,
-                         by="varjax.nnx")
+        found = objects_in(args[i]) if -len(args) <= i < len(args) else []
+        if found:
+            raise errors.ConfigError(
+                f"nnx.pmap: argument {i}, in static_broadcasted_argnums, holds a "
+                f"{type(found[0]).__name__}; a static "
+                "argument is hashed into the compiled function, so its Variables would not be "
+                "traced (flax.nnx refuses it too, as a non-hashable static argument).",
+                **errors.where(), fix="pass the module as a mapped or broadcast (None) argument")
 
 
 def pmap(f: Callable | None = None, *, axis_name: AxisName | None = None,
@@ -178,37 +248,32 @@ def pmap(f: Callable | None = None, *, axis_name: AxisName | None = None,
     along it (a ``StateAxes`` entry: each filter's Variables along its axis; in
     ``out_axes``, a module made inside, as ``nnx.vmap``'s: ``output_axes``); keyword
     arguments are mapped along axis 0, as ``jax.pmap`` maps them.
-    ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are ``jax.pmap``'s,
-    for arguments that hold no object (a module's Variables not written inside would keep
-    donated buffers: varjax writes back only the updates); ``transform_metadata`` as
+    ``static_broadcasted_argnums``, ``backend`` and ``donate_argnums`` are ``jax.pmap``'s: a
+    donated module's Variables all come back, written or not, as in flax.nnx; a static
+    argument may hold no object (flax.nnx's ``ValueError``).  ``transform_metadata`` as
     ``nnx.vmap``'s (``metadata_option``)."""
     static, donated = _argnums(static_broadcasted_argnums), _argnums(donate_argnums)
-    _plain_prefix("pmap", "in_axes", in_axes, int, "int", StateAxes, resolve(graph)[0])
-    _plain_prefix("pmap", "out_axes", out_axes, int, "int", StateAxes, resolve(graph)[0])
+    modes = resolve(graph, graph_updates)
+    _plain_prefix("pmap", "in_axes", in_axes, int, "int", StateAxes, modes[0])
+    _plain_prefix("pmap", "out_axes", out_axes, int, "int", StateAxes, modes[0])
     axes_of = _by_filters(in_axes, int)
     stacked = output_axes.out_prefix(out_axes)
 
     def build(fn: Callable) -> Callable:
-        def make(p: Callable, result: Result, in_axes: Any) -> Callable:
+        def make(p: Callable, result: Result, in_axes: Any, changes: tuple) -> Callable:
             return jax.pmap(p, axis_name=axis_name, in_axes=in_axes,
-                            out_axes=(stacked, result), static_broadcasted_argnums=static,
+                            out_axes=((stacked, changes), result),
+                            static_broadcasted_argnums=static,
                             devices=devices, backend=backend, axis_size=axis_size,
                             donate_argnums=donated)
 
         def prefix_of(args: tuple) -> Any:
-            _no_objects_at("pmap", "static_broadcasted_argnums", static, args,
-                           "a static argument is hashed, and its Variables would not be "
-                           "traced.", "pass the module as a mapped or broadcast (None) "
-                           "argument")
-            _no_objects_at("pmap", "donate_argnums", donated, args,
-                           "varjax.nnx writes back only the Variables written inside, so "
-                           "the others would keep donated (deleted) buffers.",
-                           "donate array arguments only")
+            _no_static_objects(static, args)
             return axes_of(args)
         refuse_bound_method(fn, "pmap")
-        named = with_partition("pmap", output_axes.split_outputs(fn, out_axes, False), transform_metadata,
-                               in_axes, stacked)
-        mapped = _mapped(named, "pmap", prefix_of, 0, make)
+        named = with_partition("pmap", output_axes.split_outputs(fn, out_axes, modes[1]),
+                               transform_metadata, in_axes, stacked)
+        mapped = _mapped(named, "pmap", prefix_of, 0, make, modes, donated)
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
