@@ -228,3 +228,40 @@ def test_metrics_updated_in_a_tree_mode_jitted_step_match_flax_nnx():
         fg, fs = theirs.loss.split()
         _bitwise(s, fs)
         assert nnx.merge(g, s).total is ours.loss.total
+
+
+def test_update_without_grads_is_a_type_error_naming_model_and_optimizer_as_flax_nnx():
+    """flax.nnx's pre-0.11 call ``update(grads)`` is refused by both, pointing at
+    ``ModelAndOptimizer``."""
+    fopt = flax_nnx.Optimizer(_mlp(flax_nnx), ADAM, wrt=flax_nnx.Param)
+    with pytest.raises(TypeError, match="ModelAndOptimizer"):
+        fopt.update(flax_nnx.State({}))
+    opt = Optimizer(_mlp(nnx), ADAM, wrt=nnx.Param)
+    with pytest.raises(errors.InvalidVariablesError, match="takes \\(model, grads\\)") as e:
+        opt.update(nnx.State({}))
+    assert isinstance(e.value, TypeError) and "ModelAndOptimizer" in e.value.fix
+    assert "test_nnx_optimizer_tree_mode.py" in e.value.source and int(opt.step[...]) == 0
+
+
+def test_train_state_of_a_tree_mode_split_steps_and_applies_as_flax_nnx_bitwise():
+    """``TrainState`` keeps the GraphDef of a tree-mode ``split`` and ``apply`` merges by
+    it; three jitted Adam steps give flax.nnx's params, optimizer state and output."""
+    def run(lib):
+        with lib.set_graph_mode(False):
+            graphdef, params, rest = lib.split(_mlp(lib), lib.Param, ...)
+            state = lib.TrainState.create(graphdef, params=params, tx=ADAM)
+
+            @jax.jit
+            def step(state):
+                grads = jax.grad(lambda p: _loss(lambda x: state.apply(p, rest)(x)[0], X, Y))(
+                    state.params)
+                return state.apply_gradients(grads)
+            for _ in range(3):
+                state = step(state)
+            return state, state.apply("params", rest)(X)[0]
+    (ours, out), (theirs, fout) = run(nnx), run(flax_nnx)
+    _bitwise(ours.params, theirs.params)
+    for a, b in zip(jax.tree.leaves((ours.opt_state, ours.step, out)),
+                    jax.tree.leaves((theirs.opt_state, theirs.step, fout)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(ours.step) == 3

@@ -110,6 +110,10 @@ def _same_paths(params: Any, grads: Any) -> None:
                 "for wrt=nnx.Param)")
 
 
+_MISSING: Any = object()
+"""``update``'s default for ``grads``: its absence is the pre-0.11 call ``update(grads)``."""
+
+
 class Optimizer(Pytree, Generic[M]):
     """An Optax transformation and its state, for the variables of a model that ``wrt``
     selects; ``update(model, grads)`` applies one step to the model in place.
@@ -136,12 +140,19 @@ class Optimizer(Pytree, Generic[M]):
                 "pass it to update(model, grads), or use nnx.ModelAndOptimizer")
         raise AttributeError(name)
 
-    def update(self, model: M, grads: State, /, **kwargs: Any) -> PyTree:
+    def update(self, model: M, grads: State = _MISSING, /, **kwargs: Any) -> PyTree:
         """Applies one Optax step: ``tx.update`` of ``grads`` (the gradient of the
         variables ``wrt`` selects, as ``nnx.grad`` returns it), the updates added to the
         model's variables and the new state written into ``opt_state``, ``step`` + 1.
         ``kwargs`` go to ``tx.update`` (``GradientTransformationExtraArgs``).  Returns
         the updates."""
+        if grads is _MISSING:
+            # flax.nnx's pre-0.11 call, update(grads), is the porting mistake: say so.
+            raise errors.InvalidVariablesError(
+                f"{type(self).__name__}.update takes (model, grads) since flax.nnx 0.11; it "
+                "was given one argument.", **errors.where(),
+                fix="pass update(model, grads), or hold the model in nnx.ModelAndOptimizer, "
+                    "whose update(grads) takes the gradient alone")
         params = state(model, self.wrt, graph=self.graph)
         grads = state(grads, self.wrt, graph=self.graph)
         _same_paths(params, grads)
