@@ -403,9 +403,6 @@ def test_custom_vjp_diffstate_without_graph_updates_refused_as_flax():
             cv(lambda m: m, nondiff_argnums=(lib.DiffState(0, ...),), graph_updates=False)
 
 
-def test_custom_vjp_symbolic_zeros_and_bound_methods_are_refused():
-    f = custom_vjp(lambda m: m.x, graph_updates=False)
-    with pytest.raises(errors.NotProvidedError, match="symbolic_zeros"):
-        f.defvjp(lambda m: (m.x, None), lambda res, g: (g,), symbolic_zeros=True)
+def test_custom_vjp_of_a_bound_method_is_refused():
     with pytest.raises(ValueError, match="does not support bound methods"):
         custom_vjp(_counted(nnx).__call__)

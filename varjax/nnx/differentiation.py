@@ -26,8 +26,17 @@ so does varjax.nnx, with the same error.  In tree mode (``graph=False``) they ru
 way, the primals taken as trees: a Variable reached twice among them is refused, as flax.nnx
 refuses it.  A ``DiffState(argnum, filter)`` in ``custom_vjp``'s ``nondiff_argnums`` (graph
 updates) makes only the Variables ``filter`` selects differentiable, as in flax.nnx.
-``symbolic_zeros`` and ``reduce_axes`` (which JAX no longer has: ``jax.vjp`` raises
-``NotImplementedError`` for it, as flax.nnx does) are refused by name.
+``reduce_axes`` (which JAX no longer has: ``jax.vjp`` raises ``NotImplementedError`` for
+it, as flax.nnx does) is refused by name.
+
+``defvjp(fwd, bwd, symbolic_zeros=True)`` is ``jax.custom_vjp``'s, as in flax.nnx:
+``fwd`` gets a ``CustomVJPPrimal(value, perturbed)`` for each array argument and, without
+graph updates, a module whose Variables hold one each (``m.x.get_value().value``;
+``m.x.set_value(new)`` updates it), and ``bwd`` gets ``SymbolicZero`` for each zero
+cotangent (an unused output, a Variable update nothing later reads in ``updates_g``).  With
+graph updates flax.nnx fails on a module argument (its fwd's Variables hold
+``CustomVJPPrimal``s, which JAX refuses as outputs: a ``TypeError``); varjax raises
+``InvalidVariablesError`` (a ``TypeError``) naming the Variable, before ``fwd`` runs.
 """
 from __future__ import annotations
 
@@ -210,7 +219,8 @@ class _StateCotangents:
         return [i for i, a in enumerate(args) if i not in self.nums and isinstance(a, Pytree)]
 
     def defvjp(self, fwd: Callable, bwd: Callable, symbolic_zeros: bool = False) -> None:
-        _refuse_symbolic_zeros(symbolic_zeros)
+        forward = _without_modules(fwd, self._modules) if symbolic_zeros else \
+            _touching(fwd, self._modules)
 
         def backward(*rest: Any, updates_g: tuple) -> tuple:
             *nondiff, residual, g = rest
@@ -221,7 +231,7 @@ class _StateCotangents:
             tangents = bwd(*nondiff, residual, (given, g))
             return tuple(_module_of(updates_g[i], t, self.diff.get(i)) if m else t
                          for i, m, t in zip(diff, modules, tangents))
-        self.custom.defvjp(_touching(fwd, self._modules), backward)
+        self.custom.defvjp(forward, backward, symbolic_zeros=symbolic_zeros)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = positional(self.fun, args, kwargs)
@@ -233,14 +243,24 @@ class _StateCotangents:
         return self.custom(*args)
 
 
-def _refuse_symbolic_zeros(symbolic_zeros: bool) -> None:
-    if symbolic_zeros:
-        not_provided("nnx.custom_vjp.defvjp(symbolic_zeros=True)",
-                     "JAX then hands fwd a CustomVJPPrimal (value, perturbed) in place of each "
-                     "array leaf, a Variable's value included, and bwd SymbolicZero cotangents; "
-                     "varjax's Variables are read and written as arrays of one trace, so this "
-                     "is not built.", "call defvjp without symbolic_zeros (bwd gets dense "
-                     "zeros)", by="varjax.nnx")
+def _without_modules(fwd: Callable, modules: Callable[[tuple], list[int]]) -> Callable:
+    """``fwd`` refusing a differentiated module argument (``symbolic_zeros`` with graph
+    updates): its Variables would hold ``CustomVJPPrimal``s as the state the graph-updates
+    form returns, where flax.nnx fails with JAX's ``TypeError``."""
+    @functools.wraps(fwd)
+    def checked(*args: Any) -> Any:
+        for i in modules(args):
+            path, v = next(iter(_variables(args[i])), ((), None))
+            raise errors.InvalidVariablesError(
+                f"nnx.custom_vjp: with symbolic_zeros=True, fwd would get argument {i}'s "
+                f"module with its Variables holding CustomVJPPrimal values, and with graph "
+                "updates their state is an output of fwd, which JAX refuses (flax.nnx fails "
+                "with a TypeError there).", path=path,
+                collection=getattr(v, "collection", None), **errors.where(),
+                fix="use nnx.custom_vjp(..., graph_updates=False) (bwd then returns a module "
+                    "of cotangents), or defvjp without symbolic_zeros")
+        return fwd(*args)
+    return checked
 
 
 def _module_of(template: Any, given: Any, only: Filter | None) -> Any:
@@ -287,8 +307,7 @@ class _SameTypeCotangents:
         self.custom = object_custom_vjp(fun, nondiff_argnums=nondiff_argnums)
 
     def defvjp(self, fwd: Callable, bwd: Callable, symbolic_zeros: bool = False) -> None:
-        _refuse_symbolic_zeros(symbolic_zeros)
-        self.custom.defvjp(fwd, bwd)
+        self.custom.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.custom(*positional(self.fun, args, kwargs))

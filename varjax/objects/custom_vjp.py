@@ -13,6 +13,15 @@ the updated value send back) is handed to ``bwd`` when ``bwd`` takes an ``update
 keyword: the arguments' structure, each updated Variable holding its cotangent and every
 other leaf None.  Otherwise it is dropped, as flax.nnx's ``custom_vjp`` drops it: the
 update is a constant of the derivative (a BatchNorm's running statistics under ``grad``).
+
+``defvjp(fwd, bwd, symbolic_zeros=True)`` is ``jax.custom_vjp``'s: ``fwd`` gets each array
+of the differentiated arguments as a ``CustomVJPPrimal(value, perturbed)``, a Variable's
+value included (so ``fwd`` reads ``v.value.value``, and writes a plain value), and
+``bwd`` gets ``SymbolicZero`` for each cotangent that is zero, ``updates_g``'s too.  A
+Variable's value there is no array, so ``fwd`` cannot run as a trace of Variable effects:
+it runs on JAX's copies of the arguments directly, and the Variables whose values it
+replaced are its updates (``_primal_call``), as flax.nnx's tree-mode ``custom_vjp`` finds
+them.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import CustomVJPPrimal
 
 from varjax.ir import errors
 from varjax.objects.graph import ArgumentGraphs, Graph
@@ -50,10 +60,11 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
         self.names = arg_names(fn)
         self.fwd: Callable | None = None
         self.bwd: Callable | None = None
+        self.symbolic_zeros = False
         self._graphs = ArgumentGraphs()
 
-    def defvjp(self, fwd: Callable, bwd: Callable) -> None:
-        self.fwd, self.bwd = fwd, bwd
+    def defvjp(self, fwd: Callable, bwd: Callable, symbolic_zeros: bool = False) -> None:
+        self.fwd, self.bwd, self.symbolic_zeros = fwd, bwd, symbolic_zeros
 
     @errors.api_boundary
     def __call__(self, *args: Any) -> Any:
@@ -73,6 +84,11 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
             return run(fn, a, {}, graph=Graph.copies(layout, (a, {})), shared=shared)
 
         def forward(*xs: Any) -> tuple[tuple[Any, Result], Any]:
+            if self.symbolic_zeros:
+                arrays = _values(xs[len(diff):])
+                a, _ = dealias(nondiff.args(xs[:len(diff)], arrays), {}, layout.places)
+                (out, residuals), result = _primal_call(self.fwd, a, layout)
+                return (out, result), (residuals, arrays)
             (out, residuals), result = traced(self.fwd, xs)
             return (out, result), (residuals, xs[len(diff):])
 
@@ -93,7 +109,7 @@ class custom_vjp:  # noqa: N801  (named as jax.custom_vjp, which it mirrors)
             return (*(jax.tree.map(_cotangent, ct, x, is_leaf=lambda c: c is None)
                       for ct, x in zip(cotangents, avals)), *(None for _ in arrays))
         f = jax.custom_vjp(lambda *xs: traced(self.fn, xs))
-        f.defvjp(forward, backward)
+        f.defvjp(forward, backward, symbolic_zeros=self.symbolic_zeros)
         out, result = f(*(args[i] for i in diff), *nondiff.arrays)
         graph.write_back(result.updates, result.created)
         return out
@@ -128,6 +144,24 @@ class _Nondiff:
         """All arguments, in order: ``diff`` at the other positions."""
         nondiff, diff = dict(zip(self.nums, self.values(arrays))), iter(diff)
         return tuple(nondiff[i] if i in nondiff else next(diff) for i in range(self.n))
+
+
+def _values(tree: Any) -> Any:
+    """``tree`` with each ``CustomVJPPrimal`` its value (the nondiff arguments' arrays,
+    which ``jax.custom_vjp`` sees as differentiated)."""
+    return jax.tree.map(lambda p: p.value, tree, is_leaf=lambda x: isinstance(x, CustomVJPPrimal))
+
+
+def _primal_call(fwd: Callable, args: tuple, layout: Any) -> tuple[Any, Result]:
+    """``fwd(*args)`` on JAX's copies as they are (``symbolic_zeros``: their Variables hold
+    ``CustomVJPPrimal``s, which no trace of Variable effects can read), and the ``Result``
+    of its updates: each Variable whose value ``fwd`` replaced, by cell."""
+    graph = Graph.copies(layout, (args, {}))
+    before = [cell.get() for _, cell in graph.cells]
+    out = fwd(*args)
+    updates = [None if (now := cell.get()) is was else now
+               for (_, cell), was in zip(graph.cells, before)]
+    return out, Result(updates, [{} for _ in graph.nodes], {})
 
 
 def _updates_g(graph: Graph, structures: list[Any], cotangents: list[Any]) -> tuple:
