@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx as flax_nnx
 
-from varjax import errors, nnx
+from varjax import nnx
 from varjax.nnx.batching import vmap
 from varjax.nnx.iteration import Carry, scan
-from varjax.nnx.prefixes import prefix
 from varjax.nnx.state_axes import StateAxes
 
 X = jnp.arange(4.0).reshape(2, 2) / 3
@@ -190,13 +189,6 @@ def test_nested_state_axes_refusals_match_flax():
         linear = lib.Linear(2, 2, rngs=lib.Rngs(0))
         with pytest.raises(ValueError), _quiet():
             vmap_(lambda p: p, in_axes=((sa, 0),))({"m": linear})
-
-
-def test_state_axes_inside_a_prefix_tree_is_not_built():
-    linear = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
-    tree = prefix(linear, lambda path, leaf: StateAxes({...: 0}))
-    with pytest.raises(errors.NotProvidedError, match="StateAxes inside a Linear"):
-        vmap(lambda m: m, in_axes=((tree, 0),))
 
 
 def _named(lib, name):

@@ -16,14 +16,17 @@ them only Variable values come back.
 An argument's ``in_axes`` entry may be a ``StateAxes``, or hold some under tuples, dicts and
 other containers (graph mode, with or without graph updates): each module at one is split into a state
 per filter, each mapped along its axis, and merged again inside (``state_axes``).  An
-``out_axes`` entry may be one too, anywhere: a module made inside comes back with each state
+``nnx.prefix`` tree (an NNX object of axes) holding a ``StateAxes`` (at a submodule, or a
+Variable) is split the same way by path, the ``StateAxes`` matching the paths below its place
+(``prefixes.with_prefix_axes``; beyond flax.nnx, which takes it in no mode).  An
+``out_axes`` entry may be a ``StateAxes`` too, anywhere: a module made inside comes back with each state
 stacked along its filter's axis, or once where it is ``None`` (``output_axes``).
 
 ``transform_metadata={nnx.PARTITION_NAME: name}`` adds the mapped axis's name to each
 Variable's ``out_sharding`` as it leaves and removes it as it enters (``metadata_option``).
 
-Not built, refused with ``NotProvidedError`` by name: a ``StateAxes`` inside an NNX object of
-the prefix (an ``nnx.prefix`` tree), ``transform_metadata`` keys other than ``PARTITION_NAME``.
+Not built, refused with ``NotProvidedError`` by name: ``transform_metadata`` keys other than
+``PARTITION_NAME``.
 ``spmd_axis_name`` is ``jax.vmap``'s.
 """
 from __future__ import annotations
@@ -39,6 +42,7 @@ from varjax.nnx.config import resolve
 from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.metadata_option import with_partition
 from varjax.nnx.output_axes import joined, out_prefix, split_outputs
+from varjax.nnx.prefixes import with_prefix_axes
 from varjax.nnx.state_axes import (
     StateAxes,
     check_state_axes,
@@ -90,15 +94,16 @@ def vmap(f: Callable | None = None, *, in_axes: Prefix = 0, out_axes: Prefix = 0
             "nnx.vmap: in_axes is a StateAxes; in_axes is a prefix of the arguments' tuple, "
             "so a StateAxes is one argument's entry.", **errors.where(),
             fix="in_axes=(state_axes, ...), one entry per argument")
-    by_state = isinstance(in_axes, (tuple, list)) and nests_state_axes(in_axes)
     _int_axes("in_axes", in_axes, modes[0])
     _int_axes("out_axes", out_axes, modes[0])
+    given_in_axes, in_axes = in_axes, with_prefix_axes(in_axes)
+    by_state = isinstance(in_axes, (tuple, list)) and nests_state_axes(in_axes)
     stacked = out_prefix(out_axes)
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "vmap")
         named = with_partition("vmap", split_outputs(fn, out_axes, modes[1]), transform_metadata,
-                               in_axes, stacked)
+                               given_in_axes, stacked)
         mapped = None if by_state else objects.vmap(
             carrying(named, "vmap", *modes), in_axes=in_axes, out_axes=(stacked, 0),
             axis_size=axis_size, axis_name=axis_name, spmd_axis_name=spmd_axis_name,

@@ -34,8 +34,9 @@ name from a Variable's ``out_sharding`` as it enters a step and adds it as it le
 0.10, takes it and ignores it).  A module (or state) scanned along an axis other than 0 is
 scanned as a copy with that axis moved to 0, whose updates are written back to the caller's
 Variables with the axis moved back (``_move``).  A ``StateAxes`` inside an NNX object of
-``in_axes`` (an ``nnx.prefix`` tree), and ``transform_metadata`` with a ``StateAxes`` in
-``out_axes``, are refused by name.
+``in_axes`` (an ``nnx.prefix`` tree) gives the part under it an axis per filter, matched
+below its place, its ``None`` a ``StateAxes`` ``None`` (beyond flax.nnx, which takes it in no
+mode).  ``transform_metadata`` with a ``StateAxes`` in ``out_axes`` is refused by name.
 """
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ class _Layout:
     top-level ``Carry`` argument is the carry ``fn`` returns; a state at ``Carry`` comes
     back as it went in, its Variables updated), parts at ``None`` are broadcast, parts at
     an int are scanned.  ``split_fixed`` are the broadcast states of ``StateAxes`` arguments
-    (not of ``nnx.prefix`` trees): given their values back every step in both modes."""
+    (not of ``nnx.prefix`` trees, but of a ``StateAxes`` in one): given their values back
+    every step in both modes."""
 
     def __init__(self, args: tuple, axes: tuple):
         given, part_axes, self.defs = split_by(args, axes)
@@ -177,8 +179,9 @@ class _Layout:
         self.fixed = tuple(k for k, a in enumerate(self.axes) if a is None)
         self.scanned = tuple(k for k, a in enumerate(self.axes) if a is not None
                              and a is not Carry)
-        of_split = {k for i in self.defs if not isinstance(axes[i], PrefixAxes)
-                    for k in range(*self.spans[i])}
+        of_split = {k for i in self.defs for k in range(*self.spans[i])
+                    if not isinstance(axes[i], PrefixAxes)
+                    or k - self.spans[i][0] in axes[i].restored}
         self.split_fixed = tuple(k for k in self.fixed if k in of_split)
 
     def key(self) -> tuple:
@@ -199,7 +202,7 @@ def _arguments(key: tuple, parts: list[Any]) -> tuple:
 def _by_path(arg: Any, entry: Any) -> Any:
     """An argument's entry, a prefix tree over its objects (``nnx.prefix``) made one filter
     per path (``prefixes.axes_by_path``), so each Variable is scanned, carried or broadcast
-    by its own axis."""
+    by its own axis; a ``StateAxes`` in the tree gives the part under it one per filter."""
     if _is_axis(entry) or isinstance(entry, (int, StateAxes)) or not objects_in(arg):
         return entry
     return axes_by_path(entry, _is_axis)

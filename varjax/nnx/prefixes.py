@@ -24,7 +24,8 @@ import jax
 from varjax.ir.typing import Filter, Node, PathParts, Prefix
 from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graphlib import flatten_graph
-from varjax.nnx.state_axes import StateAxes
+from varjax.nnx.pytree import Pytree
+from varjax.nnx.state_axes import StateAxes, nests_state_axes
 from varjax.objects.nodes import is_node
 from varjax.trace.unprovided import not_provided
 
@@ -32,8 +33,11 @@ __all__ = ["prefix"]
 
 
 def _nnx_path(keypath: tuple) -> PathParts:
-    """A JAX key path as the NNX path of the same place (names, indices, dict keys)."""
-    return tuple(getattr(k, "name", getattr(k, "idx", getattr(k, "key", k))) for k in keypath)
+    """A JAX key path as the NNX path of the same place (names, indices, dict keys); the
+    index of a leaf inside an object-mode node (a Variable's value in a prefix tree made by
+    ``jax.tree.map``) is no part of it: the node is one place."""
+    return tuple(getattr(k, "name", getattr(k, "idx", getattr(k, "key", k))) for k in keypath
+                 if not isinstance(k, jax.tree_util.FlattenedIndexKey))
 
 
 def _by_filters(filter_map: Mapping[Any, Any]) -> Callable[[PathParts, Any], Any]:
@@ -80,17 +84,49 @@ def prefix(node: Node, filter_map: Mapping[Filter, Prefix] | Callable[[PathParts
 
 class PrefixAxes(StateAxes):
     """An argument's prefix tree as per-path filters and their axes; its ``None`` means
-    what ``None`` means for a whole argument (not what a ``StateAxes`` ``None`` means)."""
+    what ``None`` means for a whole argument (not what a ``StateAxes`` ``None`` means),
+    except at the filters numbered in ``restored``, which came from a ``StateAxes`` in the
+    tree."""
+
+    def __init__(self, filter_axes: list[tuple[Filter, Any]],
+                 restored: frozenset[int] = frozenset()):
+        super().__init__(filter_axes)
+        self.restored = restored
 
 
-def _at(path: PathParts) -> Callable[[PathParts, Any], bool]:
-    def under(p: PathParts, _: Any) -> bool:
-        return tuple(p[:len(path)]) == path
+def _at(path: PathParts, f: Filter = ...) -> Callable[[PathParts, Any], bool]:
+    """The filter of what is at or under ``path`` and, below it, matches ``f``."""
+    below = to_predicate(f)
+
+    def under(p: PathParts, value: Any) -> bool:
+        return tuple(p[:len(path)]) == path and below(tuple(p[len(path):]), value)
     return under
 
 
 def axes_by_path(entry: Any, is_axis: Callable[[Any], bool]) -> PrefixAxes:
     """``entry`` (a prefix tree of an argument: a module of axes, a dict of axes) as one
-    filter per path, each with its axis."""
-    leaves = jax.tree_util.tree_leaves_with_path(entry, is_leaf=is_axis)
-    return PrefixAxes([(_at(_nnx_path(p)), axis) for p, axis in leaves])
+    filter per path, each with its axis.  A ``StateAxes`` in the tree gives the part under
+    its path one filter per filter of its own, matched against the path below it, as
+    flax.nnx's ``StateAxes`` matches a module's paths (``restored`` marks its ``None``s)."""
+    leaves = jax.tree_util.tree_leaves_with_path(
+        entry, is_leaf=lambda x: is_axis(x) or isinstance(x, StateAxes))
+    pairs: list[tuple[Filter, Any]] = []
+    restored: set[int] = set()
+    for p, axis in leaves:
+        for f, a in axis.items() if isinstance(axis, StateAxes) else ((..., axis),):
+            if a is None and isinstance(axis, StateAxes):
+                restored.add(len(pairs))
+            pairs.append((_at(_nnx_path(p), f), a))
+    return PrefixAxes(pairs, frozenset(restored))
+
+
+def with_prefix_axes(axes: Prefix) -> Prefix:
+    """``axes`` with each NNX object in it (an ``nnx.prefix`` tree) that holds a
+    ``StateAxes`` made a ``PrefixAxes`` (``axes_by_path``), so ``nnx.vmap`` splits the
+    argument under it by path, as it splits one at a ``StateAxes``."""
+    def one(e: Any) -> Any:
+        if isinstance(e, Pytree) and nests_state_axes(e):
+            return axes_by_path(e, lambda x: x is None)
+        return e
+    return jax.tree.map(one, axes, is_leaf=lambda x: x is None
+                        or isinstance(x, (StateAxes, Pytree)))

@@ -12,7 +12,10 @@ A ``StateAxes`` may also sit inside an argument's entry, under tuples, dicts and
 ``in_axes=((state_axes, 0), None)`` for ``f((model, x), y)``.  flax.nnx splits each node at a
 ``StateAxes`` wherever it is, exactly as a whole argument's; so here ``spread`` makes such an
 argument one argument per leaf of its entry (the part under it), every ``StateAxes`` then a
-whole argument's entry, and ``gathered`` puts the parts back together inside.
+whole argument's entry, and ``gathered`` puts the parts back together inside.  One inside an
+NNX object of the prefix (an ``nnx.prefix`` tree whose leaf, or a module-shaped prefix whose
+submodule entry, is a ``StateAxes``) gives the part under it an axis per filter, its paths
+below that place (``prefixes.axes_by_path``); flax.nnx takes it in no mode.
 """
 from __future__ import annotations
 
@@ -26,7 +29,6 @@ from varjax.nnx.filter_maps import FilterMap
 from varjax.nnx.graph import merge, split
 from varjax.nnx.pytree import Pytree
 from varjax.nnx.transform_checks import objects_in
-from varjax.trace.unprovided import not_provided
 from varjax.trace.variable import Variable
 
 __all__ = ["StateAxes"]
@@ -112,19 +114,9 @@ def _entries(axes: Any) -> list[tuple[Any, Any]]:
 
 
 def check_state_axes(what: str, name: str, axes: Any, graph: bool, allowed: tuple) -> None:
-    """The ``StateAxes`` entries of ``name`` (``in_axes``/``out_axes`` of ``nnx.<what>``) as
-    flax.nnx allows them: in graph mode only (tree mode is flax's ``ValueError``), each axis
-    of an ``allowed`` type; anywhere in ``out_axes``, and in ``in_axes`` anywhere but inside
-    an NNX object (``spread``; there ``NotProvidedError``)."""
-    if name == "in_axes":
-        for node in jax.tree.leaves(axes, is_leaf=_spread_leaf):
-            if isinstance(node, Pytree) and nests_state_axes(node):
-                not_provided(f"nnx.{what}(in_axes=...) with a StateAxes inside a "
-                             f"{type(node).__name__} of the prefix",
-                             "a StateAxes is taken at an argument's entry or inside "
-                             "containers there; an NNX object in a prefix (an nnx.prefix "
-                             "tree) is its argument's entry as a whole.",
-                             "give the module the StateAxes as its entry", by="varjax.nnx")
+    """The ``StateAxes`` entries of ``name`` (``in_axes``/``out_axes`` of ``nnx.<what>``),
+    anywhere in it, as flax.nnx allows them: in graph mode only (tree mode is flax's
+    ``ValueError``), each axis of an ``allowed`` type."""
     for path, entry in _entries(axes):
         if not isinstance(entry, StateAxes):
             continue
