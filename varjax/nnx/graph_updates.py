@@ -212,6 +212,9 @@ def _show(path: tuple[str, ...]) -> str:
     return "/".join(path) or "the argument"
 
 
+_NO_UPDATES = {"jit_partial", "make_jaxpr"}    # transforms flax.nnx runs without graph updates
+
+
 class _Call:
     """One traced call of ``fn`` (see the module docstring)."""
 
@@ -272,8 +275,9 @@ class _Call:
             "inside the function; without graph updates only Variable values come back, so "
             "this change would be lost (flax.nnx loses it silently).",
             path=path + (str(name),), **errors.where(),
-            fix=f"make the change outside nnx.{self.what}, or call it with graph=True and "
-                "graph_updates=True (the default)")
+            fix=f"make the change outside nnx.{self.what}"
+                + ("" if self.what in _NO_UPDATES else ", or call it with graph=True and "
+                   "graph_updates=True (the default)"))
 
     def refuse_returned(self, out: Any) -> None:
         """Without graph updates an argument's Variable among the outputs is refused, with
@@ -288,8 +292,9 @@ class _Call:
                     "; with graph_updates=False "
                     "an argument's Variable cannot be an output (flax.nnx refuses this Variable "
                     "aliasing too).", path=given[id(x)], **errors.where(),
-                    fix="return arrays, or a copy made with nnx.clone(), or call it with "
-                        "graph_updates=True")
+                    fix="return arrays, or a copy made with nnx.clone()"
+                        + ("" if self.what in _NO_UPDATES else
+                           ", or call it with graph_updates=True"))
 
     def refuse_static_data(self) -> None:
         """Graph mode: a static attribute holding data (a Variable put in ``m.__dict__``
