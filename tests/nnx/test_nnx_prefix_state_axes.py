@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx as flax_nnx
 
-from varjax import nnx
+from varjax import errors, nnx
 from varjax.nnx.batching import vmap
 from varjax.nnx.iteration import Carry, scan
 from varjax.nnx.prefixes import prefix
@@ -129,12 +129,13 @@ def _scanned(lib, in_axes, **mode):
 @pytest.mark.parametrize("at_b", [None, "carry"])
 def test_scan_state_axes_at_a_submodule_of_a_module_prefix_as_flax_by_path(at_b):
     """The submodule's Params scanned, its BatchStat broadcast (given its values back every
-    step, as a StateAxes ``None``) or carried; ``c`` broadcast by the tree's ``None``."""
+    step, as a StateAxes ``None``) or carried; ``c`` broadcast by the tree's ``None`` (a
+    Variable holding it: the tree made without stopping at Variables)."""
     ours, inner_type = _model(nnx, 3, stacked_c=False)
     b_axis = None if at_b is None else Carry
     shaped = jax.tree.map(lambda x: StateAxes({nnx.Param: 0, ...: b_axis})
                           if isinstance(x, inner_type) else None, ours,
-                          is_leaf=lambda x: isinstance(x, (inner_type, nnx.Variable)))
+                          is_leaf=lambda x: isinstance(x, inner_type))
     carry, bs = _scanned(nnx, (Carry, shaped, 0))(jnp.zeros(2), ours, XS)
     theirs, _ = _model(flax_nnx, 3, stacked_c=False)
     fb_axis = None if at_b is None else flax_nnx.Carry
@@ -163,3 +164,24 @@ def test_scan_without_graph_updates_a_state_axes_none_in_a_tree_keeps_its_meanin
     _, bs = _scanned(nnx, (Carry, plain, 0), graph_updates=False)(jnp.zeros(2), ours, XS)
     np.testing.assert_array_equal(bs, jnp.array([[2.0] * 2, [3.0] * 2, [4.0] * 2]))
     assert float(ours.inner.b[0]) == 4.0
+
+
+def test_a_variable_under_the_state_axes_matching_no_filter_is_named():
+    ours, inner_type = _model(nnx, 2)
+    shaped = jax.tree.map(lambda x: StateAxes({nnx.Param: 0}) if isinstance(x, inner_type)
+                          else 0, ours, is_leaf=lambda x: isinstance(x, (inner_type,
+                                                                         nnx.Variable)))
+    with pytest.raises(errors.InvalidVariablesError, match="inner/b") as e:
+        vmap(_step, in_axes=(shaped, None))(ours, X)
+    assert "test_nnx_prefix_state_axes.py" in e.value.source
+
+
+def test_a_state_axes_in_a_prefix_tree_in_tree_mode_is_flax_value_error():
+    """Tree mode refuses a StateAxes anywhere in the axes, as flax.nnx does (for one inside
+    a module-shaped prefix flax.nnx's error is jax.vmap's TypeError)."""
+    ours, _ = _model(nnx, 2)
+    tree = prefix(ours, lambda path, x: StateAxes({...: 0}))
+    with pytest.raises(ValueError, match="cannot contain `StateAxes`"):
+        vmap(_step, in_axes=(tree, None), graph=False)
+    with pytest.raises(ValueError, match="cannot contain `StateAxes`"):
+        scan(_scan_step, in_axes=(Carry, tree, 0), out_axes=(Carry, 0), graph=False)

@@ -75,6 +75,7 @@ from varjax.nnx.transform_checks import (
 )
 from varjax.objects import control_flow, split_merge
 from varjax.trace.unprovided import not_provided
+from varjax.trace.variable import Variable
 
 __all__ = ["scan", "Carry"]
 
@@ -93,7 +94,8 @@ def _axes_leaves(name: str, axes: Any, graph: bool) -> list[tuple[Any, Any]]:
     top level and once; every entry an int, ``None``, ``Carry`` or (in graph mode) a
     ``StateAxes`` of those."""
     leaves = jax.tree_util.tree_leaves_with_path(
-        axes, is_leaf=lambda x: _is_axis(x) or not isinstance(x, (tuple, list, dict, Pytree)))
+        axes, is_leaf=lambda x: _is_axis(x)
+        or not isinstance(x, (tuple, list, dict, Pytree, Variable)))
     carries = [p for p, x in leaves if x is Carry]
     for path in carries:
         if len(path) > isinstance(axes, tuple):
