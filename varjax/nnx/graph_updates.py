@@ -41,12 +41,13 @@ import numpy as np
 
 from varjax.ir import errors
 from varjax.ir.caches import LRU
+from varjax.nnx.filter_maps import FilterMap
 from varjax.nnx.pytree import Dict, List, Pytree, check_pytree
 from varjax.objects.graph import key_name, structure_changed
 from varjax.objects.nodes import is_node
 
-__all__ = ["carrying", "finish", "gathered", "objects_with_paths", "per_object", "restored",
-           "shared_output"]
+__all__ = ["carrying", "entries_of_objects", "finish", "gathered", "given_back",
+           "objects_with_paths", "per_object", "resolved", "restored", "shared_output"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,3 +437,53 @@ def gathered(per: tuple) -> _Changes:
     changed = [(i, c) for i, c in enumerate(per) if c is not None]
     return _Changes(tuple(c.children for _, c in changed),
                     tuple((i, c.treedef) for i, c in changed))
+
+
+def entries_of_objects(prefix: Any, tree: Any) -> dict[int, Any]:
+    """The entry of the JAX prefix ``prefix`` covering each object of ``tree``, by id (an
+    object at two places: its first's).  An object the prefix reaches one Variable at a
+    time (an ``nnx.prefix`` tree over it) has none; a ``FilterMap`` entry covers its
+    objects whole."""
+    found: dict[int, Any] = {}
+
+    def visit(entry: Any, sub: Any) -> None:
+        for _, x in objects_with_paths([sub]):
+            found.setdefault(id(x), entry)
+    jax.tree.map(visit, prefix, tree, is_leaf=lambda x: x is None or isinstance(x, FilterMap))
+    return found
+
+
+def given_back(what: str, args: tuple, out: Any, in_axes: Any, out_axes: Any,
+               updates: bool) -> Any:
+    """Inside a mapped loop (``scan``'s stacked outputs): ``out`` with the argument objects
+    it holds as ``_Arg`` markers, for ``resolved`` to make the caller's own outside, as
+    flax.nnx gives them back.  flax.nnx does so only for an object that goes out along the
+    axis it came in along (``in_axes``/``out_axes``: prefixes of ``args``/``out``); any
+    other is the ``ValueError`` it raises (``InconsistentAliasError``).  Without graph
+    updates an argument's Variable there is refused, as in ``carrying``."""
+    call = _Call(what, args, {})
+    if not updates:
+        call.refuse_returned(out)
+        return out
+    given = {id(x): p for p, x in call.objects}
+    returned = [(p, x) for p, x in objects_with_paths([out]) if id(x) in given]
+    if not returned:
+        return out
+    ins, outs = entries_of_objects(in_axes, args), entries_of_objects(out_axes, out)
+    for path, x in returned:
+        came, goes = ins.get(id(x)), outs.get(id(x))
+        if not (isinstance(came, int) and not isinstance(came, bool) and came == goes):
+            raise errors.InconsistentAliasError(
+                f"nnx.{what}: {type(x).__name__} {_show(given[id(x)])} of the arguments "
+                f"comes in with axis {came!r} and is returned at output "
+                f"{_show(path[1:])} with axis {goes!r}; an argument's object is given back "
+                "only along the axis it is scanned along (flax.nnx refuses this aliasing "
+                "too).", path=given[id(x)], **errors.where(),
+                fix="return it at an output with its own axis, or return arrays")
+    return call.export(out, statics=False)[0]
+
+
+def resolved(args: tuple, out: Any) -> Any:
+    """Outside: ``given_back``'s ``out`` with the caller's objects of ``args`` in place of
+    the markers."""
+    return finish(args, {}, out, _Changes((), ()))

@@ -51,7 +51,14 @@ from varjax.ir.typing import AxesPrefix, AxisName, ShardingLike
 from varjax.nnx import output_axes
 from varjax.nnx.config import resolve
 from varjax.nnx.filter_maps import FilterMap, StateSharding
-from varjax.nnx.graph_updates import carrying, finish, gathered, objects_with_paths, per_object
+from varjax.nnx.graph_updates import (
+    carrying,
+    entries_of_objects,
+    finish,
+    gathered,
+    objects_with_paths,
+    per_object,
+)
 from varjax.nnx.metadata_option import with_partition
 from varjax.nnx.prefixes import prefix
 from varjax.nnx.state_axes import StateAxes
@@ -100,16 +107,8 @@ def _object_entries(prefix: Any, args: tuple, kwargs: dict, at_keyword: Any) -> 
     (keyword arguments' at ``at_keyword``): the entry covering it, or ``_BY_FILTER`` for a
     module whose Variables the prefix reaches one by one (``nnx.prefix`` of a
     ``StateSharding``/``StateAxes``).  A changed object's new children come out with it."""
-    per_arg = prefix if isinstance(prefix, (tuple, list)) else (prefix,) * len(args)
-    found: dict[int, Any] = {}
-
-    def visit(entry: Any, sub: Any) -> None:
-        for _, x in objects_with_paths([sub]):
-            found.setdefault(id(x), entry)
-    for entry, arg in zip(per_arg, args):
-        jax.tree.map(visit, entry, arg, is_leaf=lambda x: x is None)
-    for value in kwargs.values():
-        visit(at_keyword, value)
+    per_arg = tuple(prefix) if isinstance(prefix, (tuple, list)) else (prefix,) * len(args)
+    found = entries_of_objects((per_arg, at_keyword), (args, kwargs))
     return tuple(found.get(id(x), _BY_FILTER)
                  for _, x in objects_with_paths({"args": args, "kwargs": kwargs}))
 
