@@ -53,12 +53,17 @@ def test_shard_map_returns_the_callers_module_and_submodule_as_flax():
 
 
 def test_shard_map_carries_a_sow_to_the_callers_module_as_flax():
+    """Twice: the second call sees the module the first changed, and sows a second value."""
     sown = []
     for lib in LIBS:
         model = _model(lib)
-        _replicated(lib, lambda m, x: m(x))(model, X)
-        sown.append(np.asarray(model.y.get_value()[0]))
-    np.testing.assert_array_equal(*sown)
+        step = _replicated(lib, lambda m, x: m(x))
+        step(model, X)
+        step(model, 2 * X)
+        sown.append([np.asarray(v) for v in model.y.get_value()])
+    assert len(sown[0]) == len(sown[1]) == 2
+    for a, b in zip(*sown):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_shard_map_new_attribute_comes_out_with_its_modules_in_specs_as_flax():

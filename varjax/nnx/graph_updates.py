@@ -414,26 +414,32 @@ def finish(args: tuple, kwargs: dict, out: Any, changes: Any) -> Any:
 
 
 def per_object(carried: Callable) -> Callable:
-    """``carried`` (a ``carrying`` wrapper) returning its changes as one entry per argument
-    object (``objects_with_paths`` order; ``None`` where it did not change).  ``jax.shard_map``
-    and ``jax.pmap`` take their output prefix before tracing, when which objects change is
-    not known; this tuple's length is, so each object's entry can be its argument's
-    ``in_specs``/``in_axes`` entry, and a changed module's new children come out as flax.nnx
-    gives them back (sharded, stacked or once, as the module came in).  ``gathered`` turns
-    it back into ``finish``'s changes."""
+    """``carried`` (a ``carrying`` wrapper) returning its changes as ``(per, placed)``: one
+    entry per argument object (``objects_with_paths`` order; ``None`` where it did not
+    change), and an empty ``_Changes`` when there is anything for ``finish`` to do (``None``
+    when not: a call that changes nothing skips it).  ``jax.shard_map`` and ``jax.pmap``
+    take their output prefix before tracing, when which objects change is not known; the
+    tuple's length is, so each object's entry can be its argument's ``in_specs``/``in_axes``
+    entry, and a changed module's new children come out as flax.nnx gives them back
+    (sharded, stacked or once, as the module came in); ``placed`` has no leaves, so any
+    entry covers it.  ``gathered`` turns the pair back into ``finish``'s changes."""
     @functools.wraps(carried)
     def spread(*args: Any, **kwargs: Any) -> tuple[Any, tuple]:
         out, changes = carried(*args, **kwargs)
         per: list[Any] = [None] * len(objects_with_paths({"args": args, "kwargs": kwargs}))
-        if isinstance(changes, _Changes):
-            for (i, treedef), kids in zip(changes.places, changes.children):
-                per[i] = _Changed(kids, treedef)
-        return out, tuple(per)
+        if not isinstance(changes, _Changes):
+            return out, (tuple(per), None)
+        for (i, treedef), kids in zip(changes.places, changes.children):
+            per[i] = _Changed(kids, treedef)
+        return out, (tuple(per), _Changes((), ()))
     return spread
 
 
-def gathered(per: tuple) -> _Changes:
-    """``per_object``'s tuple as the changes ``finish`` applies (markers always resolved)."""
+def gathered(spread: tuple) -> Any:
+    """``per_object``'s changes as ``finish`` takes them."""
+    per, placed = spread
+    if placed is None:
+        return ()
     changed = [(i, c) for i, c in enumerate(per) if c is not None]
     return _Changes(tuple(c.children for _, c in changed),
                     tuple((i, c.treedef) for i, c in changed))

@@ -125,7 +125,7 @@ def _whole_changes_only(p: Callable, what: str, entries: tuple) -> Callable:
     def checked(*args: Any, **kwargs: Any) -> Any:
         (out, per), result = p(*args, **kwargs)
         for i in by_filter:
-            if per[i] is not None:
+            if per[0][i] is not None:
                 not_provided(f"a structural change inside nnx.{what} to a module split by "
                              "filters",
                              "a module whose entry is a StateSharding/StateAxes gained, lost "
@@ -150,14 +150,20 @@ def _mapped(fn: Callable, what: str, prefix_of: Callable[[tuple], Any], unmapped
     refuse_bound_method(fn, what)
     pure = objects._Pure(per_object(carrying(fn, what, *modes)), arg_names(fn),
                          donated=donated)
+    known: dict[int, tuple[Any, tuple]] = {}     # id(graph) -> (graph, its objects' entries)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         prefix = prefix_of(args)
         graph = pure.originals(args, kwargs)
         nodes = objects._node_axes(prefix, args, kwargs, graph, f"nnx.{what}")
         cells = objects._cell_axes(graph, nodes, f"nnx.{what}")
-        entries = _object_entries(prefix, args, kwargs, 0)
-        changes = tuple(unmapped if e is _BY_FILTER else e for e in entries)
+        hit = known.get(id(graph))
+        if hit is None or hit[0] is not graph:
+            if len(known) >= 4:
+                known.clear()
+            hit = known[id(graph)] = (graph, _object_entries(prefix, args, kwargs, 0))
+        entries = hit[1]
+        changes = (tuple(unmapped if e is _BY_FILTER else e for e in entries), unmapped)
         result = Result(cells, nodes, unmapped)
         (out, per), result = pure.get(
             graph, lambda p: make(_whole_changes_only(p, what, entries), result, prefix,
