@@ -53,6 +53,7 @@ from varjax.nnx.transform_checks import as_decorator, refuse_options
 from varjax.nnx.variablelib import Param, RngCount
 from varjax.objects import inspection
 from varjax.objects import object_transforms as objects
+from varjax.objects.aliasing import register_aliased
 from varjax.objects.graph import register_mutable
 from varjax.passes.framework.pipeline import parse_entries
 
@@ -83,6 +84,9 @@ def _mapping(state: State) -> list[Any]:
 
 register_mutable(Pytree, _structure, private_containers)
 register_mutable(State, lambda _: [], _mapping)
+# An NNX object held at two places of a transform's arguments is one object inside, as in
+# flax.nnx's graph mode (``varjax.objects.aliasing``).
+register_aliased(Pytree)
 
 
 def jit(fun: Callable | None = None, *, in_shardings: ShardingLike = None,

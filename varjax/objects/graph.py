@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from varjax.ir.primitives import Path
+from varjax.objects.aliasing import RepeatWatch, repeats
 from varjax.objects.dict_versions import version_reader
 from varjax.objects.nodes import Cell, NodeKind, VariableKind, is_node, kind_of
 from varjax.trace.context import active
@@ -68,6 +69,8 @@ class Graph:
     leaves: list[Any]
     paths: list[tuple[str, ...]]     # per leaf, its key path
     is_object: list[bool]            # per leaf
+    # Per occurrence of an aliased object, the one it repeats (``aliasing.object_places``).
+    objects: tuple[int, ...] = ()
     cells: list[tuple[Node, Cell]] = dataclasses.field(init=False)
     # Set when the graph is kept by ``ArgumentGraphs``: the positions of the object arguments
     # (nodes, or containers of them; every other argument is a plain value), and what
@@ -116,7 +119,8 @@ class Graph:
     @classmethod
     def of(cls, tree: Any) -> "Graph":
         """The nodes of ``tree``, each at its key path (``run.graph_of`` names the arguments)."""
-        with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)
+        watch = RepeatWatch()
+        with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=watch)
         nodes: list[Node] = []
         places: list[int] = []
         seen: dict[int, int] = {}
@@ -133,7 +137,8 @@ class Graph:
             seen[id(leaf)] = len(nodes)
             places.append(len(nodes))
             nodes.append(Node(leaf, kind, path, kind.cells(leaf)))
-        return cls(nodes, places, treedef, [leaf for _, leaf in with_paths], names, is_object)
+        return cls(nodes, places, treedef, [leaf for _, leaf in with_paths], names, is_object,
+                   watch.places(tree))
 
     def layout(self) -> "Layout":
         """Where the nodes are, without them (computed once per graph)."""
@@ -141,7 +146,8 @@ class Graph:
         if found is None:
             found = self.memo["layout"] = Layout(
                 tuple(self.places), tuple(self.is_object), tuple(n.prefix for n in self.nodes),
-                tuple(self.paths), tuple((type(n.obj), jax.tree.structure(n.obj)) for n in self.nodes))
+                tuple(self.paths), tuple((type(n.obj), jax.tree.structure(n.obj)) for n in self.nodes),
+                self.objects)
         return found
 
     @classmethod
@@ -160,7 +166,7 @@ class Graph:
                     kind = kind_of(leaf)
                     nodes[j] = Node(leaf, kind, layout.prefixes[j], kind.cells(leaf))
         graph = cls(nodes, list(layout.places), treedef, leaves, list(layout.paths),
-                    list(layout.is_object))
+                    list(layout.is_object), layout.objects)
         graph.memo["layout"] = layout
         return graph
 
@@ -222,6 +228,7 @@ class Layout:
     prefixes: tuple[Path, ...]
     paths: tuple[tuple[str, ...], ...]
     statics: tuple[tuple[type, Any], ...]
+    objects: tuple[int, ...] = ()     # ``Graph.objects``
 
     def named(self, names: Sequence[str]) -> "Layout":
         """This layout of ``(args, kwargs)`` with each node's prefix named by a function's
@@ -229,7 +236,7 @@ class Layout:
         graph, renamed for each branch or loop body it is handed to."""
         return Layout(self.places, self.is_object,
                       tuple(argument_prefix(p, names) for p in self.prefixes), self.paths,
-                      self.statics)
+                      self.statics, self.objects)
 
     @classmethod
     def arguments(cls, parts: Sequence["Layout | None"]) -> "Layout":
@@ -242,6 +249,7 @@ class Layout:
         prefixes: list[Path] = []
         paths: list[tuple[str, ...]] = []
         statics: list[tuple[type, Any]] = []
+        objects: list[int] = []
         for i, part in enumerate(parts):
             at = ("0", str(i))
             if part is None:
@@ -253,14 +261,18 @@ class Layout:
             prefixes += [at + p[1:] for p in part.prefixes]
             paths += [at + p[1:] for p in part.paths]
             statics += part.statics
+            offset = len(objects)     # no object is in two parts: JAX copies each apart
+            objects += [offset + f for f in part.objects]
         return cls(tuple(places), tuple(is_object), tuple(prefixes), tuple(paths),
-                   tuple(statics))
+                   tuple(statics), tuple(objects))
 
     def _fields(self) -> tuple:
-        return self.places, self.is_object, self.prefixes, self.paths, self.statics
+        return (self.places, self.is_object, self.prefixes, self.paths, self.statics,
+                self.objects)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash(self._fields()))
+        object.__setattr__(self, "shares_objects", repeats(self.objects))
 
     def __hash__(self) -> int:
         return self._hash

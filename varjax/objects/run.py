@@ -29,6 +29,7 @@ from varjax.ir import axis_metadata, errors, filters, streams
 from varjax.ir.caches import LRU
 from varjax.ir.primitives import Key, Path
 from varjax.ir.statics import Exact
+from varjax.objects.aliasing import shared_again
 from varjax.objects.graph import Graph, argument_prefix
 from varjax.passes.framework.base import program_paths
 from varjax.passes.framework.pipeline import parse_entries
@@ -122,6 +123,8 @@ def _functionalized(fn: Callable, capture: Any, passes: tuple) -> tuple[Function
             leaves = [bound[x.index] if isinstance(x, _Slot) else x
                       for x in jax.tree.leaves(stripped, is_leaf=lambda x: isinstance(x, _Slot))]
             args, kwargs = jax.tree.unflatten(graph.treedef, leaves)
+            if graph.layout().shares_objects:     # a module held twice is one inside
+                args, kwargs = shared_again((args, kwargs), graph.objects)
             with made_in(ctx):      # a Variable made here is a variable of this trace
                 out = holder["fn"](*args, **kwargs)
             return jax.tree.map(lambda x: _Made.of(x) if isinstance(x, Variable) and x._local
