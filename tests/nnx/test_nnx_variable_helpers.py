@@ -222,3 +222,17 @@ def test_explicit_collection_claims_still_collide():
         class Mine(nnx.Variable, collection="params"):
             pass
     assert collection_of(nnx.Param) == "params"
+
+
+def test_variable_types_take_a_value_type_in_annotations_as_flax_nnx():
+    import typing
+
+    import jax
+
+    def step(w: nnx.Variable[jax.Array]) -> nnx.Param[jax.Array]:
+        return w
+    hints = typing.get_type_hints(step)
+    assert typing.get_origin(hints["w"]) is nnx.Variable
+    assert typing.get_origin(hints["return"]) is nnx.Param
+    assert typing.get_args(hints["return"]) == typing.get_args(fnnx.Param[jax.Array])
+    assert type(nnx.Param(jnp.ones(2))) is nnx.Param

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import types
 from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 from varjax.ir import errors
@@ -136,6 +137,11 @@ class Variable(core.Variable, collection="Variable"):
     is collection ``Count``, as NNX names it)."""
 
     __slots__ = ()
+
+    def __class_getitem__(cls, item: Any) -> types.GenericAlias:
+        """``nnx.Variable[jax.Array]``, ``nnx.Param[A]``: a Variable type annotated with
+        its value's, as flax.nnx's generic Variable is written in signatures."""
+        return types.GenericAlias(cls, item)
 
     def __init__(self, value: PyTree | VariableMetadata, *, hijax: bool | None = None,
                  ref: bool | None = None, **metadata: Any):
