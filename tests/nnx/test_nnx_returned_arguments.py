@@ -3,7 +3,10 @@ argument's object the function returns is the caller's own, a structural change 
 ``sow``, new, removed and static attributes, a new submodule, an alias) reaches the caller's
 module, its new values coming out with the module's own entry; without graph updates what
 flax.nnx refuses is refused and what it loses silently is an error.  ``pmap``'s donated
-module and static module.  Two CPU devices (tests/conftest.py)."""
+module and static module.  ``checkify`` as ``nnx.jit``; ``make_jaxpr`` and ``jit_partial``
+(without graph updates only) refuse a returned Variable as flax.nnx does; ``scan`` gives back
+an argument's module returned along the axis it is scanned along, and refuses any other as
+flax.nnx does.  Two CPU devices (tests/conftest.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -196,3 +199,70 @@ def test_pmap_static_module_is_refused_with_flax_s_value_error():
             PMAP[lib](lambda x, m: m(x), in_axes=(0, None), static_broadcasted_argnums=1)(
                 X, _model(lib))
     assert issubclass(errors.ConfigError, ValueError)
+
+# --- checkify, make_jaxpr, jit_partial ------------------------------------------------------
+
+def test_checkify_returns_the_callers_module_and_carries_a_sow_as_flax():
+    sown = []
+    for lib in LIBS:
+        model = _model(lib)
+        _, (m, _) = lib.checkify(lambda m, x: (m, m(x)))(model, X)
+        assert m is model
+        sown.append(np.asarray(model.y.get_value()[0]))
+    np.testing.assert_array_equal(*sown)
+
+
+def test_checkify_without_graph_updates_refuses_a_returned_variable_as_flax():
+    for lib, error in ((nnx, errors.InconsistentAliasError), (flax_nnx, ValueError)):
+        with pytest.raises(error):
+            lib.checkify(lambda m, x: (m.linear, x), graph_updates=False)(_model(lib), X)
+
+
+def test_make_jaxpr_refuses_a_returned_variable_as_flax():
+    for lib, error in ((nnx, errors.InconsistentAliasError), (flax_nnx, ValueError)):
+        with pytest.raises(error):
+            lib.make_jaxpr(lambda m, x: (m.linear.kernel, x), graph_updates=False)(
+                _model(lib), X)
+
+
+def test_jit_partial_refuses_a_returned_bound_module_as_flax():
+    for lib, error in ((nnx, errors.InconsistentAliasError), (flax_nnx, ValueError)):
+        with pytest.raises(error):
+            lib.jit_partial(lambda m, x: (m.linear, x), _model(lib), graph_updates=False)(X)
+
+
+# --- scan's stacked outputs -----------------------------------------------------------------
+
+def _stack(lib, out_axes=0):
+    return lib.vmap(lambda r: lib.Linear(2, 2, rngs=r), out_axes=out_axes)(
+        lib.Rngs(0).fork(split=3))
+
+
+def test_scan_gives_back_a_module_returned_along_its_own_axis_as_flax():
+    for lib in LIBS:
+        stack, wide = _stack(lib), _stack(lib, out_axes=1)
+        _, m, kernel = lib.scan(lambda c, m: (c, m, m.kernel), out_axes=(lib.Carry, 0, 0))(
+            jnp.zeros(()), stack)
+        assert m is stack and kernel is stack.kernel
+        _, m = lib.scan(lambda c, m: (c, m), in_axes=(lib.Carry, 1), out_axes=(lib.Carry, 1))(
+            jnp.zeros(()), wide)
+        assert m is wide
+
+
+@pytest.mark.parametrize("axes", ["mismatch", "broadcast"])
+def test_scan_refuses_a_module_returned_along_another_axis_as_flax(axes):
+    for lib, error in ((nnx, errors.InconsistentAliasError), (flax_nnx, ValueError)):
+        stack = _stack(lib)
+        if axes == "mismatch":
+            run = lib.scan(lambda c, m: (c, m), out_axes=(lib.Carry, 1))
+        else:
+            run = lib.scan(lambda c, m, x: (c, m), in_axes=(lib.Carry, None, 0))
+        with pytest.raises(error):
+            run(jnp.zeros(()), stack) if axes == "mismatch" else run(
+                jnp.zeros(()), stack, jnp.ones((3,)))
+
+
+def test_scan_without_graph_updates_refuses_a_returned_module_as_flax():
+    for lib, error in ((nnx, errors.InconsistentAliasError), (flax_nnx, ValueError)):
+        with pytest.raises(error):
+            lib.scan(lambda c, m: (c, m), graph_updates=False)(jnp.zeros(()), _stack(lib))

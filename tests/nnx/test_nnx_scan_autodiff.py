@@ -157,10 +157,10 @@ def test_scan_axes_errors_as_flax_raises_them():
         scan(lambda *c: c[0], in_axes=Carry, out_axes=Carry)(jnp.ones(()), jnp.ones(()))
 
 
-def test_scan_returning_an_argument_module_as_output_is_not_provided():
-    stack = vmap(lambda r: _block(nnx)(r))(nnx.Rngs(0).fork(split=2))
-    with pytest.raises(errors.NotProvidedError, match="returning an argument's Block"):
-        scan(lambda c, m: (c, m))(jnp.zeros(()), stack)
+def test_scan_returning_a_scanned_argument_module_gives_the_callers_back_as_flax():
+    for lib, scan_ in ((nnx, scan), (flax_nnx, flax_nnx.scan)):
+        stack = lib.vmap(lambda r: _block(lib)(r))(lib.Rngs(0).fork(split=2))
+        assert scan_(lambda c, m: (c, m))(jnp.zeros(()), stack)[1] is stack
 
 
 def test_scan_of_a_bound_method_is_refused_as_flax_refuses_it():

@@ -31,14 +31,9 @@ from jax.experimental import checkify as checkify_lib
 from varjax.ir import errors
 from varjax.ir.typing import ShardingLike
 from varjax.nnx.config import resolve
+from varjax.nnx.graph_updates import carrying, finish
 from varjax.nnx.jit_shardings import partial_prefix, refuse_state_shardings, static_positions
-from varjax.nnx.transform_checks import (
-    as_decorator,
-    checked,
-    no_argument_returned,
-    objects_in,
-    refuse_bound_method,
-)
+from varjax.nnx.transform_checks import as_decorator, objects_in, refuse_bound_method
 from varjax.objects import inspection
 from varjax.objects import object_transforms as objects
 from varjax.objects.nodes import is_node
@@ -47,21 +42,18 @@ from varjax.objects.run import arg_names
 __all__ = ["jit_partial", "cached_partial", "make_jaxpr", "checkify"]
 
 
-def _no_objects_after(bound: int, what: str) -> Callable[[str, Callable, tuple, Any], None]:
-    """A check (``transform_checks.checked``'s) refusing an NNX object or Variable among
-    the arguments after the first ``bound``: ``jit_partial`` keeps Variables only in the
-    arguments bound to it, as flax.nnx does.  Runs while tracing, so a call costs nothing."""
-    def check(_: str, fn: Callable, args: tuple, out: Any) -> None:
-        for i, arg in enumerate(args[bound:], start=bound):
-            found = objects_in(arg)
-            if found:
-                raise errors.ConfigError(
-                    f"nnx.{what}: argument {i} of {getattr(fn, '__name__', 'the function')} "
-                    f"holds a {type(found[0]).__name__}; only the arguments bound to {what} "
-                    "may hold NNX objects or Variables.", **errors.where(),
-                    fix=f"bind it: nnx.{what}(f, *objects), and pass arrays at the call")
-        no_argument_returned(what, fn, args, out)
-    return check
+def _no_objects_after(bound: int, what: str, fn: Callable, args: tuple) -> None:
+    """An NNX object or Variable among the arguments after the first ``bound`` is refused:
+    ``jit_partial`` keeps Variables only in the arguments bound to it, as flax.nnx does.
+    Runs while tracing, so a call costs nothing."""
+    for i, arg in enumerate(args[bound:], start=bound):
+        found = objects_in(arg)
+        if found:
+            raise errors.ConfigError(
+                f"nnx.{what}: argument {i} of {getattr(fn, '__name__', 'the function')} "
+                f"holds a {type(found[0]).__name__}; only the arguments bound to {what} "
+                "may hold NNX objects or Variables.", **errors.where(),
+                fix=f"bind it: nnx.{what}(f, *objects), and pass arrays at the call")
 
 
 def _partial_positions(fun: Callable, bound: int, n: int, argnums: int | Sequence[int] | None,
@@ -126,7 +118,8 @@ def jit_partial(fun: Callable, *partial_args: Any, in_shardings: ShardingLike = 
     flax.nnx.  ``out_shardings``, ``keep_unused``, ``device``, ``backend`` and ``inline``
     are ``jax.jit``'s (flax.nnx 0.12.8 refuses ``device``/``backend``: it always passes
     ``out_shardings`` with them; ``nnx.jit`` here takes them, and so does this)."""
-    if resolve(graph, graph_updates)[1]:
+    modes = resolve(graph, graph_updates)
+    if modes[1]:
         raise errors.ConfigError(
             "nnx.jit_partial does not carry graph updates (structural changes inside the "
             "function); it needs graph_updates=False, or tree mode (graph=False).",
@@ -141,10 +134,12 @@ def jit_partial(fun: Callable, *partial_args: Any, in_shardings: ShardingLike = 
                                                   static_argnames, static=True)
     all_bound, donated, donated_names = _partial_positions(fun, bound, n, donate_argnums,
                                                            donate_argnames, static=False)
-    checked_fun = checked(fun, "jit_partial", _no_objects_after(bound, "jit_partial"))
+    carried = carrying(fun, "jit_partial", *modes)
 
     def flat(*args: Any, **kwargs: Any) -> Any:
-        return checked_fun(*jax.tree.unflatten(treedef, args[:n]), *args[n:], **kwargs)
+        args = (*jax.tree.unflatten(treedef, args[:n]), *args[n:])
+        _no_objects_after(bound, "jit_partial", fun, args)
+        return carried(*args, **kwargs)[0]
     flat.__name__ = getattr(fun, "__name__", "fn")   # not its signature: JAX reads that
     sharded = in_shardings is not None or out_shardings is not None
     jitted = objects.jit(
@@ -207,19 +202,20 @@ def make_jaxpr(f: Callable | None = None, *, graph: bool | None = None,
                 "keeps every non-array argument static.", **errors.where(),
                 fix="leave static_argnums out")
         return as_decorator(f, _effectful)
-    if resolve(graph, graph_updates)[1]:
+    modes = resolve(graph, graph_updates)
+    if modes[1]:
         raise errors.ConfigError(
             "nnx.make_jaxpr does not carry graph updates; it needs graph_updates=False.",
             **errors.where(), fix="pass graph_updates=False (as flax.nnx asks)")
 
     def build(fn: Callable) -> Callable:
         refuse_bound_method(fn, "make_jaxpr")
-        pure = objects._Pure(checked(fn, "make_jaxpr", no_argument_returned), arg_names(fn))
+        pure = objects._Pure(carrying(fn, "make_jaxpr", *modes), arg_names(fn))
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             def outputs(p: Callable) -> Callable:
-                return jax.make_jaxpr(lambda *a, **k: p(*a, **k)[0],
+                return jax.make_jaxpr(lambda *a, **k: p(*a, **k)[0][0],
                                       static_argnums=static_argnums)
             jaxpr, _ = _pure_call(fn, args, kwargs, pure, outputs)
             return jaxpr
@@ -239,15 +235,16 @@ def _effectful(fn: Callable) -> Callable:
 def checkify(f: Callable, errors: AbstractSet[type] = checkify_lib.user_checks, graph: bool | None = None,
              graph_updates: bool | None = None) -> Callable:
     """``checkify.checkify`` over NNX objects: ``(error, out)``, Variable updates written
-    back to the caller's objects (in graph and tree mode alike: object mode writes values,
-    and a structural change inside is refused by ``checked``)."""
+    back to the caller's objects; with graph updates (the default) an argument's object
+    returned is the caller's own and a structural change reaches the caller's object, as in
+    ``nnx.jit`` (``graph_updates``); without them those are refused."""
     refuse_bound_method(f, "checkify")
-    pure = objects._Pure(checked(f, "checkify", no_argument_returned), arg_names(f))
+    pure = objects._Pure(carrying(f, "checkify", *resolve(graph, graph_updates)), arg_names(f))
     checks = errors
 
     def call(*args: Any) -> Any:
-        (error, (out, result)), graph_ = _pure_call(
+        (error, ((out, changes), result)), graph_ = _pure_call(
             f, args, {}, pure, lambda p: checkify_lib.checkify(p, errors=checks))
         graph_.write_back(result.updates, result.created)
-        return error, out
+        return error, finish(args, {}, out, changes)
     return objects.wrapper(f, call)

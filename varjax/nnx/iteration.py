@@ -50,6 +50,7 @@ from varjax.ir.typing import Passes, Prefix
 from varjax.nnx.carry_moves import WHY_SCAN, refuse_moved
 from varjax.nnx.config import resolve
 from varjax.nnx.graph import merge
+from varjax.nnx.graph_updates import given_back, resolved
 from varjax.nnx.metadata_option import with_partition
 from varjax.nnx.prefixes import PrefixAxes, axes_by_path
 from varjax.nnx.pytree import Pytree
@@ -67,7 +68,6 @@ from varjax.nnx.transform_checks import (
     as_decorator,
     as_given,
     checked,
-    no_argument_returned,
     objects_in,
     positional,
     refuse_bound_method,
@@ -267,14 +267,16 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
                     parts[k] = a
                 kept = [(a, _without_keys(split_merge.state(a))) for k, a in zip(fixed, c[2])
                         if k in restored and objects_in(a)]
-                out = body(*gathered(layout, _arguments(key, parts)))
+                args = gathered(layout, _arguments(key, parts))
+                out = body(*args)
                 for a, before in kept:
                     split_merge.update(a, before)
-                if out_carry is None:
-                    return (None, c[1], c[2]), out
                 if out_carry is Carry:
                     return (out, c[1], c[2]), None
-                return (out[out_carry], c[1], c[2]), out[:out_carry] + out[out_carry + 1:]
+                ys = out if out_carry is None else out[:out_carry] + out[out_carry + 1:]
+                ys = given_back("scan", args, ys, _per_arg(in_axes, len(args)), ys_axes,
+                                modes[1])
+                return (None if out_carry is None else out[out_carry], c[1], c[2]), ys
             step.__name__ = getattr(fn, "__name__", "the function")
             return step
 
@@ -302,7 +304,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
             carry = as_given(init[0], carry, modes[1])
             if out_carry is Carry:
                 return carry
-            ys = restacked(_move(ys, zeros(ys_axes), False), ys_axes)
+            ys = resolved(args, restacked(_move(ys, zeros(ys_axes), False), ys_axes))
             if out_carry is None:
                 return ys
             return ys[:out_carry] + (carry,) + ys[out_carry:]
@@ -312,15 +314,12 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
 
 def _carry_kept(arg_carry: int | None, out_carry: Any) -> Callable:
     """The check of what ``fn`` returns: the carry's objects in their places (moved:
-    ``carry_moves.refuse_moved``), and no argument's object among the other outputs."""
+    ``carry_moves.refuse_moved``); an argument's object among the other outputs is
+    ``given_back``'s, in the step."""
     def check(what: str, fn: Callable, args: tuple, out: Any) -> None:
         if out_carry is not None:
             new = out if out_carry is Carry else out[out_carry]
             carry = args[arg_carry]
             same_carry_objects(what, fn, carry, new, functools.partial(
                 refuse_moved, what, fn, carry, new, WHY_SCAN))
-            if out_carry is Carry:
-                return
-            out = out[:out_carry] + out[out_carry + 1:]
-        no_argument_returned(what, fn, args, out)
     return check

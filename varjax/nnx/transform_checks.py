@@ -72,19 +72,6 @@ def _structure_unchanged(what: str, before: list[Any], tree: Any, loop: bool) ->
                  "updates).", f"make the change outside nnx.{what}", by="varjax.nnx")
 
 
-def no_argument_returned(what: str, fn: Callable, args: tuple, out: Any) -> None:
-    """``NotProvidedError`` when ``out`` holds an object of ``args``: flax.nnx returns the
-    caller's object there, object mode would return a new one."""
-    given = {id(x) for x in objects_in(args)}
-    for x in objects_in(out):
-        if id(x) in given:
-            not_provided(f"returning an argument's {type(x).__name__} from nnx.{what}",
-                         "flax.nnx returns the caller's own object there; varjax would return "
-                         "a new one holding the values.",
-                         "return arrays; the updates to the argument's Variables are written "
-                         "back to it anyway", by="varjax.nnx")
-
-
 def refuse_options(what: str, **given: Any) -> None:
     """``NotProvidedError`` for an option of ``nnx.<what>`` given a value other than its
     default (``given``: name -> (value, default))."""
