@@ -23,8 +23,10 @@ import numpy as np
 from jax import lax
 
 from varjax.functional.dtypes import canonicalize_dtype, cast, promote_dtype
+from varjax.ir import errors
 
-__all__ = ["canonical_axes", "feature_shape", "moments", "group_count", "group_moments", "normalize", "ema"]
+__all__ = ["canonical_axes", "feature_shape", "moments", "group_count", "group_reduction_axes",
+           "group_moments", "normalize", "ema"]
 
 Axes = int | Iterable[int]
 
@@ -90,19 +92,37 @@ def moments(x: jax.Array, axes: Axes, *, dtype: Any = None, axis_name: str | Non
 
 
 def group_count(channels: int, num_groups: int | None, group_size: int | None) -> int:
-    """How many groups ``channels`` features split into; exactly one of the two is given."""
+    """How many groups ``channels`` features split into; exactly one of the two is given.
+
+    A bad pair is a ``ConfigError`` (a ``ValueError``, as Flax raises) at the user's line:
+    both frontends check it here, Linen at the first call, NNX at construction.
+    """
+    fix = "give num_groups dividing the features, or num_groups=None and group_size"
     if (num_groups is None) == (group_size is None):
-        raise ValueError("Give exactly one of GroupNorm's num_groups and group_size; to use group_size, "
-                         "pass num_groups=None (it defaults to 32).")
+        raise errors.ConfigError(
+            "Give exactly one of GroupNorm's num_groups and group_size; to use group_size, "
+            "pass num_groups=None (it defaults to 32).", **errors.where(), fix=fix)
     if group_size is not None:
         if channels % group_size:
-            raise ValueError(f"Number of channels ({channels}) is not a multiple of group_size "
-                             f"({group_size}).")
+            raise errors.ConfigError(f"Number of channels ({channels}) is not a multiple of "
+                                     f"group_size ({group_size}).", **errors.where(), fix=fix)
         return channels // group_size
-    if num_groups <= 0 or channels % num_groups:
-        raise ValueError(f"num_groups ({num_groups}) does not divide the number of channels "
-                         f"({channels}).")
+    if not isinstance(num_groups, int) or num_groups <= 0 or channels % num_groups:
+        raise errors.ConfigError(f"num_groups ({num_groups!r}) does not divide the number of "
+                                 f"channels ({channels}).", **errors.where(), fix=fix)
     return num_groups
+
+
+def group_reduction_axes(ndim: int, reduction_axes: Axes | None) -> tuple[int, ...]:
+    """GroupNorm's canonical ``reduction_axes`` (default: every axis but the first), which
+    must include the last (feature) axis: ``group_moments`` splits that axis into groups."""
+    axes = canonical_axes(ndim, [*range(1, ndim - 1), -1] if reduction_axes is None
+                          else reduction_axes)
+    if axes[-1] != ndim - 1:
+        raise errors.ConfigError(
+            f"GroupNorm's reduction_axes {reduction_axes!r} must include the last axis, which "
+            "holds the features.", **errors.where(), fix=f"add -1 (axis {ndim - 1}) to them")
+    return axes
 
 
 def group_moments(x: jax.Array, num_groups: int, reduction_axes: tuple[int, ...], *,
