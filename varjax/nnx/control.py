@@ -82,7 +82,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: PyTree, *,
     graph updates: new objects holding the caller's Variables).  ``passes`` (as ``cond``'s)
     run on the IR of ``cond_fun`` and of ``body_fun``."""
     final = control_flow.while_loop(
-        cond_fun, checked(body_fun, "while_loop", _while_carry, loop=True), init_val,
+        cond_fun, checked(body_fun, "while_loop", _while_carry), init_val,
         passes=passes)
     return as_given(init_val, final, resolve(graph, graph_updates)[1])
 
@@ -94,7 +94,7 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array, body_fun: Callable
     run on the body's IR).  ``unroll`` is JAX's, as flax.nnx passes it on: a ``scan``
     unrolled that many steps per iteration, the bounds then concrete."""
     final = control_flow.fori_loop(
-        lower, upper, checked(body_fun, "fori_loop", _fori_carry, loop=True), init_val,
+        lower, upper, checked(body_fun, "fori_loop", _fori_carry), init_val,
         unroll=unroll, passes=passes)
     return as_given(init_val, final, resolve(graph, graph_updates)[1])
 

@@ -257,7 +257,7 @@ def scan(f: Callable | None = None, *, length: int | None = None, reverse: bool 
             every step the states it was given)."""
             n, _, _, carry_at, carried, fixed, scanned, split_fixed = key
             restored = fixed if modes[1] else split_fixed
-            body = checked(named, "scan", _carry_kept(arg_carry, out_carry), loop=True)
+            body = checked(named, "scan", _carry_kept(arg_carry, out_carry))
 
             def step(c: Any, x: Any) -> Any:
                 parts: list[Any] = [None] * n

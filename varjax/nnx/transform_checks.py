@@ -52,24 +52,17 @@ def _structures(tree: Any) -> list[Any]:
     return [graphdef(x) for x in _top_objects(tree) if isinstance(x, Pytree)]
 
 
-def _structure_unchanged(what: str, before: list[Any], tree: Any, loop: bool) -> None:
-    """An error when a module of ``tree`` gained, lost or changed an attribute since
-    ``before`` (``_structures``): in a loop a ``TransformError`` (the carry keeps its
-    structure from step to step; flax.nnx refuses the change too), elsewhere
-    ``NotProvidedError`` (a transform without graph updates would not carry it)."""
-    if before == _structures(tree):
-        return
-    if loop:
+def _structure_unchanged(what: str, before: list[Any], tree: Any) -> None:
+    """A ``TransformError`` when a module of ``tree`` gained, lost or changed an attribute
+    since ``before`` (``_structures``): a loop carries the same structure from step to step,
+    so the change cannot come out of it (flax.nnx refuses it too)."""
+    if before != _structures(tree):
         raise errors.TransformError(
             f"nnx.{what}: a module gained, lost or changed an attribute inside the function "
             "(a sow, a new or removed attribute); a loop carries the same structure from "
             "step to step, so the change cannot come out of it (flax.nnx refuses it too).",
             **errors.where(), fix=f"make the change outside nnx.{what}, or return the value "
                                   "as an output")
-    not_provided(f"a structural change inside nnx.{what}",
-                 "a module gained, lost or changed an attribute inside the function; that "
-                 f"change would not reach the caller's object (nnx.{what} does not carry graph "
-                 "updates).", f"make the change outside nnx.{what}", by="varjax.nnx")
 
 
 def refuse_options(what: str, **given: Any) -> None:
@@ -97,24 +90,23 @@ def refuse_bound_method(f: Callable, what: str) -> None:
                          "with the unbound method.")
 
 
-_CHECKED = LRU()    # (fn, what, check_out, loop) -> fn checked
+_CHECKED = LRU()    # (fn, what, check_out) -> fn checked
 
 
 def checked(fn: Callable, what: str,
-            check_out: Callable[[str, Callable, tuple, Any], None], loop: bool = False
-            ) -> Callable:
-    """``fn`` refusing a structural change to its arguments' modules (``loop``: as a loop
-    body, ``_structure_unchanged``), and calling ``check_out(what, fn, args, out)`` on what
-    it returns (both while tracing); one per ``(fn, what, check_out, loop)``, so the traces
-    of ``fn`` are cached across calls."""
-    key = (fn, what, check_out, loop)
+            check_out: Callable[[str, Callable, tuple, Any], None]) -> Callable:
+    """``fn`` as a loop body: refusing a structural change to its arguments' modules
+    (``_structure_unchanged``), and calling ``check_out(what, fn, args, out)`` on what it
+    returns (both while tracing); one per ``(fn, what, check_out)``, so the traces of
+    ``fn`` are cached across calls."""
+    key = (fn, what, check_out)
     found = _CHECKED.get(key)
     if found is None:
         @functools.wraps(fn)
         def found(*args: Any, **kwargs: Any) -> Any:
             before = _structures((args, kwargs))
             out = fn(*args, **kwargs)
-            _structure_unchanged(what, before, (args, kwargs), loop)
+            _structure_unchanged(what, before, (args, kwargs))
             check_out(what, fn, args, out)
             return out
         _CHECKED[key] = found
