@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from varjax.functional.dtypes import promote_dtype
+from varjax.ir.typing import PyTree
 
-__all__ = ["lstm_step", "gru_step", "mgu_step", "simple_step", "fused_dense"]
+__all__ = ["lstm_step", "gru_step", "mgu_step", "simple_step", "fused_dense", "flip_sequences",
+           "select_last_carry"]
 
 Array = jax.Array
 Activation = Callable[..., Any]
@@ -84,3 +86,29 @@ def fused_dense(x: Array, params: Sequence[tuple[Array, Array | None]], *, dtype
     if bias is not None:
         y = y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
     return jnp.split(y, np.cumsum([k.shape[-1] for k, _ in params[:-1]]), axis=-1)
+
+
+def flip_sequences(inputs: Array, seq_lengths: Array | None, num_batch_dims: int, time_major: bool) -> Array:
+    """Reverses each sequence along the time axis, keeping its padding at the end.
+
+    Without ``seq_lengths`` this is a plain flip; with them, position ``t`` of a
+    sequence of length ``n`` takes position ``n - 1 - t`` (mod the time length,
+    which sends padding to padding).  ``RNN(reverse=True)`` runs over this.
+    """
+    time_axis = 0 if time_major else num_batch_dims
+    if seq_lengths is None:
+        return jnp.flip(inputs, axis=time_axis)
+    steps = inputs.shape[time_axis]
+    index_shape = [1] * inputs.ndim
+    index_shape[time_axis] = steps
+    lengths = jnp.expand_dims(seq_lengths, time_axis)
+    lengths = lengths.reshape(lengths.shape + (1,) * (inputs.ndim - lengths.ndim))
+    index = (jnp.arange(steps - 1, -1, -1).reshape(index_shape) + lengths) % steps
+    return jnp.take_along_axis(inputs, index, axis=time_axis)
+
+
+def select_last_carry(carries: PyTree, seq_lengths: Array) -> PyTree:
+    """From per-step carries stacked on a leading time axis (``[time, batch, ...]``), each
+    sequence's carry after its own last valid step ``seq_lengths - 1``."""
+    batch = jnp.arange(seq_lengths.shape[0])
+    return jax.tree.map(lambda c: c[seq_lengths - 1, batch], carries)

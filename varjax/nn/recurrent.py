@@ -17,6 +17,8 @@ from typing import Any, Callable, Mapping, Protocol
 import jax
 import jax.numpy as jnp
 
+from varjax.functional.recurrent import flip_sequences as flip_sequences
+from varjax.functional.recurrent import select_last_carry
 from varjax.ir.typing import CollectionFilter
 from varjax.nn.module import Module
 from varjax.nn.recurrent_cells import ConvLSTMCell as ConvLSTMCell
@@ -119,32 +121,12 @@ class RNN(Module):
 
         if keep_carries:
             carries, ys = ys
-            batch = jnp.arange(seq_lengths.shape[0])
-            carry = jax.tree.map(lambda c: c[seq_lengths - 1, batch], carries)
+            carry = select_last_carry(carries, seq_lengths)
         outputs = jax.tree.map(lambda y: jnp.moveaxis(y, 0, time_axis), ys)
         if reverse and keep_order:
             outputs = jax.tree.map(lambda y: flip_sequences(y, seq_lengths, num_batch_dims, time_major),
                                    outputs)
         return (carry, outputs) if return_carry else outputs
-
-
-def flip_sequences(inputs: Array, seq_lengths: Array | None, num_batch_dims: int, time_major: bool) -> Array:
-    """Reverses each sequence along the time axis, keeping its padding at the end.
-
-    Without ``seq_lengths`` this is a plain flip; with them, position ``t`` of a
-    sequence of length ``n`` takes position ``n - 1 - t`` (mod the time length,
-    which sends padding to padding).
-    """
-    time_axis = 0 if time_major else num_batch_dims
-    if seq_lengths is None:
-        return jnp.flip(inputs, axis=time_axis)
-    steps = inputs.shape[time_axis]
-    index_shape = [1] * inputs.ndim
-    index_shape[time_axis] = steps
-    lengths = jnp.expand_dims(seq_lengths, time_axis)
-    lengths = lengths.reshape(lengths.shape + (1,) * (inputs.ndim - lengths.ndim))
-    index = (jnp.arange(steps - 1, -1, -1).reshape(index_shape) + lengths) % steps
-    return jnp.take_along_axis(inputs, index, axis=time_axis)
 
 
 class RNNBase(Protocol):
