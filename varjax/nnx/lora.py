@@ -18,7 +18,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from varjax.functional import initializers
+from varjax.functional import dtypes, initializers
 from varjax.functional.linear import dense
 from varjax.ir import errors
 from varjax.ir.typing import Dtype, Initializer, Metadata, PyTree, ShardingLike
@@ -33,6 +33,13 @@ __all__ = ["LoRA", "LoRALinear", "LoRAParam"]
 default_a_initializer = initializers.he_uniform()
 default_b_initializer = initializers.zeros
 _NO_METADATA: Metadata = MappingProxyType({})
+
+
+def _sum(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a + b`` in their standard promotion, made explicit (a float16 adapter output plus
+    a float32 layer's is float32, as flax.nnx's ``+=`` gives it)."""
+    a, b = dtypes.promote_dtype(a, b, inexact=False)
+    return a + b
 
 
 class LoRA(Module):
@@ -71,7 +78,7 @@ class LoRA(Module):
                 f"LoRA: base_module must be callable, got {type(self.base_module).__name__}.",
                 path=("base_module",), **errors.where(),
                 fix="wrap a layer (a Module with __call__) or leave base_module=None")
-        return out + self.base_module(x, **kwargs)
+        return _sum(out, self.base_module(x, **kwargs))
 
 
 class LoRALinear(Linear):
@@ -95,4 +102,4 @@ class LoRALinear(Linear):
                          b_metadata=b_metadata)
 
     def __call__(self, x: jax.Array, out_sharding: ShardingLike = None) -> jax.Array:
-        return super().__call__(x, out_sharding=out_sharding) + self.lora(x)
+        return _sum(super().__call__(x, out_sharding=out_sharding), self.lora(x))
