@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from varjax.functional import dtypes
+from varjax.functional.linear import add_bias
 
 __all__ = ["einsum", "einsum_bias_shape"]
 
@@ -24,14 +25,22 @@ def einsum_bias_shape(equation: str, lhs_ndim: int, kernel_shape: tuple[int, ...
 
 def einsum(equation: str, x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None, *,
            dtype: Any = None, precision: Any = None, preferred_element_type: Any = None,
-           promote_dtype: Callable[..., list[Any]] = dtypes.promote_dtype) -> jax.Array:
-    """``jnp.einsum(equation, x, kernel) + bias``, computed in ``dtype`` (or the promotion)."""
+           promote_dtype: Callable[..., list[Any]] = dtypes.promote_dtype,
+           einsum_op: Callable[..., jax.Array] = jnp.einsum) -> jax.Array:
+    """``einsum_op(equation, x, kernel) + bias``, computed in ``dtype`` (or the promotion).
+
+    ``einsum_op`` (``jnp.einsum``'s signature) is an argument so a quantized einsum can
+    replace it; ``preferred_element_type`` reaches it only when given, so one written
+    without that keyword still works, as in NNX.
+    """
     x, kernel, bias = promote_dtype(x, kernel, bias, dtype=dtype)
-    y = jnp.einsum(equation, x, kernel, precision=precision, preferred_element_type=preferred_element_type)
+    options = {} if preferred_element_type is None else \
+        {"preferred_element_type": preferred_element_type}
+    y = einsum_op(equation, x, kernel, precision=precision, **options)
     if bias is None:
         return y
     _, broadcast_shape = _bias_shapes(equation, x.ndim, tuple(kernel.shape))
-    return y + jnp.reshape(bias, broadcast_shape)
+    return add_bias(y, jnp.reshape(bias, broadcast_shape))
 
 
 def _bias_shapes(equation: str, lhs_ndim: int, kernel_shape: tuple[int, ...]

@@ -97,6 +97,9 @@ def _masked(kernel: jax.Array, mask: jax.Array | None) -> jax.Array:
     if tuple(mask.shape) != tuple(kernel.shape):
         raise ValueError(f"Mask needs to have the same shape as weights. Shapes are: {tuple(mask.shape)}, "
                          f"{tuple(kernel.shape)}")
+    # A float32 mask on a float16 kernel widens it, as Flax's ``kernel * mask`` does
+    # (standard promotion, explicitly).
+    kernel, mask = dtypes.promote_dtype(kernel, mask, inexact=False)
     return kernel * mask
 
 

@@ -84,4 +84,4 @@ def dense_general(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None
         return out
     kept = [a for a in range(x.ndim) if a not in axis]
     bias_shape = tuple(x.shape[a] if a in batch_dims else 1 for a in kept) + features
-    return out + jnp.reshape(bias, bias_shape)
+    return add_bias(out, jnp.reshape(bias, bias_shape))

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from varjax.functional import initializers
-from varjax.functional.convolution import PaddingLike, conv, conv_kernel_shape
+from varjax.functional.convolution import PaddingLike, conv, conv_kernel_shape, conv_transpose
 from varjax.ir.typing import Dtype, Initializer, Metadata, PrecisionLike, ShardingLike
 from varjax.nnx.call_options import no_out_sharding
 from varjax.nnx.linear import default_kernel_init
@@ -26,7 +26,7 @@ from varjax.nnx.pytree import data
 from varjax.nnx.variablelib import Param
 from varjax.trace.rngs import Rngs
 
-__all__ = ["Conv"]
+__all__ = ["Conv", "ConvTranspose"]
 
 PerAxis = None | int | Sequence[int]
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
@@ -77,3 +77,48 @@ class Conv(Module):
                     feature_group_count=self.feature_group_count, mask=self.mask,
                     dtype=self.dtype, precision=self.precision, conv_general_dilated=convolve,
                     promote_dtype=lambda *a, **kw: self.promote_dtype(a, **kw))
+
+
+class ConvTranspose(Module):
+    """A transposed N-d convolution over channels-last inputs: upsamples by ``strides``.
+
+    Declares ``kernel`` ``(*kernel_size, in_features, out_features)`` (``(..., out, in)``
+    with ``transpose_kernel=True``, the kernel of the ``Conv`` whose gradient this is) and
+    ``bias`` ``(out_features,)``; calls ``conv_transpose`` (``'CIRCULAR'`` padding folds the
+    output onto a periodic grid there).
+    """
+
+    def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int],
+                 strides: PerAxis = None, *, padding: PaddingLike = "SAME",
+                 kernel_dilation: PerAxis = None, use_bias: bool = True,
+                 mask: jax.Array | None = None, dtype: Dtype | None = None,
+                 param_dtype: Dtype = jnp.float32, precision: PrecisionLike = None,
+                 kernel_init: Initializer = default_kernel_init,
+                 bias_init: Initializer = initializers.zeros_init(),
+                 transpose_kernel: bool = False,
+                 promote_dtype: Callable[..., Any] = default_promote_dtype,
+                 preferred_element_type: Dtype | None = None, rngs: Rngs,
+                 kernel_metadata: Metadata = _NO_METADATA,
+                 bias_metadata: Metadata = _NO_METADATA):
+        kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
+        features = (out_features, in_features) if transpose_kernel else (in_features, out_features)
+        self.kernel_shape = kernel_size + features
+        self.kernel = Param(kernel_init(rngs.params(), self.kernel_shape, param_dtype),
+                            **kernel_metadata)
+        self.bias = Param(bias_init(rngs.params(), (out_features,), param_dtype),
+                          **bias_metadata) if use_bias else data(None)
+        self.in_features, self.out_features, self.kernel_size = \
+            in_features, out_features, kernel_size
+        self.strides, self.padding, self.kernel_dilation = strides, padding, kernel_dilation
+        self.use_bias, self.mask, self.transpose_kernel = use_bias, mask, transpose_kernel
+        self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
+        self.promote_dtype, self.preferred_element_type = promote_dtype, preferred_element_type
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        bias = self.bias[...] if self.bias is not None else None
+        return conv_transpose(inputs, self.kernel[...], bias, strides=self.strides,
+                              padding=self.padding, kernel_dilation=self.kernel_dilation,
+                              transpose_kernel=self.transpose_kernel, mask=self.mask,
+                              dtype=self.dtype, precision=self.precision,
+                              preferred_element_type=self.preferred_element_type,
+                              promote_dtype=lambda *a, **kw: self.promote_dtype(a, **kw))

@@ -1,28 +1,36 @@
-"""``nnx.Linear``: a declaration over ``varjax.functional.linear.dense``.
+"""``nnx.Linear`` and ``nnx.LinearGeneral``: declarations over ``varjax.functional.linear``
+(``dense``, ``dense_general``).
 
-The layer holds its kernel and bias as ``Param``s made from ``rngs.params()`` draws in
+Each layer holds its kernel and bias as ``Param``s made from ``rngs.params()`` draws in
 NNX's order (kernel, then bias), so the same seed gives flax.nnx's values bit for bit; the
-math is the shared function Linen's ``Dense`` calls too.
+math is the shared function Linen's ``Dense``/``DenseGeneral`` call too.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+import functools
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import numpy as np
 from jax import lax
 
 from varjax.functional import dtypes, initializers
-from varjax.functional.linear import dense
-from varjax.ir.typing import DotGeneralT, Dtype, Initializer, PrecisionLike
+from varjax.functional.linear import dense, dense_general, dense_general_axes
+from varjax.ir import errors
+from varjax.ir.typing import DotGeneralT, Dtype, Initializer, Metadata, PrecisionLike, ShardingLike
+from varjax.nnx.call_options import no_out_sharding
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
-from varjax.nnx.variablelib import Param
+from varjax.nnx.variablelib import Param, VariableMetadata
 from varjax.trace.rngs import Rngs
 
-__all__ = ["Linear"]
+__all__ = ["Linear", "LinearGeneral"]
 
 default_kernel_init = initializers.lecun_normal()
 default_bias_init = initializers.zeros
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
 def promote_dtype(args: tuple, /, *, dtype: Dtype | None = None, inexact: bool = True) -> tuple:
@@ -30,8 +38,18 @@ def promote_dtype(args: tuple, /, *, dtype: Dtype | None = None, inexact: bool =
     return tuple(dtypes.promote_dtype(*args, dtype=dtype, inexact=inexact))
 
 
+def with_preferred_element_type(fn: Callable[..., jax.Array],
+                                preferred_element_type: Dtype | None) -> Callable[..., jax.Array]:
+    """``fn`` given ``preferred_element_type`` when one is set, and untouched otherwise, so a
+    user's ``dot_general`` written without that keyword keeps working, as in NNX."""
+    if preferred_element_type is None:
+        return fn
+    return functools.partial(fn, preferred_element_type=preferred_element_type)
+
+
 class Linear(Module):
-    """``y = x @ kernel + bias`` over the last axis of ``x``."""
+    """``y = x @ kernel + bias`` over the last axis of ``x``: declares ``kernel``
+    ``(in_features, out_features)`` and ``bias`` ``(out_features,)``, calls ``dense``."""
 
     def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
                  dtype: Dtype | None = None, param_dtype: Dtype = jax.numpy.float32,
@@ -39,17 +57,113 @@ class Linear(Module):
                  kernel_init: Initializer = default_kernel_init,
                  bias_init: Initializer = default_bias_init,
                  dot_general: DotGeneralT = lax.dot_general,
-                 promote_dtype: Callable[..., Any] = promote_dtype, rngs: Rngs):
-        self.kernel = Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
-        self.bias = Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias \
-            else data(None)
+                 promote_dtype: Callable[..., Any] = promote_dtype,
+                 preferred_element_type: Dtype | None = None, rngs: Rngs,
+                 kernel_metadata: Metadata = _NO_METADATA,
+                 bias_metadata: Metadata = _NO_METADATA):
+        self.kernel = Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype),
+                            **kernel_metadata)
+        self.bias = Param(bias_init(rngs.params(), (out_features,), param_dtype),
+                          **bias_metadata) if use_bias else data(None)
         self.in_features, self.out_features, self.use_bias = in_features, out_features, use_bias
         self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
-        self.kernel_init, self.bias_init = kernel_init, bias_init
         self.dot_general, self.promote_dtype = dot_general, promote_dtype
+        self.preferred_element_type = preferred_element_type
 
-    def __call__(self, inputs: jax.Array) -> jax.Array:
+    def __call__(self, inputs: jax.Array, out_sharding: ShardingLike = None) -> jax.Array:
+        no_out_sharding("Linear", out_sharding)
         bias = self.bias[...] if self.bias is not None else None
         return dense(inputs, self.kernel[...], bias, dtype=self.dtype, precision=self.precision,
-                     dot_general=self.dot_general,
+                     dot_general=with_preferred_element_type(self.dot_general,
+                                                             self.preferred_element_type),
                      promote_dtype=lambda *a, dtype: self.promote_dtype(a, dtype=dtype))
+
+
+def _as_tuple(x: int | Sequence[int]) -> tuple[int, ...]:
+    return tuple(x) if isinstance(x, Sequence) else (x,)
+
+
+def _reshaped(value: jax.Array | VariableMetadata, shape: tuple[int, ...]
+              ) -> jax.Array | VariableMetadata:
+    """An initializer's result reshaped, its metadata (``nnx.with_partitioning``) kept."""
+    if isinstance(value, VariableMetadata):
+        return dataclasses.replace(value, raw_value=jax.numpy.reshape(value.raw_value, shape))
+    return jax.numpy.reshape(value, shape)
+
+
+class LinearGeneral(Module):
+    """A linear map over several axes of ``x`` (``axis``) to several output features, with an
+    optional kernel per index of leading batch axes (``batch_axis``: axis to size).
+
+    Declares ``kernel`` ``(*batch sizes, *in_features, *out_features)`` and ``bias``
+    ``(*batch sizes, *out_features)``; the initializers see them flattened to 2-D
+    ``(fan_in, fan_out)`` and 1-D, as NNX draws them, so fan-based initializers scale as for
+    a ``Linear``.  Calls ``dense_general``.
+    """
+
+    def __init__(self, in_features: int | Sequence[int], out_features: int | Sequence[int], *,
+                 axis: int | Sequence[int] = -1, batch_axis: Mapping[int, int] = _NO_METADATA,
+                 use_bias: bool = True, dtype: Dtype | None = None,
+                 param_dtype: Dtype = jax.numpy.float32,
+                 kernel_init: Initializer = default_kernel_init,
+                 bias_init: Initializer = default_bias_init, precision: PrecisionLike = None,
+                 promote_dtype: Callable[..., Any] = promote_dtype,
+                 dot_general: DotGeneralT | None = None,
+                 dot_general_cls: Callable[[], DotGeneralT] | None = None,
+                 preferred_element_type: Dtype | None = None, rngs: Rngs,
+                 kernel_metadata: Metadata = _NO_METADATA,
+                 bias_metadata: Metadata = _NO_METADATA):
+        self.in_features, self.out_features = _as_tuple(in_features), _as_tuple(out_features)
+        self.axis, self.batch_axis = _as_tuple(axis), dict(batch_axis)
+        if len(self.in_features) != len(self.axis):
+            raise errors.ConfigError(
+                f"LinearGeneral's in_features {self.in_features} and axis {self.axis} must "
+                "have the same length.", path=("in_features",), **errors.where(),
+                fix="give one input feature size per contracted axis")
+        # Checked as the call will check it, but here, where the user's line is the cause.
+        _axes(self.axis, self.batch_axis, len(self.batch_axis) + len(self.axis) + 1)
+        batch_shape = tuple(self.batch_axis.values())
+        n_batch, n_in = len(batch_shape), len(self.in_features)
+        kernel_shape = (*batch_shape, *self.in_features, *self.out_features)
+        fan_in = int(np.prod(kernel_shape[:n_batch]) * np.prod(kernel_shape[n_batch:n_batch + n_in]))
+        flat = (fan_in, int(np.prod(self.out_features)))
+        self.kernel = Param(_reshaped(kernel_init(rngs.params(), flat, param_dtype), kernel_shape),
+                            **kernel_metadata)
+        if use_bias:
+            bias_shape = (*batch_shape, *self.out_features)
+            bias = bias_init(rngs.params(), (int(np.prod(bias_shape)),), param_dtype)
+            self.bias = Param(_reshaped(bias, bias_shape), **bias_metadata)
+        else:
+            self.bias = data(None)
+        self.use_bias, self.dtype, self.param_dtype = use_bias, dtype, param_dtype
+        self.precision, self.promote_dtype = precision, promote_dtype
+        self.dot_general, self.dot_general_cls = dot_general, dot_general_cls
+        self.preferred_element_type = preferred_element_type
+
+    def __call__(self, inputs: jax.Array, out_sharding: ShardingLike = None) -> jax.Array:
+        """``inputs`` contracted over ``axis``: ``(*batch axes, *other axes, *out_features)``."""
+        no_out_sharding("LinearGeneral", out_sharding)
+        axis, batch_dims = _axes(self.axis, self.batch_axis, inputs.ndim)
+        if self.dot_general_cls is not None:
+            dot_general = self.dot_general_cls()
+        else:
+            dot_general = self.dot_general or lax.dot_general
+        bias = self.bias[...] if self.bias is not None else None
+        return dense_general(inputs, self.kernel[...], bias, axis=axis, batch_dims=batch_dims,
+                             dtype=self.dtype, precision=self.precision,
+                             dot_general=with_preferred_element_type(
+                                 dot_general, self.preferred_element_type),
+                             promote_dtype=lambda *a, dtype: self.promote_dtype(a, dtype=dtype))
+
+
+def _axes(axis: tuple[int, ...], batch_axis: Mapping[int, int], ndim: int
+          ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``dense_general_axes`` of an input of rank ``ndim``; its ``ValueError`` (batch axes
+    that are not the leading ones) as a ``ConfigError`` naming the layer's argument."""
+    try:
+        return dense_general_axes(ndim, axis, tuple(batch_axis))
+    except ValueError as e:
+        raise errors.ConfigError(f"LinearGeneral's batch_axis: {e}", path=("batch_axis",),
+                                 **errors.where(),
+                                 fix="batch_axis must map the axes 0, 1, ... to their sizes") \
+            from None
