@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: install test demo examples digits ensemble char_lm parallel multihost lora bench fuzz fuzz-linen fuzz-nnx dump docs lint clean
+.PHONY: install test demo examples digits nnx ensemble char_lm parallel multihost lora bench fuzz fuzz-linen fuzz-nnx dump docs lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ demo: $(VENV)/.installed-examples
 
 digits ensemble char_lm parallel multihost lora: %: $(VENV)/.installed-examples
 	$(BIN)/python examples/$(subst lora,lora_finetune,$*).py
+
+# The digits CNN in NNX style on varjax.nnx, then on flax.nnx (the bench extra brings Flax).
+nnx: $(VENV)/.installed-examples $(VENV)/.installed-bench
+	$(BIN)/python examples/nnx_digits.py
 
 examples: digits ensemble char_lm
 
