@@ -23,7 +23,7 @@ from varjax.nnx.filterlib import to_predicate
 from varjax.nnx.graph import set_child
 from varjax.nnx.graphlib import build, duplicate, flatten_graph
 from varjax.nnx.pytree import Dict, List, Pytree, children, flatten_node, in_order, is_node
-from varjax.nnx.statelib import FlatState, State
+from varjax.nnx.statelib import FlatState, State, int_or_key
 from varjax.nnx.traversals import flatten_to_sequence
 from varjax.trace.rngs import Rngs, RngStream
 from varjax.trace.unprovided import not_provided
@@ -125,19 +125,12 @@ def restore_int_paths(pure_dict: Mapping) -> dict:
     list indices as strings, and ``to_pure_dict`` names them by int."""
     out: dict = {}
     for path, value in flatten_to_sequence(pure_dict):
-        *head, last = (_int_or_key(k) for k in path)
+        *head, last = (int_or_key(k) for k in path)
         node = out
         for k in head:
             node = node.setdefault(k, {})
         node[last] = value
     return out
-
-
-def _int_or_key(k: Any) -> Any:
-    try:
-        return int(k)
-    except ValueError:
-        return k
 
 
 def _as_state(state: Any) -> State:

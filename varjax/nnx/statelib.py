@@ -15,6 +15,7 @@ import jax
 from varjax.ir import errors
 from varjax.ir.typing import Filter, Key, PathParts, PureDict, StateLike
 from varjax.nnx.filterlib import to_predicate
+from varjax.nnx.traversals import flatten_to_sequence
 from varjax.objects.graph import structure_changed
 from varjax.trace.variable import Variable
 
@@ -55,17 +56,32 @@ class State(MutableMapping):
                 (v.value if isinstance(v, Variable) else v) for k, v in self._mapping.items()}
 
     def replace_by_pure_dict(self, pure: PureDict) -> None:
-        """Puts the values of ``pure`` (``to_pure_dict``'s layout) in place: into the
-        Variables, else as the leaves."""
-        for k, v in dict(pure).items():
-            mine = self._mapping[k]
-            if isinstance(mine, State):
-                mine.replace_by_pure_dict(v)
-            elif isinstance(mine, Variable):
-                mine.value = v
+        """Puts the values of ``pure`` (``to_pure_dict``'s layout) in this state: into its
+        Variables, in place (the object the state was split from sees them, where flax.nnx
+        puts new Variables in the state), else as the leaves.  A key that reads as an
+        integer matches a list index, as a checkpoint stores indices as strings.  A path of
+        ``pure`` the state does not have is a ``ConfigError`` (a ``ValueError``, as
+        flax.nnx raises), before anything is written."""
+        mine = self.flat()
+        found = []
+        for path, value in flatten_to_sequence(pure):
+            here = path if path in mine else tuple(int_or_key(k) for k in path)
+            if here not in mine:
+                names = tuple(map(str, path))
+                raise errors.ConfigError(
+                    f"replace_by_pure_dict: the state has no leaf at {'/'.join(names)}.",
+                    path=names, **errors.where(),
+                    fix="give values only at the paths of nnx.to_pure_dict(state), e.g. "
+                        "restore the checkpoint into the model it was saved from")
+            found.append((here, value))
+        for here, value in found:
+            if isinstance(mine[here], Variable):
+                mine[here].value = value
             else:
-                self._mapping[k] = v
-                structure_changed()
+                node = self
+                for k in here[:-1]:
+                    node = node[k]
+                node[here[-1]] = value
 
     def flat_state(self) -> "FlatState":
         """The leaves as a ``FlatState``, sorted by path (``nnx.to_flat_state``)."""
@@ -233,8 +249,12 @@ def _nested(v: Any) -> bool:
     return isinstance(v, (dict, State))
 
 
-def _key(k: Any) -> Any:
-    return jax.tree_util.SequenceKey(k) if isinstance(k, int) else jax.tree_util.DictKey(k)
+def int_or_key(k: Any) -> Any:
+    """``k`` as an int if it reads as one (a list index a checkpoint stored as a string)."""
+    try:
+        return int(k)
+    except ValueError:
+        return k
 
 
 def _order(s: State) -> list:
@@ -243,6 +263,6 @@ def _order(s: State) -> list:
 
 jax.tree_util.register_pytree_with_keys(
     State,
-    lambda s: ([(_key(k), s._mapping[k]) for k in _order(s)], tuple(_order(s))),
+    lambda s: ([(jax.tree_util.DictKey(k), s._mapping[k]) for k in _order(s)], tuple(_order(s))),
     lambda keys, children: State(dict(zip(keys, children))),
     lambda s: ([s._mapping[k] for k in _order(s)], tuple(_order(s))))
