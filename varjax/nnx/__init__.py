@@ -1,11 +1,10 @@
 """``varjax.nnx``: Flax NNX by one import, on varjax's IR (SPEC §6; ``notes/nnx.md``).
-
-``from varjax import nnx`` in place of ``from flax import nnx``.  Built so far: modules and
-Variables, ``Rngs`` (varjax's, which derives NNX's keys bit for bit) and the RNG helpers,
-the graph and state functions with NNX's filters, ``jit``/``grad``/``value_and_grad``/
-``remat`` in graph mode on the object-mode transforms, and the layers ``Linear``, ``Conv``,
-``Embed``, ``LayerNorm``, ``BatchNorm``, ``Dropout``.  Every other flax.nnx name exists and
-raises ``NotProvidedError`` saying which part it belongs to (``unbuilt.py``).
+``from varjax import nnx`` in place of ``from flax import nnx``: modules and Variables,
+``Rngs`` (varjax's, which derives NNX's keys bit for bit) and the RNG helpers, the graph and
+state functions with NNX's filters, every transform in graph and tree mode on the
+object-mode transforms, training, the layer library (declarations over
+``varjax.functional``) and the bridge to ``varjax.nn``.  A flax.nnx name not built exists
+and raises ``NotProvidedError`` saying which part it belongs to (``unbuilt.py``).
 """
 from __future__ import annotations
 
@@ -43,8 +42,10 @@ from varjax.functional.activations import (
 from varjax.nnx import filterlib, graph, metrics, optimizer, rnglib, statelib, training, transforms
 from varjax.nnx import unbuilt as _unbuilt
 from varjax.nnx.abstract import abstract_with_sharding, as_abstract, get_abstract_model
+from varjax.nnx.activation_layers import PReLU, identity
 from varjax.nnx.batching import vmap
 from varjax.nnx.capturing import capture
+from varjax.nnx.combinators import Sequential
 from varjax.nnx.compilation import cached_partial, checkify, jit_partial, make_jaxpr
 from varjax.nnx.config import set_graph_mode, set_graph_updates
 from varjax.nnx.contexts import (
@@ -57,9 +58,11 @@ from varjax.nnx.contexts import (
     update_context,
 )
 from varjax.nnx.control import cond, eval_shape, fori_loop, switch, while_loop
-from varjax.nnx.convolution import Conv
+from varjax.nnx.convolution import Conv, ConvTranspose
 from varjax.nnx.differentiation import custom_vjp, jvp, vjp
 from varjax.nnx.eager_sharding import use_eager_sharding, using_eager_sharding
+from varjax.nnx.einsum import Einsum
+from varjax.nnx.ema import EMA
 from varjax.nnx.embedding import Embed
 from varjax.nnx.extract import NodeStates, from_tree, to_tree
 from varjax.nnx.filter_maps import StateSharding
@@ -81,7 +84,8 @@ from varjax.nnx.graph import (
     update,
 )
 from varjax.nnx.iteration import Carry, scan
-from varjax.nnx.linear import Linear
+from varjax.nnx.linear import Linear, LinearGeneral
+from varjax.nnx.lora import LoRA, LoRALinear
 from varjax.nnx.metrics import Metric, MultiMetric
 from varjax.nnx.module import Module, iter_children, iter_modules
 from varjax.nnx.module_helpers import (
@@ -94,8 +98,9 @@ from varjax.nnx.module_helpers import (
     view_info,
     with_attributes,
 )
-from varjax.nnx.normalization import BatchNorm, LayerNorm
+from varjax.nnx.normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
 from varjax.nnx.optimizer import ModelAndOptimizer, OptArray, Optimizer, OptVariable
+from varjax.nnx.pooling import avg_pool, max_pool, min_pool, pool
 from varjax.nnx.prefixes import prefix
 from varjax.nnx.proxy_caller import call
 from varjax.nnx.pytree import (
@@ -112,6 +117,15 @@ from varjax.nnx.pytree import (
     is_data,
     register_data_type,
     static,
+)
+from varjax.nnx.recurrent import (
+    RNN,
+    Bidirectional,
+    GRUCell,
+    LSTMCell,
+    OptimizedLSTMCell,
+    RNNCellBase,
+    SimpleCell,
 )
 from varjax.nnx.rnglib import fork_rngs, reseed, restore_rngs, split_rngs, with_rngs
 from varjax.nnx.sharding_transforms import pmap, shard_map, transform_metadata
@@ -166,6 +180,7 @@ from varjax.nnx.variablelib import (
     variable_type_from_name,
     with_metadata,
 )
+from varjax.nnx.weight_normalization import SpectralNorm, WeightNorm
 from varjax.trace.rngs import Rngs, RngStream
 
 # flax.nnx's other name for ``state`` (its Variable module is ``variablelib``, as here)
@@ -203,6 +218,10 @@ __all__ = [
     "OptState", "LoRAParam", "RngState", "RngKey", "RngCount", "variable_name_from_type",
     "variable_type_from_name", "Rngs", "RngStream", "Linear", "Conv", "Embed", "LayerNorm",
     "BatchNorm", "Dropout", "initializers",
+    "LinearGeneral", "Einsum", "ConvTranspose", "RMSNorm", "GroupNorm", "InstanceNorm",
+    "WeightNorm", "SpectralNorm", "RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell",
+    "SimpleCell", "RNN", "Bidirectional", "Sequential", "LoRA", "LoRALinear", "PReLU", "EMA",
+    "identity", "pool", "avg_pool", "max_pool", "min_pool", "nn", "bridge",
     "celu", "elu", "gelu", "glu", "hard_sigmoid", "hard_silu", "hard_swish", "hard_tanh",
     "leaky_relu", "log_sigmoid", "log_softmax", "logsumexp", "one_hot", "relu", "relu6", "selu",
     "sigmoid", "silu", "soft_sign", "softmax", "softplus", "standardize", "swish", "tanh",

@@ -14,7 +14,6 @@ from varjax.trace.unprovided import not_provided
 __all__ = ["NOT_YET", "missing"]
 
 _PARTS = {
-    "the bridge between varjax.nn and varjax.nnx modules (issue 36, item 5)": ("bridge",),
     "one of flax.nnx's internal submodules; varjax.nnx keeps the same roles in its own "
     "modules (pytree, module, variablelib, graphlib, training) and has no trace-level checks, "
     "deprecation shims, summary tables or notebook visualisation": (
@@ -22,14 +21,10 @@ _PARTS = {
         "visualization", "deprecations", "wrappers"),
 }
 
-# Every other public name of flax.nnx 0.12.8 is a layer or layer function: the layers issue.
-_LAYERS = (
-    "Bidirectional", "ConvTranspose", "EMA", "Einsum", "GRUCell", "GroupNorm", "InstanceNorm",
-    "LSTMCell", "LinearGeneral", "LoRA", "LoRALinear", "MultiHeadAttention",
-    "OptimizedLSTMCell", "PReLU", "RMSNorm", "RNN", "RNNCellBase", "Sequential", "SimpleCell",
-    "SpectralNorm", "WeightNorm", "avg_pool", "combine_masks", "dot_product_attention",
-    "identity", "make_attention_mask", "make_causal_mask", "max_pool", "min_pool", "nn",
-    "pool")
+# Every other public name of flax.nnx 0.12.8 not built yet is a layer function: the layers
+# issue.
+_LAYERS = ("MultiHeadAttention", "combine_masks", "dot_product_attention",
+           "make_attention_mask", "make_causal_mask")
 
 NOT_YET: dict[str, str] = {
     **{name: why for why, names in _PARTS.items() for name in names},
