@@ -75,9 +75,11 @@ def test_prelu_slope_and_outputs_are_flax_nnx_s(dtype, param_dtype, x_dtype):
     same(ours(x), want)
 
 
-def test_prelu_negative_slope_metadata_is_on_the_param():
-    ours = PReLU(negative_slope_metadata={"sharding_names": ()})
-    assert ours.negative_slope.get_metadata("sharding_names") == ()
+def test_prelu_negative_slope_metadata_is_on_the_param_as_flax_nnx():
+    ours = PReLU(negative_slope_metadata={"out_sharding": ()})
+    with flax_nnx.use_eager_sharding(False):
+        theirs = flax_nnx.PReLU(negative_slope_metadata={"out_sharding": ()})
+    assert ours.negative_slope.out_sharding == theirs.negative_slope.out_sharding == ()
     assert type(ours.negative_slope) is nnx.Param
 
 
@@ -211,16 +213,17 @@ def test_lora_dtypes_are_flax_nnx_s(dtype, param_dtype):
 def test_lora_metadata_reaches_the_adapters():
     ours = LoRA(3, 2, 4, rngs=nnx.Rngs(0),
                 a_initializer=nnx.with_partitioning(nnx.initializers.he_uniform(), ("x", None)),
-                b_metadata={"sharding_names": (None, "y")})
+                b_metadata={"out_sharding": (None, "y")})
     mesh = jax.make_mesh((1, 1), ("x", "y"))
     with jax.set_mesh(mesh):
         theirs = flax_nnx.LoRA(
             3, 2, 4, rngs=flax_nnx.Rngs(0),
             a_initializer=flax_nnx.with_partitioning(flax_nnx.initializers.he_uniform(),
-                                                     ("x", None)))
+                                                     ("x", None)),
+            b_metadata={"out_sharding": (None, "y")})
     assert ours.lora_a.out_sharding == tuple(theirs.lora_a.out_sharding) == ("x", None)
     same(ours.lora_a[...], theirs.lora_a[...])
-    assert ours.lora_b.get_metadata("sharding_names") == (None, "y")
+    assert ours.lora_b.out_sharding == tuple(theirs.lora_b.out_sharding) == (None, "y")
 
 
 def test_lora_with_a_base_module_that_is_not_callable_is_a_value_error():
