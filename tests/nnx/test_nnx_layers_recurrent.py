@@ -92,6 +92,28 @@ def test_cell_options_match_flax_nnx(name, kwargs):
     same(ours(carry, x), standard(theirs)(carry, x))
 
 
+def test_cell_metadata_reaches_its_linears_as_in_flax_nnx():
+    """``kernel_metadata`` goes to the input kernels, ``recurrent_kernel_metadata`` to the
+    hidden ones, ``bias_metadata`` to the biases; ``nnx.with_partitioning`` initializers too."""
+    def kwargs(nnx_):
+        return dict(kernel_init=nnx_.with_partitioning(nnx_.initializers.lecun_normal(),
+                                                       (None, "h")),
+                    recurrent_kernel_metadata={"out_sharding": ("h", None)},
+                    bias_metadata={"out_sharding": ("h",)})
+
+    ours = LSTMCell(3, 4, rngs=nnx.Rngs(0), **kwargs(nnx))
+    with jax.set_mesh(jax.make_mesh((1,), ("h",))):   # flax.nnx shards such Params eagerly
+        theirs = flax_nnx.LSTMCell(3, 4, rngs=flax_nnx.Rngs(0), **kwargs(flax_nnx))
+    for name in ("ii", "hi"):
+        for param in ("kernel", "bias"):
+            a, b = getattr(getattr(ours, name), param), getattr(getattr(theirs, name), param)
+            if b is None:
+                assert a is None
+            else:
+                assert a.out_sharding == b.out_sharding, (name, param)
+    assert ours.ii.kernel.out_sharding == (None, "h") and ours.hi.bias.out_sharding == ("h",)
+
+
 def test_carry_init_at_the_call_or_warned_at_construction_as_flax_nnx():
     normal = nnx.initializers.normal(1.0)
     ours, theirs = both_cells("LSTMCell", 3, 4)
