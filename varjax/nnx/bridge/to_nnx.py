@@ -103,8 +103,17 @@ class ToNNX(Module):
             out, updates = linen.init_with_output(keys, *args, method=method, **kwargs)
         else:
             variables = nnx_attrs_to_linen_vars(self._linen_attrs())
-            out = linen.apply(variables, *args, rngs=keys, method=method, mutable=mutable,
-                              **kwargs)
+            try:
+                out = linen.apply(variables, *args, rngs=keys, method=method, mutable=mutable,
+                                  **kwargs)
+            except errors.MissingVariableError as e:
+                if variables:
+                    raise
+                raise errors.MissingVariableError(
+                    f"ToNNX({type(linen).__name__}) has no variables yet: a Linen module makes "
+                    f"them from a sample input ({e.what})", collection=e.collection, path=e.path,
+                    **errors.where(),
+                    fix="call bridge.lazy_init(model, x) once first, as Linen calls init") from e
             out, updates = out if mutable is not False else (out, None)
         if updates:
             self._take(linen_vars_to_nnx_attrs(updates))
