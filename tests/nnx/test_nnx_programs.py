@@ -5,10 +5,13 @@ same seeds and data.  Each must start from bitwise-equal parameters and follow t
 
 The programs are Flax's NNX MNIST tutorial CNN (``docs_nnx/mnist_tutorial.md``) on
 scikit-learn's 8x8 digits (only the input size adapted: ``Linear(3136, ...)`` becomes
-``Linear(256, ...)``) and Flax's toy examples ``examples/nnx_toy_examples/``: 02 (lifted
-transforms), 03 (train state) and 06 (scan over layers), each a few steps on a tiny batch.  A
-train step returns its loss, the one change to the tutorial's code, so the losses can be
-compared.  Each program runs once per library (``runs``, cached); the tests compare the runs.
+``Linear(256, ...)``) and Flax's toy examples (``examples/nnx_toy_examples/``) that use only
+built layers: 01 (functional API), 02 (lifted transforms), 03 (train state), 05 (VAE, on
+binarised digits with smaller layers), 06 (scan over layers), 07 (array leaves), 09 (parameter
+surgery), each a few steps on a tiny batch.  A train step returns its loss, so the losses can be
+compared; other changes are said where they are made.  04 and 10 (sharding over several
+devices) and 08 (Orbax checkpoints) are tested where those features are.  Each program runs
+once per library (``runs``, cached); the tests compare the runs.
 """
 from __future__ import annotations
 
@@ -280,11 +283,192 @@ def scan_over_layers(nnx) -> dict:
             "final": pure(nnx, model)}
 
 
-PROGRAMS = {"mnist_tutorial": mnist_tutorial, "lifted_transforms": lifted_transforms,
-            "train_state": train_state_example, "scan_over_layers": scan_over_layers}
+def functional_api(nnx) -> dict:
+    """Toy example 01: split once, then plain ``jax.jit``/``jax.grad`` over the states, the
+    model merged inside each step.  Both merges copy, as example 03's train step does: as
+    written (no copy) the call's count write under ``jax.grad`` is refused by flax.nnx 0.12.8
+    itself (``TraceContextError``: the Variables belong to the jit's trace)."""
+    MLP, Count = toy_mlp(nnx)
+    graphdef, params, counts = nnx.split(MLP(din=1, dhidden=32, dout=1, rngs=nnx.Rngs(0)),
+                                         nnx.Param, Count)
+    initial = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
+
+    @jax.jit
+    def train_step(params, counts, batch):
+        x, y = batch
+
+        def loss_fn(params):
+            model = nnx.merge(graphdef, params, counts, copy=True)
+            loss = jnp.mean((y - model(x)) ** 2)
+            return loss, (loss, nnx.state(model, Count))
+
+        grad, (loss, counts) = jax.grad(loss_fn, has_aux=True)(params)
+        return jax.tree.map(lambda w, g: w - 0.1 * g, params, grad), counts, loss
+
+    @jax.jit
+    def test_step(params, counts, batch):
+        x, y = batch
+        model = nnx.merge(graphdef, params, counts, copy=True)
+        return {"loss": jnp.mean((y - model(x)) ** 2)}
+
+    x, y, batches = regression_data(STEPS, 32)
+    losses = []
+    for i in batches:
+        params, counts, loss = train_step(params, counts, (x[i], y[i]))
+        losses.append(float(loss))
+    model = nnx.merge(graphdef, params, counts)
+    return {"initial": initial, "losses": losses,
+            "test": float(test_step(params, counts, (x, y))["loss"]),
+            "count": int(model.count[...]), "final": pure(nnx, model)}
 
 
-TRAINED = ["mnist_tutorial", "lifted_transforms", "train_state"]
+def vae(nnx) -> dict:
+    """Toy example 05 on binarised digits (8x8 images, smaller layers): the encoder assigns
+    its KL loss as a new ``Loss`` Variable during the call, the train step pops it, and the
+    sampling noise comes from the ``noise`` stream the encoder holds."""
+    class Loss(nnx.Variable):
+        pass
+
+    class Encoder(nnx.Module):
+        def __init__(self, din: int, dmid: int, dout: int, *, rngs: nnx.Rngs):
+            self.linear1 = nnx.Linear(din, dmid, rngs=rngs)
+            self.linear_mean = nnx.Linear(dmid, dout, rngs=rngs)
+            self.linear_std = nnx.Linear(dmid, dout, rngs=rngs)
+            self.rngs = rngs
+
+        def __call__(self, x):
+            x = jax.nn.relu(self.linear1(x.reshape((x.shape[0], -1))))
+            mean = self.linear_mean(x)
+            std = jnp.exp(self.linear_std(x))
+            self.kl_loss = Loss(jnp.mean(
+                0.5 * jnp.mean(-jnp.log(std**2) - 1.0 + std**2 + mean**2, axis=-1)))
+            return mean + std * jax.random.normal(self.rngs.noise(), mean.shape)
+
+    class Decoder(nnx.Module):
+        def __init__(self, din: int, dmid: int, dout: int, *, rngs: nnx.Rngs):
+            self.linear1 = nnx.Linear(din, dmid, rngs=rngs)
+            self.linear2 = nnx.Linear(dmid, dout, rngs=rngs)
+
+        def __call__(self, z):
+            return self.linear2(jax.nn.relu(self.linear1(z)))
+
+    class VAE(nnx.Module):
+        def __init__(self, din, hidden_size, latent_size, output_shape, *, rngs: nnx.Rngs):
+            self.output_shape = output_shape
+            self.encoder = Encoder(din, hidden_size, latent_size, rngs=rngs)
+            self.decoder = Decoder(latent_size, hidden_size, int(np.prod(output_shape)),
+                                   rngs=rngs)
+
+        def __call__(self, x):
+            return jnp.reshape(self.decoder(self.encoder(x)), (-1, *self.output_shape))
+
+        def generate(self, z):
+            return nnx.sigmoid(jnp.reshape(self.decoder(z), (-1, *self.output_shape)))
+
+    model = VAE(din=64, hidden_size=16, latent_size=4, output_shape=(8, 8),
+                rngs=nnx.Rngs(0, noise=1))
+    initial = pure(nnx, model, nnx.Param)
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+    @nnx.jit
+    def train_step(model, optimizer, x):
+        def loss_fn(model):
+            logits = model(x)
+            kl_loss = sum(jax.tree_util.tree_leaves(nnx.pop(model, Loss)), 0.0)
+            return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, x)) + 0.1 * kl_loss
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    @nnx.jit
+    def sample(model, z):
+        return model.generate(z)
+
+    images = np.concatenate([b["image"][..., 0] for b in digits_batches(8, STEPS)]) > 0.5
+    images = images.astype(np.float32).reshape(STEPS, 8, 8, 8)
+    losses = [float(train_step(model, optimizer, x)) for x in images]
+    z = np.random.default_rng(0).normal(scale=1.5, size=(2, 4)).astype(np.float32)
+    return {"initial": initial, "losses": losses, "samples": np.asarray(sample(model, z)),
+            "final": pure(nnx, model)}
+
+
+def array_leaves(nnx) -> dict:
+    """Toy example 07: raw arrays as module attributes (no Variables), trained through a
+    predicate filter (``wrt=is_param``, ``nnx.DiffState``); the call counter is an array too."""
+    class Linear(nnx.Module):
+        def __init__(self, din: int, dout: int, *, rngs: nnx.Rngs):
+            self.w = jax.random.normal(rngs.params(), (din, dout))
+            self.b = jnp.zeros((dout,))
+
+        def __call__(self, x):
+            return x @ self.w + self.b
+
+    class MLP(nnx.Module):
+        def __init__(self, din, dhidden, dout, *, rngs: nnx.Rngs):
+            self.count = jnp.array(0)
+            self.linear1 = Linear(din, dhidden, rngs=rngs)
+            self.linear2 = Linear(dhidden, dout, rngs=rngs)
+
+        def __call__(self, x):
+            self.count += 1
+            return self.linear2(nnx.relu(self.linear1(x)))
+
+    def is_param(path, value):
+        return path[-1] in ("w", "b")
+
+    model = MLP(din=1, dhidden=32, dout=1, rngs=nnx.Rngs(0))
+    initial = pure(nnx, model)
+    optimizer = nnx.Optimizer(model, optax.sgd(1e-3), wrt=is_param)
+
+    @nnx.jit
+    def train_step(model, optimizer, batch):
+        x, y = batch
+
+        def loss_fn(model):
+            return jnp.mean((y - model(x)) ** 2)
+
+        loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, is_param))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    x, y, batches = regression_data(STEPS, 32)
+    losses = [float(train_step(model, optimizer, (x[i], y[i]))) for i in batches]
+    return {"initial": initial, "losses": losses, "count": int(model.count),
+            "final": pure(nnx, model)}
+
+
+def parameter_surgery(nnx) -> dict:
+    """Toy example 09: a pretrained layer put in place of a submodule, then split by a
+    predicate into trainable and frozen states."""
+    class Classifier(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs):
+            self.backbone = nnx.Linear(8, 4, rngs=nnx.Rngs(0))
+            self.head = nnx.Linear(4, 3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.head(nnx.relu(self.backbone(x)))
+
+    model = Classifier(rngs=nnx.Rngs(42))
+    model.backbone = nnx.Linear(8, 4, rngs=nnx.Rngs(1))   # the "pretrained" one
+
+    def is_trainable(path, node):
+        return "backbone" in path and isinstance(node, nnx.Param)
+
+    _, trainable, frozen = nnx.split(model, is_trainable, ...)
+    return {"initial": pure(nnx, model), "final": pure(nnx, model),
+            "trainable": jax.tree.map(np.asarray, nnx.to_pure_dict(trainable)),
+            "frozen": jax.tree.map(np.asarray, nnx.to_pure_dict(frozen)),
+            "outputs": np.asarray(model(jnp.linspace(-1.0, 1.0, 16).reshape(2, 8)))}
+
+
+PROGRAMS = {"mnist_tutorial": mnist_tutorial, "functional_api": functional_api,
+            "lifted_transforms": lifted_transforms, "train_state": train_state_example,
+            "vae": vae, "scan_over_layers": scan_over_layers, "array_leaves": array_leaves,
+            "parameter_surgery": parameter_surgery}
+
+
+TRAINED = [name for name in PROGRAMS if name not in ("scan_over_layers", "parameter_surgery")]
 
 
 @functools.cache
