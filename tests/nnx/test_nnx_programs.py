@@ -9,9 +9,9 @@ scikit-learn's 8x8 digits (only the input size adapted: ``Linear(3136, ...)`` be
 built layers: 01 (functional API), 02 (lifted transforms), 03 (train state), 05 (VAE, on
 binarised digits with smaller layers), 06 (scan over layers), 07 (array leaves), 09 (parameter
 surgery), each a few steps on a tiny batch.  A train step returns its loss, so the losses can be
-compared; other changes are said where they are made.  04 and 10 (sharding over several
-devices) and 08 (Orbax checkpoints) are tested where those features are.  Each program runs
-once per library (``runs``, cached); the tests compare the runs.
+compared; other changes are said where they are made.  Not ported here: 04 and 10 (data
+parallel and FSDP meshes, several devices) and 08 (Orbax checkpoints, issue 36's item 4).
+Each program runs once per library (``runs``, cached); the tests compare the runs.
 """
 from __future__ import annotations
 
