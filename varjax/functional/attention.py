@@ -9,19 +9,22 @@ takes an explicit key (``dropout_rng``).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from varjax.functional import dtypes
 from varjax.functional.dtypes import promote_dtype
 from varjax.ir.typing import Dtype, PrecisionLike
 
-__all__ = ["dot_product_attention_weights", "dot_product_attention", "make_attention_mask",
-           "make_causal_mask", "combine_masks", "decode_cache_update"]
+__all__ = ["dot_product_attention_weights", "dot_product_attention", "fused_dot_product_attention",
+           "make_attention_mask", "make_causal_mask", "combine_masks", "decode_cache_update"]
 
 Array = jax.Array
+PromoteDtype = Callable[..., list[Any]]
 
 
 def _einsum(precision: PrecisionLike, dot_general: Callable[..., Array] | None) -> Callable[..., Array]:
@@ -38,12 +41,16 @@ def dot_product_attention_weights(
     deterministic: bool = False, dtype: Dtype | None = None, precision: PrecisionLike = None,
     force_fp32_for_softmax: bool = False, einsum_dot_general: Callable[..., Array] | None = None,
     einsum: Callable[..., Array] | None = None, record: Callable[[Array], Any] | None = None,
+    is_causal: bool = False, grouped: bool = False, promote_dtype: PromoteDtype = promote_dtype,
 ) -> Array:
     """Softmax attention weights ``[batch..., heads, q_length, kv_length]``.
 
     ``query``/``key`` are ``[batch..., length, heads, depth]``.  ``mask`` is
     ``False`` where a weight is excluded; it and ``bias`` must broadcast to the
-    weights' shape.  ``record`` is called with the weights before dropout.
+    weights' shape.  ``is_causal`` also excludes every key after the query's position.
+    ``record`` is called with the weights before dropout.  ``grouped`` allows fewer key
+    heads than query heads (grouped-query attention: each key head serves a group of
+    query heads), which NNX's attention accepts and Linen's refuses.
     """
     if (precision is not None or einsum_dot_general is not None) and einsum is not None:
         raise ValueError("precision/einsum_dot_general and einsum are mutually exclusive; give one.")
@@ -51,13 +58,16 @@ def dot_product_attention_weights(
         einsum = _einsum(precision, einsum_dot_general)
     query, key = promote_dtype(query, key, dtype=dtype)
     dtype = query.dtype
-    if query.ndim != key.ndim or query.shape[:-3] != key.shape[:-3] or query.shape[-2:] != key.shape[-2:]:
-        raise ValueError(f"query {query.shape} and key {key.shape} must agree on batch dims, heads and depth")
+    _check_query_key(query, key, grouped)
 
     query = query / jnp.sqrt(query.shape[-1]).astype(dtype)
-    weights = einsum("...qhd,...khd->...hqk", query, key)
+    weights = _scores(einsum, query, key)
     if bias is not None:
         weights = weights + bias
+    if is_causal:
+        causal = jnp.tril(jnp.ones(weights.shape[-2:], dtype))
+        mask = combine_masks(mask, jnp.broadcast_to(causal, weights.shape if mask is None else mask.shape),
+                             dtype=dtype)
     if mask is not None:
         weights = jnp.where(mask, weights, jnp.finfo(dtype).min)
     if force_fp32_for_softmax and dtype != jnp.float32:
@@ -84,7 +94,8 @@ def dot_product_attention(
     force_fp32_for_softmax: bool = False, einsum_dot_general: Callable[..., Array] | None = None,
     qk_attn_weights_einsum: Callable[..., Array] | None = None,
     attn_weights_value_einsum: Callable[..., Array] | None = None,
-    record: Callable[[Array], Any] | None = None,
+    record: Callable[[Array], Any] | None = None, is_causal: bool = False, grouped: bool = False,
+    promote_dtype: PromoteDtype = promote_dtype,
 ) -> Array:
     """Attention output ``[batch..., q_length, heads, v_depth]`` (Vaswani et al., 2017).
 
@@ -97,18 +108,87 @@ def dot_product_attention(
     if (precision is not None or einsum_dot_general is not None) and qk_attn_weights_einsum is not None:
         raise ValueError("precision/einsum_dot_general and the *_einsum overrides are mutually exclusive.")
     query, key, value = promote_dtype(query, key, value, dtype=dtype)
-    if key.shape[:-1] != value.shape[:-1] or key.ndim != value.ndim:
-        raise ValueError(f"key {key.shape} and value {value.shape} must agree on all but the depth axis")
+    _check_key_value(key, value)
     weights = dot_product_attention_weights(
         query, key, bias, mask, broadcast_dropout=broadcast_dropout, dropout_rng=dropout_rng,
         dropout_rate=dropout_rate, deterministic=deterministic, dtype=query.dtype, precision=precision,
         force_fp32_for_softmax=force_fp32_for_softmax, einsum_dot_general=einsum_dot_general,
-        einsum=qk_attn_weights_einsum, record=record)
+        einsum=qk_attn_weights_einsum, record=record, is_causal=is_causal, grouped=grouped,
+        promote_dtype=promote_dtype)
     # force_fp32_for_softmax leaves the weights in float32: mix them with the
     # values by an explicit cast, which strict dtype promotion accepts.
-    weights, value = promote_dtype(weights, value)
+    weights, value = dtypes.promote_dtype(weights, value)
     einsum = attn_weights_value_einsum or _einsum(precision, einsum_dot_general)
-    return einsum("...hqk,...khd->...qhd", weights, value)
+    heads, value_heads = weights.shape[-3], value.shape[-2]
+    if heads == value_heads:
+        return einsum("...hqk,...khd->...qhd", weights, value)
+    # Grouped-query attention: each value head serves heads // value_heads query heads.
+    weights = weights.reshape(weights.shape[:-3] + (value_heads, heads // value_heads) + weights.shape[-2:])
+    out = einsum("...hgqk,...kh1d->...qhgd", weights, jnp.expand_dims(value, -2))
+    return out.reshape(out.shape[:-3] + (heads, out.shape[-1]))
+
+
+def fused_dot_product_attention(query: Array, key: Array, value: Array, bias: Array | None = None,
+                                mask: Array | None = None, *, is_causal: bool = False) -> Array:
+    """``dot_product_attention`` without dropout as ``jax.nn.dot_product_attention``
+    (XLA's fused attention, which scales the scores rather than the query), for any number
+    of batch axes: NNX's attention takes this path whenever there is no dropout and no
+    weights to sow, so its outputs round as that function's do.  Key heads may be fewer
+    than query heads (grouped-query attention)."""
+    _check_query_key(query, key, grouped=True)
+    _check_key_value(key, value)
+    shape = query.shape
+    if len(shape) > 4:   # jax.nn.dot_product_attention takes one batch axis at most
+        query, key, value, bias, mask = (
+            None if x is None else x.reshape((math.prod(x.shape[:-3]), *x.shape[-3:]))
+            for x in (query, key, value, bias, mask))
+    if mask is not None:
+        mask = mask.astype(jnp.bool_)
+    # JAX's function promotes a half-precision query to float32 logits implicitly
+    # (jnp.promote_types(query.dtype, float32)): its own mixing, allowed under strict promotion.
+    with jax.numpy_dtype_promotion("standard"):
+        out = jax.nn.dot_product_attention(query, key, value, bias, mask, is_causal=is_causal)
+    return out.reshape(shape[:-1] + out.shape[-1:]) if len(shape) > 4 else out
+
+
+def _check_query_key(query: Array, key: Array, grouped: bool) -> None:
+    """``ValueError`` unless ``query`` and ``key`` agree on rank, batch axes, heads and
+    depth; ``grouped``, the key's heads need only divide the query's.  The reason in
+    parentheses is worded as flax's, so a ported test's match still finds it."""
+    heads, key_heads = query.shape[-2], key.shape[-2]
+    if query.ndim != key.ndim:
+        reason = "q, k must have the same rank"
+    elif query.shape[:-3] != key.shape[:-3]:
+        reason = "q, k batch dims must match"
+    elif query.shape[-1] != key.shape[-1]:
+        reason = "q, k depths must match"
+    elif grouped and heads % key_heads:
+        reason = "query heads must be multiple of key heads: grouped-query attention"
+    elif not grouped and heads != key_heads:
+        reason = "q, k num_heads must match"
+    else:
+        return
+    raise ValueError(f"query {query.shape} and key {key.shape} must agree on batch dims, heads and "
+                     f"depth ({reason})")
+
+
+def _check_key_value(key: Array, value: Array) -> None:
+    if key.ndim != value.ndim or key.shape[:-1] != value.shape[:-1]:
+        reason = "k, v lengths must match" if key.ndim == value.ndim and \
+            key.shape[-3] != value.shape[-3] else "k, v rank, batch dims and heads must match"
+        raise ValueError(f"key {key.shape} and value {value.shape} must agree on all but the depth "
+                         f"axis ({reason})")
+
+
+def _scores(einsum: Callable[..., Array], query: Array, key: Array) -> Array:
+    """``query . key`` per head, ``[batch..., heads, q_length, kv_length]``; with fewer key
+    heads, each serves a contiguous group of query heads."""
+    heads, key_heads = query.shape[-2], key.shape[-2]
+    if heads == key_heads:
+        return einsum("...qhd,...khd->...hqk", query, key)
+    query = query.reshape(query.shape[:-2] + (key_heads, heads // key_heads, query.shape[-1]))
+    scores = einsum("...qhgd,...kh1d->...hgqk", query, jnp.expand_dims(key, -2))
+    return scores.reshape(scores.shape[:-4] + (heads,) + scores.shape[-2:])
 
 
 def make_attention_mask(query_input: Array, key_input: Array,
