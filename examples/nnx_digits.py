@@ -12,7 +12,10 @@ The script prints one block's IR once (``nnx.make_jaxpr(effectful=True)``, beyon
 each Variable read and write is a ``var_get``/``var_set`` at its path), trains, then trains the
 same program on flax.nnx when Flax is installed and prints both per-step times.
 
-Measured (2 shared CPU cores, seed 0, 15 epochs): see README.md's Examples table.
+Measured (2 CPU cores shared with a load of about 14, seed 0, 15 epochs): 99.44% test
+accuracy on both libraries, with the same per-epoch losses (to the 4 digits printed), as
+``make digits`` reaches; after compiling, a training step takes 4.9 ms on varjax.nnx and
+16.0 ms on flax.nnx in the same run (another run under the same load: 14.5 and 18.1 ms).
 
 Run: ``python examples/nnx_digits.py`` from the repository root (or ``make nnx``).
 """
