@@ -29,7 +29,7 @@ X = jax.random.normal(jax.random.key(42), (3, 4))
 MESH = jax.make_mesh((1,), ("model",), axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def _mlp(lib, bias: bool = False):
+def _mlp(lib, bias: bool = False, seed: int = 0):
     """The guide's TwoLayerMLP (``bias=True``: its ModifiedTwoLayerMLP), with an ``nnx.List``
     (an index in its paths), a BatchNorm (batch statistics) and a Dropout (RNG state).  Its
     call reads its state only, so the saved models stay as saved."""
@@ -44,7 +44,7 @@ def _mlp(lib, bias: bool = False):
         def __call__(self, x):
             return self.blocks[0](self.linear2(self.linear1(x)))
 
-    return TwoLayerMLP(4, rngs=lib.Rngs(0, dropout=1))
+    return TwoLayerMLP(4, rngs=lib.Rngs(seed, dropout=seed + 1))
 
 
 def _sharded(lib):
@@ -120,6 +120,7 @@ def test_guide_pure_dict_restores_without_a_target_into_either_library_in_place(
     with ocp.StandardCheckpointer() as checkpointer:
         restored = checkpointer.restore(where / "pure_dict")
     assert list(restored["blocks"]) == ["0"]            # a checkpoint's index is a string
+    assert list(lib.restore_int_paths(restored)["blocks"]) == [0]
     abstract_model = lib.eval_shape(lambda: _mlp(lib))
     graphdef, abstract_state = lib.split(abstract_model)
     lib.replace_by_pure_dict(abstract_state, restored)
@@ -146,6 +147,48 @@ def test_guide_old_checkpoint_fills_a_model_that_needs_more(saved, src, dst):
     merged = lib.merge(graphdef, abstract_state)
     np.testing.assert_array_equal(merged.linear1.bias.get_value(), np.zeros(4, np.float32))
     np.testing.assert_allclose(merged(X), model(X), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("src, dst", STATE_PAIRS)
+def test_partial_restore_loads_only_the_params_into_a_new_model(saved, src, dst):
+    """Orbax's partial restore: a state of Params alone (no Dropout stream, no statistics) is
+    the target; the restored Params update a model built from another seed."""
+    model, where = saved[src]
+    lib = LIBS[dst]
+    other = _mlp(lib, seed=7)
+    params = lib.state(other, lib.Param)
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        restored = checkpointer.restore(where / "state", args=ocp.args.PyTreeRestore(
+            item=params, restore_args=ocp.checkpoint_utils.construct_restore_args(params),
+            partial_restore=True))
+    lib.update(other, restored)
+    theirs = LIBS[src]
+    _assert_same(_pairs(lib.state(other, lib.Param), lib),
+                 _pairs(theirs.state(model, theirs.Param), theirs))
+    assert int(lib.state(other)["drop"]["rngs"]["count"].get_value()) == 0    # not restored
+
+
+@pytest.mark.parametrize("src, dst", STATE_PAIRS)
+def test_flat_state_checkpoint_restores_through_from_flat_state(tmp_path, src, dst):
+    model = _moved(LIBS[src])
+    lib = LIBS[dst]
+    graphdef, abstract_state = lib.split(lib.eval_shape(lambda: _mlp(lib)))
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "flat", LIBS[src].to_flat_state(LIBS[src].state(model)))
+        checkpointer.wait_until_finished()
+        restored = checkpointer.restore(tmp_path / "flat", lib.to_flat_state(abstract_state))
+    merged = lib.merge(graphdef, lib.from_flat_state(restored))
+    _assert_same(_pairs(lib.state(merged), lib), _pairs(LIBS[src].state(model), LIBS[src]))
+
+
+@pytest.mark.parametrize("src, dst", PAIRS)
+def test_flat_state_pairs_of_one_library_update_a_model_of_the_other(saved, src, dst):
+    model = saved[src][0]
+    pairs = [(p, v.get_value()) for p, v in LIBS[src].to_flat_state(LIBS[src].state(model))]
+    lib = LIBS[dst]
+    other = _mlp(lib, seed=7)
+    lib.update(other, lib.from_flat_state(pairs))
+    _assert_same(_pairs(lib.state(other), lib), _pairs(LIBS[src].state(model), LIBS[src]))
 
 
 @pytest.fixture(scope="module")
