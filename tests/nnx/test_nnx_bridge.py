@@ -153,7 +153,9 @@ def to_nnx_dropout(lib):
     lib.nnx.reseed(model, dropout=0)
     y3 = model(X)
     lib.nnx.reseed(model, dropout=0)
-    return dict(y1=y1, y2=y2, y3=y3, y4=model(X))
+    y4 = model(X)
+    given = model(X, rngs=lib.nnx.Rngs(dropout=5))          # a call's own rngs win
+    return dict(y1=y1, y2=y2, y3=y3, y4=y4, given=given, after=model(X))
 
 
 def test_to_nnx_draws_flax_dropout_masks_and_reseeds():
@@ -161,6 +163,42 @@ def test_to_nnx_draws_flax_dropout_masks_and_reseeds():
     assert_same(ours, theirs)
     assert not jnp.allclose(ours["y1"], ours["y2"])
     assert jnp.array_equal(ours["y3"], ours["y4"])
+
+
+def test_to_nnx_call_rngs_replace_its_own_streams_for_that_call():
+    (ours, theirs) = to_nnx_dropout()
+    assert not jnp.array_equal(ours["given"], ours["after"])
+    assert_same([ours["given"], ours["after"]], [theirs["given"], theirs["after"]])
+
+
+@both
+def sharded_in_jit(lib):
+    nn, nnx, bridge = lib.nn, lib.nnx, lib.bridge
+
+    class LinenDotWithPartitioning(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            init = nn.with_partitioning(nn.initializers.lecun_normal(), ("in", "out"))
+            return x @ self.param("w", init, (x.shape[-1], 5))
+
+    @nnx.jit
+    def create(x):
+        model = bridge.lazy_init(bridge.ToNNX(LinenDotWithPartitioning(), rngs=nnx.Rngs(0)), x)
+        spec = nnx.get_partition_spec(nnx.state(model))["w"].get_value()
+        model.w.set_value(jax.lax.with_sharding_constraint(model.w.get_value(), spec))
+        return model
+
+    with jax.set_mesh(MESH):
+        model = create(X)
+    return dict(state=pure(lib, model), sharding=model.w.get_value().sharding.spec,
+                names=model.w.get_metadata("out_sharding"))
+
+
+def test_to_nnx_lazy_init_inside_nnx_jit_returns_a_sharded_model():
+    (ours, theirs) = sharded_in_jit()
+    assert ours["names"] == theirs["names"] == ("in", "out")
+    assert ours["sharding"] == theirs["sharding"]
+    assert_same(ours["state"], theirs["state"])
 
 
 def linen_multi(nn: Any) -> type:
@@ -331,6 +369,12 @@ def test_to_linen_as_a_linen_submodule_is_named_like_flax():
     (ours, theirs) = to_linen_basics()
     assert sorted(ours["outer"]["params"]) == ["ToLinen_0", "b"]
     assert_same(ours["applied"], ours["y2"])
+
+
+def test_to_linen_takes_flaxs_abstract_init_without_passing_it_on():
+    variables = vbridge.to_linen(nnx_dot(vnnx), 6, 5, abstract_init=False).init(
+        jax.random.key(0), X)
+    assert_same(variables, to_linen_basics()[0]["variables"])
 
 
 def test_to_linen_refuses_an_nnx_method_that_is_not_one():

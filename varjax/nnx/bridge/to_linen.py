@@ -110,7 +110,10 @@ def _method(module: Module, method: tp.Callable[..., tp.Any] | str | None) -> tp
 
 def to_linen(nnx_class: tp.Callable[..., Module], *args: tp.Any,
              metadata_fn: tp.Callable[[variablelib.Variable], tp.Any] | None = to_linen_var,
-             name: str | None = None, skip_rng: bool = False, **kwargs: tp.Any) -> ToLinen:
-    """``ToLinen(nnx_class, args=args, kwargs=kwargs, ...)``: ``to_linen(NNXDot, 32, 64)``."""
+             name: str | None = None, skip_rng: bool = False, abstract_init: bool = True,
+             **kwargs: tp.Any) -> ToLinen:
+    """``ToLinen(nnx_class, args=args, kwargs=kwargs, ...)``: ``to_linen(NNXDot, 32, 64)``.
+    ``abstract_init`` is taken and has no effect, as in flax.nnx 0.12.8 (so it is not
+    passed on to ``nnx_class``)."""
     return ToLinen(nnx_class, args=args, kwargs=FrozenDict(kwargs), metadata_fn=metadata_fn,
                    skip_rng=skip_rng, name=name)
