@@ -20,7 +20,8 @@ from varjax import _jax
 from varjax.ir import errors
 from varjax.ir.caches import LRU
 from varjax.ir.primitives import VarType
-from varjax.objects.graph import Graph, Layout
+from varjax.objects.graph import Graph
+from varjax.objects.layout import Layout
 from varjax.objects.nodes import is_node, kind_of
 from varjax.objects.object_transforms import dealias, wrapper
 from varjax.objects.run import Result, arg_names, run

@@ -24,7 +24,8 @@ import jax
 
 from varjax.ir import errors
 from varjax.objects import inspection
-from varjax.objects.graph import ArgumentGraphs, Graph, Layout
+from varjax.objects.graph import ArgumentGraphs, Graph
+from varjax.objects.layout import Layout
 from varjax.objects.nodes import VariableKind, is_node
 from varjax.objects.run import Result, arg_names, graph_of, run
 from varjax.passes.framework.pipeline import parse_entries

@@ -30,7 +30,8 @@ from varjax.ir.caches import LRU
 from varjax.ir.primitives import Key, Path
 from varjax.ir.statics import Exact
 from varjax.objects.aliasing import shared_again
-from varjax.objects.graph import Graph, argument_prefix
+from varjax.objects.graph import Graph
+from varjax.objects.layout import argument_prefix
 from varjax.passes.framework.base import program_paths
 from varjax.passes.framework.pipeline import parse_entries
 from varjax.trace import variable_api
