@@ -47,15 +47,6 @@ def _changed(wrapper: str, path: PathParts, what: str) -> WrappedLayerChangedErr
         **errors.where(), fix=f"build the {wrapper} over the layer once it has all its weights")
 
 
-def _matrix_ndim(wrapper: str, path: PathParts, ndim: int, error_on_non_matrix: bool) -> None:
-    """flax.nnx's refusal of a weight of more than 2 dimensions when asked."""
-    if ndim > 2 and error_on_non_matrix:
-        raise errors.ConfigError(
-            f"Layer instance parameter is {ndim}D but error_on_non_matrix is True.",
-            path=[str(p) for p in path], **errors.where(),
-            fix=f"pass error_on_non_matrix=False to {wrapper} to flatten its leading axes")
-
-
 def _store(variable: Variable, value: jax.Array) -> None:
     """``variable[...] = value`` as flax.nnx's ``Variable`` does it: a value of another dtype
     is cast to the Variable's (flax.nnx's ``.at[...].set``), so a ``bfloat16`` ``u`` stays one
@@ -71,7 +62,8 @@ class WeightNorm(Module):
     ``scales`` holds one plain array per selected ``Param`` (of the ``feature_axes``' shape),
     made by ``scale_init(rngs['params'], shape)`` as flax.nnx makes it: the stream itself is
     the key argument, so no key is drawn and an initializer that needs one (``normal()``)
-    fails with JAX's ``TypeError``, as in flax.nnx.
+    fails with JAX's ``TypeError``, as in flax.nnx.  ``param_dtype`` and ``promote_dtype``
+    are kept as attributes for flax.nnx's signature; flax.nnx 0.12.8 uses neither.
     """
 
     def __init__(self, layer_instance: Module, *, feature_axes: Axes | None = -1,
@@ -148,7 +140,11 @@ class SpectralNorm(Module):
         dimensions is refused when ``error_on_non_matrix``."""
         if ndim <= 1 or self.n_steps < 1:
             return True
-        _matrix_ndim("SpectralNorm", path, ndim, self.error_on_non_matrix)
+        if ndim > 2 and self.error_on_non_matrix:
+            raise errors.ConfigError(
+                f"Layer instance parameter is {ndim}D but error_on_non_matrix is True.",
+                path=[str(p) for p in path], **errors.where(),
+                fix="pass error_on_non_matrix=False to SpectralNorm to flatten its leading axes")
         return False
 
     def __call__(self, x: jax.Array, update_stats: bool | None = None) -> PyTree:
