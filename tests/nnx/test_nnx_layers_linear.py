@@ -105,16 +105,21 @@ def test_linear_general_dot_general_cls_and_dot_general_are_used_as_in_flax_nnx(
     assert calls == [None, jnp.float32]
 
 
-def test_linear_general_with_partitioning_keeps_the_kernel_out_sharding_as_flax_nnx():
+def test_linear_general_with_partitioning_keeps_the_out_sharding_as_flax_nnx():
+    """The initializers see flattened shapes; the metadata survives the reshape."""
     sharding = (None, "din", "dout")
-    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), sharding)
-    flax_init = flax_nnx.with_partitioning(flax_nnx.initializers.lecun_normal(), sharding)
-    ours = LinearGeneral(4, (3, 2), kernel_init=init, rngs=nnx.Rngs(0))
+    inits = {"kernel_init": nnx.with_partitioning(nnx.initializers.lecun_normal(), sharding),
+             "bias_init": nnx.with_partitioning(nnx.initializers.ones, sharding[1:])}
+    flax_inits = {
+        "kernel_init": flax_nnx.with_partitioning(flax_nnx.initializers.lecun_normal(),
+                                                  sharding),
+        "bias_init": flax_nnx.with_partitioning(flax_nnx.initializers.ones, sharding[1:])}
+    ours = LinearGeneral(4, (3, 2), **inits, rngs=nnx.Rngs(0))
     with jax.set_mesh(MESH):
-        theirs = flax_nnx.LinearGeneral(4, (3, 2), kernel_init=flax_init,
-                                        rngs=flax_nnx.Rngs(0))
+        theirs = flax_nnx.LinearGeneral(4, (3, 2), **flax_inits, rngs=flax_nnx.Rngs(0))
     assert ours.kernel.out_sharding == tuple(theirs.kernel.out_sharding) == sharding
-    same(ours.kernel[...], theirs.kernel[...])
+    assert ours.bias.out_sharding == tuple(theirs.bias.out_sharding) == sharding[1:]
+    same_state(ours, theirs)
 
 
 @pytest.mark.parametrize("kwargs, match, path", [

@@ -102,7 +102,8 @@ class LinearGeneral(Module):
     """
 
     def __init__(self, in_features: int | Sequence[int], out_features: int | Sequence[int], *,
-                 axis: int | Sequence[int] = -1, batch_axis: Mapping[int, int] = _NO_METADATA,
+                 axis: int | Sequence[int] = -1,
+                 batch_axis: Mapping[int, int] = MappingProxyType({}),
                  use_bias: bool = True, dtype: Dtype | None = None,
                  param_dtype: Dtype = jax.numpy.float32,
                  kernel_init: Initializer = default_kernel_init,
@@ -120,7 +121,8 @@ class LinearGeneral(Module):
                 f"LinearGeneral's in_features {self.in_features} and axis {self.axis} must "
                 "have the same length.", path=("in_features",), **errors.where(),
                 fix="give one input feature size per contracted axis")
-        # Checked as the call will check it, but here, where the user's line is the cause.
+        # The call checks the batch axes too; checked here first, where the user's line is
+        # the cause (the rank only normalizes negative axes, which the check does not see).
         _axes(self.axis, self.batch_axis, len(self.batch_axis) + len(self.axis) + 1)
         batch_shape = tuple(self.batch_axis.values())
         n_batch, n_in = len(batch_shape), len(self.in_features)
