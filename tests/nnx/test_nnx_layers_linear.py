@@ -8,7 +8,7 @@ import pytest
 from flax import nnx as flax_nnx
 
 from varjax import errors, nnx
-from varjax.nnx.convolution import ConvTranspose
+from varjax.nnx.convolution import Conv, ConvTranspose
 from varjax.nnx.einsum import Einsum
 from varjax.nnx.embedding import Embed
 from varjax.nnx.linear import Linear, LinearGeneral
@@ -256,13 +256,17 @@ def test_conv_transpose_matches_flax_nnx(x_shape, kwargs):
     close(ours(x), standard(theirs)(x))
 
 
-def test_conv_transpose_mask_of_another_shape_is_an_error_as_in_flax_nnx():
+@pytest.mark.parametrize("cls", [ConvTranspose, Conv])
+def test_conv_mask_of_another_shape_is_a_config_error_as_flax_nnx_value_error(cls):
     mask = jnp.ones((3, 2, 4, 3))
     x = jnp.ones((2, 5, 4, 3))
     with pytest.raises(ValueError, match="same shape"):
-        flax_nnx.ConvTranspose(3, 4, (3, 2), mask=mask, rngs=flax_nnx.Rngs(0))(x)
-    with pytest.raises(ValueError, match="same shape"):
-        ConvTranspose(3, 4, (3, 2), mask=mask, rngs=nnx.Rngs(0))(x)
+        getattr(flax_nnx, cls.__name__)(3, 4, (3, 2), mask=mask, rngs=flax_nnx.Rngs(0))(x)
+    layer = cls(3, 4, (3, 2), mask=mask, rngs=nnx.Rngs(0))
+    with pytest.raises(errors.ConfigError, match=f"{cls.__name__}'s mask .* same shape") as info:
+        layer(x)
+    assert info.value.path == ("mask",)
+    assert "test_nnx_layers_linear.py" in info.value.source
 
 
 # -- Embed --------------------------------------------------------------------------------
