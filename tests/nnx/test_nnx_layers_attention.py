@@ -338,3 +338,33 @@ def test_mha_bad_inputs_are_value_errors_naming_the_argument(plain):
     with pytest.raises(errors.ConfigError, match="in_features=4") as info:
         ours(KV)
     assert "test_nnx_layers_attention.py" in info.value.source
+
+
+def test_mha_without_a_decode_mode_is_a_value_error_naming_decode():
+    ours = MultiHeadAttention(2, F, rngs=nnx.Rngs(0))
+    theirs = standard(flax_nnx.MultiHeadAttention, 2, F, rngs=flax_nnx.Rngs(0))
+    with pytest.raises(ValueError, match="decode"):
+        standard(theirs, X)
+    with pytest.raises(errors.ConfigError, match="decode") as info:
+        ours(X)
+    assert info.value.path == ("decode",)
+    close(ours(X, decode=False), standard(theirs, X, decode=False))
+
+
+def test_mha_sharding_call_arguments_are_not_provided(plain):
+    ours, _ = plain
+    for option in ("out_sharding", "qkv_sharding"):
+        with pytest.raises(errors.NotProvidedError, match="out_sharding"):
+            ours(X, **{option: ("data",)})
+
+
+def test_mha_grouped_decode_step_caches_the_kv_heads_as_flax_nnx(grouped):
+    ours, theirs = grouped
+    for layer in grouped:
+        layer.init_cache(KV.shape)
+    assert ours.cached_key.shape == (B, 5, 2, 2)
+    x, kv = X[:, :1], KV[:, :1]
+    close(ours(x, kv, decode=True), standard(theirs, x, kv, decode=True))
+    same_state(ours, theirs)
+    for layer in grouped:   # the module-scoped fixture goes back to no cache
+        layer.cached_key = layer.cached_value = layer.cache_index = None
