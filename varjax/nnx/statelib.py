@@ -261,6 +261,8 @@ def _order(s: State) -> list:
     return sorted(s._mapping, key=lambda k: (isinstance(k, str), k))
 
 
+# Every key a DictKey, a list index too, as flax.nnx keys a State: Orbax names a saved node by
+# its key's type (a SequenceKey's node is a list), so both libraries' checkpoints match.
 jax.tree_util.register_pytree_with_keys(
     State,
     lambda s: ([(jax.tree_util.DictKey(k), s._mapping[k]) for k in _order(s)], tuple(_order(s))),
