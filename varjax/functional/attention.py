@@ -17,7 +17,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from varjax.functional import dtypes
-from varjax.functional.dtypes import promote_dtype
 from varjax.ir.typing import Dtype, PrecisionLike
 
 __all__ = ["dot_product_attention_weights", "dot_product_attention", "fused_dot_product_attention",
@@ -41,7 +40,7 @@ def dot_product_attention_weights(
     deterministic: bool = False, dtype: Dtype | None = None, precision: PrecisionLike = None,
     force_fp32_for_softmax: bool = False, einsum_dot_general: Callable[..., Array] | None = None,
     einsum: Callable[..., Array] | None = None, record: Callable[[Array], Any] | None = None,
-    is_causal: bool = False, grouped: bool = False, promote_dtype: PromoteDtype = promote_dtype,
+    is_causal: bool = False, grouped: bool = False, promote_dtype: PromoteDtype = dtypes.promote_dtype,
 ) -> Array:
     """Softmax attention weights ``[batch..., heads, q_length, kv_length]``.
 
@@ -95,7 +94,7 @@ def dot_product_attention(
     qk_attn_weights_einsum: Callable[..., Array] | None = None,
     attn_weights_value_einsum: Callable[..., Array] | None = None,
     record: Callable[[Array], Any] | None = None, is_causal: bool = False, grouped: bool = False,
-    promote_dtype: PromoteDtype = promote_dtype,
+    promote_dtype: PromoteDtype = dtypes.promote_dtype,
 ) -> Array:
     """Attention output ``[batch..., q_length, heads, v_depth]`` (Vaswani et al., 2017).
 
