@@ -43,6 +43,13 @@ from varjax.nnx import filterlib, graph, metrics, optimizer, rnglib, statelib, t
 from varjax.nnx import unbuilt as _unbuilt
 from varjax.nnx.abstract import abstract_with_sharding, as_abstract, get_abstract_model
 from varjax.nnx.activation_layers import PReLU, identity
+from varjax.nnx.attention import (
+    MultiHeadAttention,
+    combine_masks,
+    dot_product_attention,
+    make_attention_mask,
+    make_causal_mask,
+)
 from varjax.nnx.batching import vmap
 from varjax.nnx.capturing import capture
 from varjax.nnx.combinators import Sequential
@@ -222,6 +229,8 @@ __all__ = [
     "WeightNorm", "SpectralNorm", "RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell",
     "SimpleCell", "RNN", "Bidirectional", "Sequential", "LoRA", "LoRALinear", "PReLU", "EMA",
     "identity", "pool", "avg_pool", "max_pool", "min_pool", "nn", "bridge",
+    "MultiHeadAttention", "dot_product_attention", "make_attention_mask", "make_causal_mask",
+    "combine_masks",
     "celu", "elu", "gelu", "glu", "hard_sigmoid", "hard_silu", "hard_swish", "hard_tanh",
     "leaky_relu", "log_sigmoid", "log_softmax", "logsumexp", "one_hot", "relu", "relu6", "selu",
     "sigmoid", "silu", "soft_sign", "softmax", "softplus", "standardize", "swish", "tanh",

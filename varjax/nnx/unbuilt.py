@@ -21,14 +21,8 @@ _PARTS = {
         "visualization", "deprecations", "wrappers"),
 }
 
-# Every other public name of flax.nnx 0.12.8 not built yet is a layer function: the layers
-# issue.
-_LAYERS = ("MultiHeadAttention", "combine_masks", "dot_product_attention",
-           "make_attention_mask", "make_causal_mask")
-
 NOT_YET: dict[str, str] = {
     **{name: why for why, names in _PARTS.items() for name in names},
-    **{name: "a layer (the varjax.nnx layers issue, 36)" for name in _LAYERS},
 }
 
 
