@@ -12,6 +12,7 @@ import typing as tp
 
 from varjax.ir import errors
 from varjax.nnx import graph
+from varjax.nnx.graphlib import ApplyCaller
 from varjax.nnx.module import Module
 from varjax.nnx.statelib import State
 from varjax.trace.rngs import Rngs
@@ -36,7 +37,7 @@ class Functional(tp.Generic[M]):
         self.graphdef, state = graph.split(self.module_type(*self.args, **self.kwargs, **extra))
         return state
 
-    def apply(self, *states: tp.Any) -> tp.Any:
+    def apply(self, *states: State) -> ApplyCaller:
         """``graphdef.apply(*states)``: call it with the inputs for ``(out, (graphdef,
         state))``."""
         if self.graphdef is None:

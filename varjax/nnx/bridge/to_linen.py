@@ -14,6 +14,7 @@ import typing as tp
 import warnings
 
 from varjax.ir import axis_metadata, errors, streams
+from varjax.ir.typing import PyTree
 from varjax.nn import compact
 from varjax.nn.frozen_dict import FrozenDict
 from varjax.nn.module import Module as LinenModule
@@ -31,10 +32,16 @@ class ToLinen(LinenModule):
     ``metadata_fn`` turns each Variable into its collection entry (None: the bare value)."""
 
     nnx_class: tp.Callable[..., Module]
+    """The NNX module class (or any callable making one) built inside every call."""
     args: tp.Sequence[tp.Any] = ()
+    """Positional arguments of ``nnx_class``."""
     kwargs: tp.Mapping[str, tp.Any] = FrozenDict({})
+    """Keyword arguments of ``nnx_class`` (``rngs`` is added unless ``skip_rng``)."""
     skip_rng: bool = False
-    metadata_fn: tp.Callable[[variablelib.Variable], tp.Any] | None = to_linen_var
+    """Build the module without ``rngs`` (a class that takes none)."""
+    metadata_fn: tp.Callable[[variablelib.Variable], PyTree] | None = to_linen_var
+    """Turns each Variable into its Linen collection entry (``to_linen_var``: an ``NNXMeta``
+    box where it has metadata; None: the bare value)."""
 
     @compact
     def __call__(self, *args: tp.Any, nnx_method: tp.Callable[..., tp.Any] | str | None = None,

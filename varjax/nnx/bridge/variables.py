@@ -17,6 +17,7 @@ import jax
 
 from varjax.ir import errors
 from varjax.ir.axis_metadata import AxisMetadata, Partitioned
+from varjax.ir.typing import PyTree
 from varjax.nnx import spmd, traversals, variablelib
 
 __all__ = ["NNXMeta", "to_linen_var", "to_nnx_var", "linen_vars_to_nnx_attrs",
@@ -39,13 +40,13 @@ class NNXMeta(AxisMetadata[A]):
     sharding."""
 
     var_type: type[variablelib.Variable]
-    value: tp.Any
+    value: PyTree
     metadata: dict[str, tp.Any]
 
     def unbox(self) -> A:
         return self.value
 
-    def replace_boxed(self, val: tp.Any) -> NNXMeta[tp.Any]:
+    def replace_boxed(self, val: PyTree) -> NNXMeta[PyTree]:
         return dataclasses.replace(self, value=val)
 
     # NNX's metadata hooks for a new axis are not run through a Linen transform (as in
@@ -78,7 +79,7 @@ def _is_plain(variable: variablelib.Variable) -> bool:
                for key, value in variable.get_metadata().items())
 
 
-def to_linen_var(variable: variablelib.Variable) -> tp.Any:
+def to_linen_var(variable: variablelib.Variable) -> PyTree:
     """``variable``'s entry in a Linen collection: its value, the Linen box it came from
     (``linen_meta_type``, as ``to_nnx_var`` records it), or an ``NNXMeta`` box when it
     carries other metadata."""
@@ -94,7 +95,7 @@ def to_linen_var(variable: variablelib.Variable) -> tp.Any:
     return NNXMeta(type(variable), variable.get_value(), variable.get_metadata())
 
 
-def to_nnx_var(collection: str, value: tp.Any) -> variablelib.Variable:
+def to_nnx_var(collection: str, value: PyTree) -> variablelib.Variable:
     """The NNX Variable of a Linen collection entry: the type the collection names, its
     metadata from an ``NNXMeta`` box or from another box's fields."""
     typ = variablelib.variable_type_from_name(collection, allow_register=True)

@@ -3,8 +3,8 @@ names (``activations``, ``attention``, ``dtypes``, ``initializers``, ``linear``,
 ``normalization``, ``recurrent``, ``stochastic``).
 
 Ported code that imports a layer from its flax.nnx submodule (``from flax.nnx.nn.linear
-import Linear``) runs with ``varjax.nnx.nn``: each name is ``varjax.nnx``'s own object
-(``reexport``), so ``nnx.nn.linear.Linear is nnx.Linear``.  ``initializers`` is
+import Linear``) runs with ``varjax.nnx.nn``: each name is ``varjax.nnx``'s own object,
+imported from where it is defined, so ``nnx.nn.linear.Linear is nnx.Linear``.  ``initializers`` is
 ``nnx.initializers`` itself, as in flax.nnx.
 """
 from __future__ import annotations

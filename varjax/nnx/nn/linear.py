@@ -1,17 +1,10 @@
-"""flax.nnx.nn.linear's names: the dense, convolution, einsum and embedding layers, each
-``varjax.nnx``'s own (``reexport``)."""
+"""flax.nnx.nn.linear's names: the linear, contraction, convolution and embedding
+layers, each ``varjax.nnx``'s own object."""
 from __future__ import annotations
 
-from varjax.nnx.nn.reexport import nnx_name
+from varjax.nnx.convolution import Conv, ConvTranspose
+from varjax.nnx.einsum import Einsum
+from varjax.nnx.embedding import Embed
+from varjax.nnx.linear import Linear, LinearGeneral
 
-NAMES = ("Conv", "ConvTranspose", "Einsum", "Embed", "Linear", "LinearGeneral")
-# served by __getattr__ below, so the names are no globals of this module
-__all__ = list(NAMES)
-
-
-def __getattr__(name: str) -> object:
-    return nnx_name(__name__, NAMES, name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *NAMES})
+__all__ = ["Conv", "ConvTranspose", "Einsum", "Embed", "Linear", "LinearGeneral"]

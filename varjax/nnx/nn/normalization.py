@@ -1,18 +1,8 @@
-"""flax.nnx.nn.normalization's names: the normalization layers, each ``varjax.nnx``'s own
-(``reexport``)."""
+"""flax.nnx.nn.normalization's names, each ``varjax.nnx``'s own object."""
 from __future__ import annotations
 
-from varjax.nnx.nn.reexport import nnx_name
+from varjax.nnx.normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
+from varjax.nnx.weight_normalization import SpectralNorm, WeightNorm
 
-NAMES = ("BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm", "SpectralNorm",
-         "WeightNorm")
-# served by __getattr__ below, so the names are no globals of this module
-__all__ = list(NAMES)
-
-
-def __getattr__(name: str) -> object:
-    return nnx_name(__name__, NAMES, name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *NAMES})
+__all__ = ["BatchNorm", "GroupNorm", "InstanceNorm", "LayerNorm", "RMSNorm", "SpectralNorm",
+           "WeightNorm"]

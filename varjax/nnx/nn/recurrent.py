@@ -1,18 +1,15 @@
-"""flax.nnx.nn.recurrent's names: the recurrent cells and the layers that scan them, each
-``varjax.nnx``'s own (``reexport``)."""
+"""flax.nnx.nn.recurrent's names, each ``varjax.nnx``'s own object."""
 from __future__ import annotations
 
-from varjax.nnx.nn.reexport import nnx_name
+from varjax.nnx.recurrent import (
+    RNN,
+    Bidirectional,
+    GRUCell,
+    LSTMCell,
+    OptimizedLSTMCell,
+    RNNCellBase,
+    SimpleCell,
+)
 
-NAMES = ("Bidirectional", "GRUCell", "LSTMCell", "OptimizedLSTMCell", "RNN",
-         "RNNCellBase", "SimpleCell")
-# served by __getattr__ below, so the names are no globals of this module
-__all__ = list(NAMES)
-
-
-def __getattr__(name: str) -> object:
-    return nnx_name(__name__, NAMES, name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *NAMES})
+__all__ = ["Bidirectional", "GRUCell", "LSTMCell", "OptimizedLSTMCell", "RNN", "RNNCellBase",
+           "SimpleCell"]

@@ -1,17 +1,6 @@
-"""flax.nnx.nn.stochastic's names: the dropout layer, each ``varjax.nnx``'s own
-(``reexport``)."""
+"""flax.nnx.nn.stochastic's names, each ``varjax.nnx``'s own object."""
 from __future__ import annotations
 
-from varjax.nnx.nn.reexport import nnx_name
+from varjax.nnx.stochastic import Dropout
 
-NAMES = ("Dropout",)
-# served by __getattr__ below, so the names are no globals of this module
-__all__ = list(NAMES)
-
-
-def __getattr__(name: str) -> object:
-    return nnx_name(__name__, NAMES, name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *NAMES})
+__all__ = ["Dropout"]
