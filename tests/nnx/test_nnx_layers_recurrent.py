@@ -217,10 +217,6 @@ def test_rnn_broadcasts_the_recurrent_dropout_stream_as_flax_nnx():
     assert int(ours.cell.drop.rngs.count[...]) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core: a stream merged inside nnx.scan from a StateAxes state at nnx.Carry draws on its "
-    "own copy, so its count is neither carried from step to step nor written back (every "
-    "step draws the same key); flax.nnx carries it"))
 def test_rnn_carries_a_cell_holding_its_rngs_as_flax_nnx():
     """A custom cell keeping an ``Rngs`` (flax.nnx's custom-cell test): the whole cell is the
     loop's carry (``StateAxes({...: nnx.Carry})``), so its stream advances once per step."""

@@ -497,3 +497,41 @@ def test_backup_keys_and_restore_rngs_put_back_the_keys_as_flax_nnx():
     (f, f_tags), (v, v_tags) = both(run)
     assert v_tags == f_tags == ["dropout", "dropout", "noise", "params"]
     same(f, v)    # keys back, counts as they were left
+
+
+def test_a_merged_stream_draws_through_the_state_it_was_merged_from_as_flax_nnx():
+    """``nnx.merge`` of a split state: the merged module's stream holds the state's
+    ``RngCount``, so its draws are seen there (and in ``nnx.state`` of the merged module),
+    as flax.nnx's merged stream holds the state's Variables."""
+    seen = {}
+    for lib in (vnnx, fnnx):
+        class Holder(lib.Module):
+            def __init__(self):
+                self.rngs = lib.Rngs(0, noise=1)
+        graphdef, state = lib.split(Holder())
+        merged = lib.merge(graphdef, state)
+        draws = [merged.rngs.noise.normal(()) for _ in range(2)]
+        seen[lib.__name__] = (int(state["rngs"]["noise"]["count"][...]), float(draws[1]),
+                              lib.state(merged)["rngs"]["noise"]["count"] is
+                              state["rngs"]["noise"]["count"])
+    assert seen["varjax.nnx"] == seen["flax.nnx"]
+    assert seen["varjax.nnx"][0] == 2
+
+
+def test_a_stream_carried_by_a_state_axes_in_nnx_scan_advances_every_step_as_flax_nnx():
+    seen = {}
+    for lib in (vnnx, fnnx):
+        class Noisy(lib.Module):
+            def __init__(self):
+                self.rngs = lib.Rngs(0, noise=1)
+
+        def body(m, c, x):
+            d = m.rngs.noise.normal(())
+            return c + d, d
+        m = Noisy()
+        scan = lib.scan(body, in_axes=(lib.StateAxes({...: lib.Carry}), lib.Carry, 0),
+                        out_axes=(lib.Carry, 0))
+        _, draws = scan(m, jnp.zeros(()), jnp.arange(3.0))
+        seen[lib.__name__] = (draws.tolist(), int(m.rngs.noise.count[...]))
+    assert seen["varjax.nnx"] == seen["flax.nnx"]
+    assert len(set(seen["varjax.nnx"][0])) == 3

@@ -242,6 +242,13 @@ def build(g: GraphDef, value_at: Callable[[Path], Any], *, copy: bool = False,
         built[d.index] = obj       # before its children, which may refer to it
         kids = {k: build_(c) for k, c in d.children}
         fresh = d.treedef.unflatten([kids[k] for k in d.keys])
+        if type(fresh) is not d.type:
+            # Its children made it another class: an RNG stream over the Variables it is
+            # merged from (``rng_variables.VariableStream``).  The caller's own stream got
+            # its values through its views already.
+            if reuse:
+                return obj
+            obj.__class__ = type(fresh)
         if reuse:
             obj.__dict__.clear()
             structure_changed()

@@ -13,17 +13,26 @@ does) and an object-mode transform given them sees one cell per field.
 
 A view copied by JAX (``jax.tree.map`` over a state) or by ``clone`` is a plain held
 Variable of its NNX type (``plain_type``): only the walk makes views.
+
+``merge`` goes the other way: a stream rebuilt from a state's two Variables (views of
+another stream, or plain ones: a clone's, the parts a transform hands its body) is a
+``VariableStream`` holding those Variables, so a draw from the merged module writes the
+state's ``RngCount``, as flax.nnx's merged stream holds the state's Variables, and
+``nnx.state`` of the merged module gives them back.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+import jax
+
 from varjax.nnx.variablelib import RngCount, RngKey
 from varjax.trace.rngs import RngStream
 from varjax.trace.variable import Variable, collection_of, held
 
-__all__ = ["stream_variables", "stream_children", "StreamDef", "plain_type", "FIELDS"]
+__all__ = ["stream_variables", "stream_children", "StreamDef", "VariableStream", "plain_type",
+           "FIELDS"]
 
 FIELDS = ("key", "count")
 """A stream's fields, in the order its pytree flattens them."""
@@ -76,10 +85,31 @@ _PLAIN = {view: plain for view, plain in _VIEWS.values()}
 _MADE = "_nnx_variables"    # the attribute of a stream holding its views
 
 
+class VariableStream(RngStream):
+    """A stream whose key and count live in two Variables (``StreamDef.unflatten`` of a
+    state's ``RngKey``/``RngCount``): reads and draws go through them."""
+
+    def __init__(self, tag: str, key: Variable, count: Variable):
+        self.tag, self._variables = tag, {"key": key, "count": count}
+
+    key = property(lambda self: self._variables["key"].value,
+                   lambda self, value: setattr(self._variables["key"], "value", value))
+    count = property(lambda self: self._variables["count"].value,
+                     lambda self, value: setattr(self._variables["count"], "value", value))
+
+
+# JAX copies it as any stream: a plain one holding the two values.
+jax.tree_util.register_pytree_node(VariableStream, lambda s: s.tree_flatten(),
+                                   RngStream.tree_unflatten)
+
+
 def stream_variables(stream: RngStream) -> dict[str, Variable]:
     """``{'key': RngKey, 'count': RngCount}`` of ``stream``, each tagged with the stream's
     name: the same two Variables every time for the same stream.  The stream holds them
-    (not a table here), so they live and die with it."""
+    (not a table here), so they live and die with it; a ``VariableStream``'s are the ones
+    it was merged from."""
+    if isinstance(stream, VariableStream):
+        return stream._variables
     made = stream.__dict__.get(_MADE)
     if made is None or made["key"]._stream is not stream:    # none yet, or a copy's
         made = {}
@@ -99,12 +129,16 @@ def plain_type(variable: Variable) -> type[Variable]:
 
 @dataclasses.dataclass(frozen=True)
 class StreamDef:
-    """What rebuilds a stream from its two children (views, Variables or plain values):
-    a new ``RngStream`` holding their values.  Hashable, as a ``GraphDef``'s parts are."""
+    """What rebuilds a stream from its two children: a ``VariableStream`` of two Variables
+    (views or plain ones), else a new ``RngStream`` holding the values.  Hashable, as a
+    ``GraphDef``'s parts are."""
 
     tag: str
 
     def unflatten(self, children: Any) -> RngStream:
+        key, count = children
+        if isinstance(key, Variable) and isinstance(count, Variable):
+            return VariableStream(self.tag, key, count)
         key, count = (c.value if isinstance(c, Variable) else c for c in children)
         return RngStream._varjax_rebuilt(self.tag, key, count)
 

@@ -19,6 +19,8 @@ import functools
 import types
 from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
+import jax
+
 from varjax.ir import errors
 from varjax.ir.typing import Metadata, PyTree
 from varjax.trace import variable as core
@@ -163,6 +165,19 @@ class Variable(core.Variable, collection="Variable"):
     def __getitem__(self, index: Any) -> Any:
         """``v[...]`` is the whole value, whatever it is (a tuple of sown values too)."""
         return self.value if index is Ellipsis else self.value[index]
+
+    def __setitem__(self, index: Any, new: Any) -> None:
+        """``v[...] = x`` keeps an array value's shape and dtype, as flax.nnx's: ``x`` takes
+        its place as it is only when it is an array of that shape and dtype, else it is
+        written into it (``.at[...].set``: cast and broadcast), so a float written to a
+        bfloat16 statistic stays bfloat16."""
+        if index is Ellipsis:
+            old = self.value
+            if isinstance(old, jax.Array) and not (
+                    isinstance(new, jax.Array) and new.shape == old.shape
+                    and new.dtype == old.dtype):
+                new = old.at[...].set(new)
+        super().__setitem__(index, new)
 
     def set_value(self, value: PyTree) -> None:
         self.value = value
