@@ -22,9 +22,6 @@ from varjax import errors, nnx
 
 LIBS = {"varjax": nnx, "flax": flax_nnx}
 PAIRS = [(src, dst) for src in LIBS for dst in LIBS]
-# The pairs whose nnx.State checkpoint restores into the other's abstract state: those need
-# a Variable's value keyed ``.value`` in both libraries' pytrees (see the report).
-STATE_PAIRS = [("varjax", "varjax"), ("flax", "flax")]
 X = jax.random.normal(jax.random.key(42), (3, 4))
 MESH = jax.make_mesh((1,), ("model",), axis_types=(jax.sharding.AxisType.Auto,))
 
@@ -98,7 +95,7 @@ def saved(tmp_path_factory):
     return {name: (models[name], root / name) for name in LIBS}
 
 
-@pytest.mark.parametrize("src, dst", STATE_PAIRS)
+@pytest.mark.parametrize("src, dst", PAIRS)
 def test_guide_state_checkpoint_restores_into_an_abstract_model_and_merges(saved, src, dst):
     model, where = saved[src]
     lib = LIBS[dst]
@@ -149,7 +146,7 @@ def test_guide_old_checkpoint_fills_a_model_that_needs_more(saved, src, dst):
     np.testing.assert_allclose(merged(X), model(X), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("src, dst", STATE_PAIRS)
+@pytest.mark.parametrize("src, dst", PAIRS)
 def test_partial_restore_loads_only_the_params_into_a_new_model(saved, src, dst):
     """Orbax's partial restore: a state of Params alone (no Dropout stream, no statistics) is
     the target; the restored Params update a model built from another seed."""
@@ -168,7 +165,7 @@ def test_partial_restore_loads_only_the_params_into_a_new_model(saved, src, dst)
     assert int(lib.state(other)["drop"]["rngs"]["count"].get_value()) == 0    # not restored
 
 
-@pytest.mark.parametrize("src, dst", STATE_PAIRS)
+@pytest.mark.parametrize("src, dst", PAIRS)
 def test_flat_state_checkpoint_restores_through_from_flat_state(tmp_path, src, dst):
     model = _moved(LIBS[src])
     lib = LIBS[dst]
@@ -205,7 +202,7 @@ def sharded(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("src, dst", STATE_PAIRS)
+@pytest.mark.parametrize("src, dst", PAIRS)
 def test_sharded_state_restores_onto_its_shardings_with_their_metadata(sharded, src, dst):
     """The GSPMD guide's restore: an abstract state carrying each leaf's NamedSharding on
     the mesh (``get_abstract_model``) is Orbax's target."""
@@ -223,7 +220,7 @@ def test_sharded_state_restores_onto_its_shardings_with_their_metadata(sharded, 
     _assert_same(_pairs(restored, lib), _pairs(LIBS[src].state(model), LIBS[src]))
 
 
-@pytest.mark.parametrize("src, dst", STATE_PAIRS)
+@pytest.mark.parametrize("src, dst", PAIRS)
 def test_a_state_checkpoint_into_a_model_of_another_structure_is_orbaxs_value_error(
         saved, src, dst):
     lib = LIBS[dst]

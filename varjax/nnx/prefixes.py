@@ -28,6 +28,7 @@ from varjax.nnx.pytree import Pytree
 from varjax.nnx.state_axes import StateAxes, nests_state_axes
 from varjax.objects.nodes import is_node
 from varjax.trace.unprovided import not_provided
+from varjax.trace.variable import Variable
 
 __all__ = ["prefix"]
 
@@ -108,8 +109,9 @@ def axes_by_path(entry: Any, is_axis: Callable[[Any], bool]) -> PrefixAxes:
     filter per path, each with its axis.  A ``StateAxes`` in the tree gives the part under
     its path one filter per filter of its own, matched against the path below it, as
     flax.nnx's ``StateAxes`` matches a module's paths (``restored`` marks its ``None``s)."""
-    leaves = jax.tree_util.tree_leaves_with_path(
-        entry, is_leaf=lambda x: is_axis(x) or isinstance(x, StateAxes))
+    leaves = [(p, x.get_value() if isinstance(x, Variable) else x)
+              for p, x in jax.tree_util.tree_leaves_with_path(
+                  entry, is_leaf=lambda x: is_axis(x) or isinstance(x, (StateAxes, Variable)))]
     pairs: list[tuple[Filter, Any]] = []
     restored: set[int] = set()
     for p, axis in leaves:

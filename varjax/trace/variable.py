@@ -212,7 +212,8 @@ class Variable:
     def __init_subclass__(cls, *, collection: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         _register(cls, collection)
-        jax.tree_util.register_pytree_node(cls, _flatten, functools.partial(_unflatten, cls))
+        jax.tree_util.register_pytree_with_keys(cls, _flatten_with_keys, functools.partial(_unflatten, cls),
+                                                _flatten)
 
     def __init__(self, value: PyTree, *, collection: str | None = None, **metadata: Any):
         own = collection_of(type(self))
@@ -367,6 +368,13 @@ def _flatten(v: Variable) -> tuple[tuple, tuple]:
     return (v.value,), (v.collection, Exact(tuple(sorted(v._metadata.items()))), origin)
 
 
+def _flatten_with_keys(v: Variable) -> tuple[tuple, tuple]:
+    # The value's key is ``.value``, as flax.nnx's: a checkpoint names a leaf
+    # ``kernel.value`` in both libraries, so one restores the other's.
+    (value,), aux = _flatten(v)
+    return ((jax.tree_util.GetAttrKey("value"), value),), aux
+
+
 def held(cls: type[Variable], collection: str, value: Any, metadata: Mapping[str, Any]) -> Variable:
     """A new held ``cls`` (its ``__init__`` not run, as JAX's unflatten makes one)."""
     aux = (collection, Exact(tuple(sorted(metadata.items()))), raw_writes.NOWHERE)
@@ -382,7 +390,8 @@ def _unflatten(cls: type[Variable], aux: tuple, children: tuple) -> Variable:
     return held
 
 
-jax.tree_util.register_pytree_node(Variable, _flatten, functools.partial(_unflatten, Variable))
+jax.tree_util.register_pytree_with_keys(Variable, _flatten_with_keys, functools.partial(_unflatten, Variable),
+                                        _flatten)
 
 
 class HeldValues:
