@@ -236,3 +236,16 @@ def test_variable_types_take_a_value_type_in_annotations_as_flax_nnx():
     assert typing.get_origin(hints["return"]) is nnx.Param
     assert typing.get_args(hints["return"]) == typing.get_args(fnnx.Param[jax.Array])
     assert type(nnx.Param(jnp.ones(2))) is nnx.Param
+
+
+def test_sharding_names_is_out_sharding_under_its_deprecated_name_as_flax_nnx():
+    with pytest.warns(DeprecationWarning, match="'sharding_names' is deprecated") as record:
+        made = nnx.Param(jnp.ones(2), sharding_names=("a",))
+    assert record[0].filename == __file__
+    assert made.get_metadata("out_sharding") == ("a",) and not made.has_metadata("sharding_names")
+    later = nnx.Param(jnp.ones(2))
+    with pytest.warns(DeprecationWarning, match="'sharding' is deprecated"):
+        later.set_metadata("sharding", ("b",))
+    assert later.get_metadata("out_sharding") == ("b",)
+    with pytest.warns(DeprecationWarning):
+        assert made.sharding_names == ("a",)

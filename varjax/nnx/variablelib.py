@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import types
+import warnings
 from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 import jax
@@ -107,6 +108,21 @@ class VarDefaults(Mapping[str, Any]):
         return 2
 
 
+_OLD_NAMES = ("sharding", "sharding_names")
+
+
+def _renamed(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata`` with flax.nnx's deprecated names of ``out_sharding`` (``sharding``,
+    ``sharding_names``) renamed, each with flax.nnx's ``DeprecationWarning``."""
+    out = dict(metadata)
+    for old in _OLD_NAMES:
+        if old in out:
+            warnings.warn(f"'{old}' is deprecated, use 'out_sharding' instead.",
+                          DeprecationWarning, stacklevel=3)
+            out["out_sharding"] = out.pop(old)
+    return out
+
+
 def _refuse_mode(where: str, hijax: bool | None, ref: bool | None) -> None:
     asked = [name for name, on in (("hijax", hijax), ("ref", ref)) if on]
     if asked:
@@ -152,6 +168,7 @@ class Variable(core.Variable, collection="Variable"):
             _no_value_hooks(dataclasses.asdict(value))
             hooks = {k: _as_tuple(getattr(value, k)) for k in _AXIS_HOOKS if getattr(value, k)}
             value, metadata = value.raw_value, {**hooks, **metadata, **value.metadata}
+        metadata = _renamed(metadata)
         if "collection" in metadata:
             raise errors.InvalidVariablesError(
                 f"nnx.{type(self).__name__}: an NNX Variable's collection is its type, got "
@@ -199,9 +216,16 @@ class Variable(core.Variable, collection="Variable"):
         if args and metadata or len(args) > 2:
             raise TypeError("set_metadata takes a dict, a name and a value, or keywords")
         if len(args) == 1:
-            self._metadata = dict(args[0])
+            self._metadata = _renamed(dict(args[0]))
         else:
-            self._metadata.update([args] if args else metadata)
+            self._metadata.update(_renamed(dict([args]) if args else metadata))
+
+    @property
+    def sharding_names(self) -> Any:
+        """``out_sharding`` under its deprecated name (flax.nnx warns too)."""
+        warnings.warn("'sharding_names' is deprecated, use 'out_sharding' instead.",
+                      DeprecationWarning, stacklevel=2)
+        return self._metadata.get("out_sharding")
 
     def has_metadata(self, name: str) -> bool:
         return name in self._metadata
