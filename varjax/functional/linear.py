@@ -15,8 +15,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from varjax.functional import dtypes
+from varjax.ir import errors
 
-__all__ = ["dense", "dense_general", "dense_general_axes", "add_bias"]
+__all__ = ["dense", "dense_general", "dense_general_axes", "leading_batch_dims", "AxisError",
+           "add_bias"]
 
 PromoteDtype = Callable[..., list[Any]]
 
@@ -49,19 +51,47 @@ def _as_tuple(x: int | Iterable[int]) -> tuple[int, ...]:
     return tuple(x) if isinstance(x, Iterable) else (x,)
 
 
-def dense_general_axes(ndim: int, axis: int | Iterable[int], batch_dims: int | Iterable[int] = ()
+class AxisError(errors.ConfigError, TypeError):
+    """An axis outside the input's rank.  Also a ``TypeError``, the type flax raises (from
+    ``lax.dot_general``); a ``ConfigError`` (``ValueError``) as varjax's other layer
+    arguments, so either ``except`` catches it."""
+
+
+def leading_batch_dims(batch_dims: int | Iterable[int], *, name: str = "batch_dims"
+                       ) -> tuple[int, ...]:
+    """``batch_dims`` as a tuple, which must be the consecutive leading axes ``0, 1, ...``: a
+    kernel per batch index is laid out first in the kernel, in the input's order.  Needs no
+    rank, so a layer checks it where it is built."""
+    batch_dims = _as_tuple(batch_dims)
+    if batch_dims and set(batch_dims) != set(range(max(batch_dims) + 1)):
+        raise errors.ConfigError(
+            f"{name} {batch_dims} must be consecutive leading dimensions starting from 0.",
+            path=(name,), **errors.where(), fix=f"{name} must be the axes 0, 1, ... of the input")
+    return batch_dims
+
+
+def _in_range(ndim: int, axes: tuple[int, ...], name: str) -> tuple[int, ...]:
+    """``axes`` non-negative and sorted; each must lie in ``[-ndim, ndim)`` (``a % ndim``
+    would silently contract another axis)."""
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise AxisError(f"{name} {a} is out of range for an input of rank {ndim}.",
+                            path=(name,), **errors.where(),
+                            fix=f"give axes in [-{ndim}, {ndim}), or an input of higher rank")
+    return tuple(sorted(a % ndim for a in axes))
+
+
+def dense_general_axes(ndim: int, axis: int | Iterable[int], batch_dims: int | Iterable[int] = (),
+                       *, names: tuple[str, str] = ("axis", "batch_dims")
                        ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(axis, batch_dims)`` of an input of rank ``ndim``: non-negative and sorted.
 
-    ``batch_dims`` must be consecutive leading axes: a kernel per batch index is laid out
-    first in the kernel, in the input's order.
+    ``batch_dims`` must be the leading axes (``leading_batch_dims``); both must lie within the
+    rank (an ``AxisError`` otherwise).  ``names`` are the layer's names for the two arguments,
+    given as the error's path.
     """
-    batch_dims = _as_tuple(batch_dims)
-    if batch_dims and set(batch_dims) != set(range(max(batch_dims) + 1)):
-        raise ValueError(f"batch_dims {batch_dims} must be consecutive leading dimensions "
-                         "starting from 0.")
-    return (tuple(sorted(a % ndim for a in _as_tuple(axis))),
-            tuple(sorted(a % ndim for a in batch_dims)))
+    batch_dims = leading_batch_dims(batch_dims, name=names[1])
+    return _in_range(ndim, _as_tuple(axis), names[0]), _in_range(ndim, batch_dims, names[1])
 
 
 def dense_general(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None, *,

@@ -15,7 +15,6 @@ position (``functional.attention.decode_cache_update``) and attends to those wri
 from __future__ import annotations
 
 import functools
-from types import MappingProxyType
 from typing import Any, Callable
 
 import jax
@@ -27,7 +26,7 @@ from varjax.functional.attention import combine_masks, make_attention_mask, make
 from varjax.ir import errors
 from varjax.ir.typing import DotGeneralT, Dtype, Initializer, Metadata, PrecisionLike, Shape, ShardingLike
 from varjax.nnx.call_options import first_from, no_out_sharding
-from varjax.nnx.linear import LinearGeneral, default_kernel_init
+from varjax.nnx.linear import NO_METADATA, LinearGeneral, default_kernel_init, functional_promote
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
 from varjax.nnx.normalization import LayerNorm
@@ -40,12 +39,6 @@ __all__ = ["MultiHeadAttention", "dot_product_attention", "dot_product_attention
 
 Array = jax.Array
 PromoteDtypeFn = Callable[..., tuple[Any, ...]]
-_NO_METADATA: Metadata = MappingProxyType({})
-
-
-def _functional_promote(promote_dtype: PromoteDtypeFn) -> Callable[..., tuple[Any, ...]]:
-    """NNX's promotion takes the arrays as one tuple; the shared math passes them apart."""
-    return lambda *arrays, dtype: promote_dtype(arrays, dtype=dtype)
 
 
 def _sower(module: Module | None) -> Callable[[Array], Any] | None:
@@ -71,7 +64,7 @@ def dot_product_attention_weights(
         query, key, bias, mask, broadcast_dropout=broadcast_dropout, dropout_rng=dropout_rng,
         dropout_rate=dropout_rate, deterministic=deterministic, dtype=dtype, precision=precision,
         record=_sower(module), is_causal=is_causal, grouped=True,
-        promote_dtype=_functional_promote(promote_dtype))
+        promote_dtype=functional_promote(promote_dtype))
 
 
 def dot_product_attention(
@@ -93,7 +86,7 @@ def dot_product_attention(
         query, key, value, bias, mask, broadcast_dropout=broadcast_dropout,
         dropout_rng=dropout_rng, dropout_rate=dropout_rate, deterministic=deterministic,
         dtype=query.dtype, precision=precision, record=_sower(module), is_causal=is_causal,
-        grouped=True, promote_dtype=_functional_promote(promote_dtype))
+        grouped=True, promote_dtype=functional_promote(promote_dtype))
 
 
 def _bad_input(what: str, name: str, fix: str) -> errors.ConfigError:
@@ -129,10 +122,10 @@ class MultiHeadAttention(Module):
         qkv_dot_general_cls: Callable[[], DotGeneralT] | None = None,
         out_dot_general_cls: Callable[[], DotGeneralT] | None = None,
         rngs: Rngs, keep_rngs: bool = True,
-        kernel_metadata: Metadata = _NO_METADATA, out_kernel_metadata: Metadata = _NO_METADATA,
-        bias_metadata: Metadata = _NO_METADATA, out_bias_metadata: Metadata = _NO_METADATA,
-        query_ln_scale_metadata: Metadata = _NO_METADATA,
-        key_ln_scale_metadata: Metadata = _NO_METADATA,
+        kernel_metadata: Metadata = NO_METADATA, out_kernel_metadata: Metadata = NO_METADATA,
+        bias_metadata: Metadata = NO_METADATA, out_bias_metadata: Metadata = NO_METADATA,
+        query_ln_scale_metadata: Metadata = NO_METADATA,
+        key_ln_scale_metadata: Metadata = NO_METADATA,
     ):
         self.num_heads, self.in_features = num_heads, in_features
         self.qkv_features = in_features if qkv_features is None else qkv_features

@@ -8,8 +8,7 @@ the shared function's, the one Linen's ``Conv`` calls too.
 from __future__ import annotations
 
 import functools
-from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +19,7 @@ from varjax.functional.convolution import PaddingLike, conv, conv_kernel_shape, 
 from varjax.ir import errors
 from varjax.ir.typing import Dtype, Initializer, Metadata, PrecisionLike, ShardingLike
 from varjax.nnx.call_options import no_out_sharding
-from varjax.nnx.linear import default_kernel_init
+from varjax.nnx.linear import NO_METADATA, default_kernel_init, functional_promote
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
@@ -30,7 +29,6 @@ from varjax.trace.rngs import Rngs
 __all__ = ["Conv", "ConvTranspose"]
 
 PerAxis = None | int | Sequence[int]
-_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
 def _check_mask(layer: str, mask: jax.Array | None, kernel_shape: tuple[int, ...]) -> None:
@@ -58,8 +56,8 @@ class Conv(Module):
                  conv_general_dilated: Callable[..., jax.Array] = lax.conv_general_dilated,
                  promote_dtype: Callable[..., Any] = default_promote_dtype,
                  preferred_element_type: Dtype | None = None, rngs: Rngs,
-                 kernel_metadata: Metadata = _NO_METADATA,
-                 bias_metadata: Metadata = _NO_METADATA):
+                 kernel_metadata: Metadata = NO_METADATA,
+                 bias_metadata: Metadata = NO_METADATA):
         kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
         self.kernel_shape = conv_kernel_shape(kernel_size, in_features, out_features,
                                               feature_group_count)
@@ -88,7 +86,7 @@ class Conv(Module):
                     input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
                     feature_group_count=self.feature_group_count, mask=self.mask,
                     dtype=self.dtype, precision=self.precision, conv_general_dilated=convolve,
-                    promote_dtype=lambda *a, **kw: self.promote_dtype(a, **kw))
+                    promote_dtype=functional_promote(self.promote_dtype))
 
 
 class ConvTranspose(Module):
@@ -110,8 +108,8 @@ class ConvTranspose(Module):
                  transpose_kernel: bool = False,
                  promote_dtype: Callable[..., Any] = default_promote_dtype,
                  preferred_element_type: Dtype | None = None, rngs: Rngs,
-                 kernel_metadata: Metadata = _NO_METADATA,
-                 bias_metadata: Metadata = _NO_METADATA):
+                 kernel_metadata: Metadata = NO_METADATA,
+                 bias_metadata: Metadata = NO_METADATA):
         kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
         features = (out_features, in_features) if transpose_kernel else (in_features, out_features)
         self.kernel_shape = kernel_size + features
@@ -134,4 +132,4 @@ class ConvTranspose(Module):
                               transpose_kernel=self.transpose_kernel, mask=self.mask,
                               dtype=self.dtype, precision=self.precision,
                               preferred_element_type=self.preferred_element_type,
-                              promote_dtype=lambda *a, **kw: self.promote_dtype(a, **kw))
+                              promote_dtype=functional_promote(self.promote_dtype))

@@ -7,8 +7,7 @@ flax.nnx's values; the contraction and the bias broadcast are the shared functio
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,7 @@ from varjax.functional.contraction import einsum
 from varjax.ir import errors
 from varjax.ir.typing import Dtype, Initializer, Metadata, PrecisionLike, Shape, ShardingLike
 from varjax.nnx.call_options import first_from, no_out_sharding
-from varjax.nnx.linear import default_bias_init, default_kernel_init
+from varjax.nnx.linear import NO_METADATA, default_bias_init, default_kernel_init, functional_promote
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
@@ -26,7 +25,6 @@ from varjax.trace.rngs import Rngs
 
 __all__ = ["Einsum"]
 
-_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
 def _checked(einsum_str: str) -> str:
@@ -60,8 +58,8 @@ class Einsum(Module):
                  promote_dtype: Callable[..., Any] = default_promote_dtype,
                  einsum_op: Callable[..., jax.Array] = jnp.einsum,
                  preferred_element_type: Dtype | None = None, rngs: Rngs,
-                 kernel_metadata: Metadata = _NO_METADATA,
-                 bias_metadata: Metadata = _NO_METADATA):
+                 kernel_metadata: Metadata = NO_METADATA,
+                 bias_metadata: Metadata = NO_METADATA):
         # None leaves the equation to each call (flax.nnx documents this but fails on it).
         einsum_str = _checked(einsum_str) if einsum_str is not None else None
         self.kernel = Param(kernel_init(rngs.params(), kernel_shape, param_dtype),
@@ -84,5 +82,5 @@ class Einsum(Module):
         return einsum(einsum_str, inputs, self.kernel[...], bias, dtype=self.dtype,
                       precision=self.precision,
                       preferred_element_type=self.preferred_element_type,
-                      promote_dtype=lambda *a, dtype: self.promote_dtype(a, dtype=dtype),
+                      promote_dtype=functional_promote(self.promote_dtype),
                       einsum_op=self.einsum_op)

@@ -6,7 +6,6 @@ are the shared functions Linen's ``Embed`` calls too.
 """
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any, Callable
 
 import jax
@@ -16,6 +15,7 @@ from varjax.functional import initializers
 from varjax.functional.embedding import attend, embed
 from varjax.ir.typing import Dtype, Initializer, Metadata, ShardingLike
 from varjax.nnx.call_options import no_out_sharding
+from varjax.nnx.linear import NO_METADATA, functional_promote
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
 from varjax.nnx.variablelib import Param
@@ -34,7 +34,7 @@ class Embed(Module):
                  param_dtype: Dtype = jnp.float32,
                  embedding_init: Initializer = default_embed_init,
                  promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
-                 embedding_metadata: Metadata = MappingProxyType({})):
+                 embedding_metadata: Metadata = NO_METADATA):
         self.embedding = Param(embedding_init(rngs.params(), (num_embeddings, features),
                                               param_dtype), **embedding_metadata)
         self.num_embeddings, self.features = num_embeddings, features
@@ -46,10 +46,10 @@ class Embed(Module):
         """The rows of the table at the integer ``inputs``."""
         no_out_sharding("Embed", out_sharding)
         return embed(inputs, self.embedding[...], dtype=self.dtype,
-                     promote_dtype=lambda *a, **kw: self.promote_dtype(a, **kw))
+                     promote_dtype=functional_promote(self.promote_dtype))
 
     def attend(self, query: jax.Array, out_sharding: ShardingLike = None) -> jax.Array:
         """``query @ embedding.T``: logits over the vocabulary."""
         no_out_sharding("Embed.attend", out_sharding)
         return attend(query, self.embedding[...], dtype=self.dtype,
-                      promote_dtype=lambda *a, **kw: self.promote_dtype(a, **kw))
+                      promote_dtype=functional_promote(self.promote_dtype))

@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 
 from varjax.functional import dtypes, initializers
-from varjax.functional.linear import dense, dense_general, dense_general_axes
+from varjax.functional.linear import dense, dense_general, dense_general_axes, leading_batch_dims
 from varjax.ir import errors
 from varjax.ir.typing import DotGeneralT, Dtype, Initializer, Metadata, PrecisionLike, ShardingLike
 from varjax.nnx.call_options import no_out_sharding
@@ -30,12 +30,20 @@ __all__ = ["Linear", "LinearGeneral"]
 
 default_kernel_init = initializers.lecun_normal()
 default_bias_init = initializers.zeros
-_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
+# The default of every layer's ``*_metadata`` arguments: no metadata, and immutable, as a
+# default must be.
+NO_METADATA: Metadata = MappingProxyType({})
 
 
 def promote_dtype(args: tuple, /, *, dtype: Dtype | None = None, inexact: bool = True) -> tuple:
     """NNX's form of the shared promotion: the arrays come as one tuple."""
     return tuple(dtypes.promote_dtype(*args, dtype=dtype, inexact=inexact))
+
+
+def functional_promote(promote_dtype: Callable[..., tuple]) -> Callable[..., tuple]:
+    """A layer's NNX-form ``promote_dtype`` (the arrays as one tuple) in the form the shared
+    math in ``varjax.functional`` calls (the arrays as arguments), keywords passed on."""
+    return lambda *arrays, **options: promote_dtype(arrays, **options)
 
 
 def with_preferred_element_type(fn: Callable[..., jax.Array],
@@ -59,8 +67,8 @@ class Linear(Module):
                  dot_general: DotGeneralT = lax.dot_general,
                  promote_dtype: Callable[..., Any] = promote_dtype,
                  preferred_element_type: Dtype | None = None, rngs: Rngs,
-                 kernel_metadata: Metadata = _NO_METADATA,
-                 bias_metadata: Metadata = _NO_METADATA):
+                 kernel_metadata: Metadata = NO_METADATA,
+                 bias_metadata: Metadata = NO_METADATA):
         self.kernel = Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype),
                             **kernel_metadata)
         self.bias = Param(bias_init(rngs.params(), (out_features,), param_dtype),
@@ -76,7 +84,7 @@ class Linear(Module):
         return dense(inputs, self.kernel[...], bias, dtype=self.dtype, precision=self.precision,
                      dot_general=with_preferred_element_type(self.dot_general,
                                                              self.preferred_element_type),
-                     promote_dtype=lambda *a, dtype: self.promote_dtype(a, dtype=dtype))
+                     promote_dtype=functional_promote(self.promote_dtype))
 
 
 def _as_tuple(x: int | Sequence[int]) -> tuple[int, ...]:
@@ -112,18 +120,18 @@ class LinearGeneral(Module):
                  dot_general: DotGeneralT | None = None,
                  dot_general_cls: Callable[[], DotGeneralT] | None = None,
                  preferred_element_type: Dtype | None = None, rngs: Rngs,
-                 kernel_metadata: Metadata = _NO_METADATA,
-                 bias_metadata: Metadata = _NO_METADATA):
+                 kernel_metadata: Metadata = NO_METADATA,
+                 bias_metadata: Metadata = NO_METADATA):
         self.in_features, self.out_features = _as_tuple(in_features), _as_tuple(out_features)
-        self.axis, self.batch_axis = _as_tuple(axis), dict(batch_axis)
+        # Immutable, as flax.nnx's FrozenDict: the mapping is static data of the graphdef.
+        self.axis, self.batch_axis = _as_tuple(axis), MappingProxyType(dict(batch_axis))
         if len(self.in_features) != len(self.axis):
             raise errors.ConfigError(
                 f"LinearGeneral's in_features {self.in_features} and axis {self.axis} must "
                 "have the same length.", path=("in_features",), **errors.where(),
                 fix="give one input feature size per contracted axis")
-        # The call checks the batch axes too; checked here first, where the user's line is
-        # the cause (the rank only normalizes negative axes, which the check does not see).
-        _axes(self.axis, self.batch_axis, len(self.batch_axis) + len(self.axis) + 1)
+        # Checked here, where the user's line is the cause; the axes' range needs the input.
+        leading_batch_dims(tuple(self.batch_axis), name="batch_axis")
         batch_shape = tuple(self.batch_axis.values())
         n_batch, n_in = len(batch_shape), len(self.in_features)
         kernel_shape = (*batch_shape, *self.in_features, *self.out_features)
@@ -145,7 +153,8 @@ class LinearGeneral(Module):
     def __call__(self, inputs: jax.Array, out_sharding: ShardingLike = None) -> jax.Array:
         """``inputs`` contracted over ``axis``: ``(*batch axes, *other axes, *out_features)``."""
         no_out_sharding("LinearGeneral", out_sharding)
-        axis, batch_dims = _axes(self.axis, self.batch_axis, inputs.ndim)
+        axis, batch_dims = dense_general_axes(inputs.ndim, self.axis, tuple(self.batch_axis),
+                                              names=("axis", "batch_axis"))
         if self.dot_general_cls is not None:
             dot_general = self.dot_general_cls()
         else:
@@ -155,17 +164,5 @@ class LinearGeneral(Module):
                              dtype=self.dtype, precision=self.precision,
                              dot_general=with_preferred_element_type(
                                  dot_general, self.preferred_element_type),
-                             promote_dtype=lambda *a, dtype: self.promote_dtype(a, dtype=dtype))
+                             promote_dtype=functional_promote(self.promote_dtype))
 
-
-def _axes(axis: tuple[int, ...], batch_axis: Mapping[int, int], ndim: int
-          ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``dense_general_axes`` of an input of rank ``ndim``; its ``ValueError`` (batch axes
-    that are not the leading ones) as a ``ConfigError`` naming the layer's argument."""
-    try:
-        return dense_general_axes(ndim, axis, tuple(batch_axis))
-    except ValueError as e:
-        raise errors.ConfigError(f"LinearGeneral's batch_axis: {e}", path=("batch_axis",),
-                                 **errors.where(),
-                                 fix="batch_axis must map the axes 0, 1, ... to their sizes") \
-            from None

@@ -10,7 +10,6 @@ makes their outputs and running averages flax.nnx's bit for bit.
 """
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -21,6 +20,7 @@ from varjax.functional import normalization as F
 from varjax.ir import errors
 from varjax.ir.typing import Dtype, Initializer, Metadata
 from varjax.nnx.call_options import first_from
+from varjax.nnx.linear import NO_METADATA
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
@@ -30,7 +30,6 @@ from varjax.trace.rngs import Rngs
 __all__ = ["LayerNorm", "BatchNorm", "RMSNorm", "GroupNorm", "InstanceNorm"]
 
 Axes = int | tuple[int, ...]
-_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
 def _param(use: bool, init: Initializer, rngs: Rngs, num_features: int, param_dtype: Dtype,
@@ -69,8 +68,8 @@ class LayerNorm(Module):
                  axis_index_groups: Sequence[Sequence[int]] | None = None,
                  use_fast_variance: bool = True,
                  promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
-                 bias_metadata: Metadata = _NO_METADATA,
-                 scale_metadata: Metadata = _NO_METADATA):
+                 bias_metadata: Metadata = NO_METADATA,
+                 scale_metadata: Metadata = NO_METADATA):
         _learned(self, num_features, rngs, param_dtype, use_scale, scale_init, scale_metadata,
                  use_bias, bias_init, bias_metadata)
         self.num_features, self.epsilon = num_features, epsilon
@@ -109,8 +108,8 @@ class BatchNorm(Module):
                  axis_index_groups: Sequence[Sequence[int]] | None = None,
                  use_fast_variance: bool = True,
                  promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
-                 bias_metadata: Metadata = _NO_METADATA,
-                 scale_metadata: Metadata = _NO_METADATA):
+                 bias_metadata: Metadata = NO_METADATA,
+                 scale_metadata: Metadata = NO_METADATA):
         # Running statistics are float32 whatever param_dtype, as NNX keeps them.
         self.mean = BatchStat(jnp.zeros((num_features,), jnp.float32))
         self.var = BatchStat(jnp.ones((num_features,), jnp.float32))
@@ -168,7 +167,7 @@ class RMSNorm(Module):
                  axis_index_groups: Sequence[Sequence[int]] | None = None,
                  use_fast_variance: bool = True,
                  promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
-                 scale_metadata: Metadata = _NO_METADATA):
+                 scale_metadata: Metadata = NO_METADATA):
         self.scale = _param(use_scale, scale_init, rngs, num_features, param_dtype,
                             scale_metadata)
         self.num_features, self.epsilon = num_features, epsilon
@@ -208,8 +207,8 @@ class GroupNorm(Module):
                  axis_index_groups: Sequence[Sequence[int]] | None = None,
                  use_fast_variance: bool = True,
                  promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
-                 bias_metadata: Metadata = _NO_METADATA,
-                 scale_metadata: Metadata = _NO_METADATA):
+                 bias_metadata: Metadata = NO_METADATA,
+                 scale_metadata: Metadata = NO_METADATA):
         self.feature_axis = -1
         self.num_groups = F.group_count(num_features, num_groups, group_size)
         self.group_size = num_features // self.num_groups
@@ -246,8 +245,8 @@ class InstanceNorm(Module):
                  axis_index_groups: Sequence[Sequence[int]] | None = None,
                  use_fast_variance: bool = True,
                  promote_dtype: Callable[..., Any] = default_promote_dtype, rngs: Rngs,
-                 bias_metadata: Metadata = _NO_METADATA,
-                 scale_metadata: Metadata = _NO_METADATA):
+                 bias_metadata: Metadata = NO_METADATA,
+                 scale_metadata: Metadata = NO_METADATA):
         _learned(self, num_features, rngs, param_dtype, use_scale, scale_init, scale_metadata,
                  use_bias, bias_init, bias_metadata)
         self.num_features, self.epsilon = num_features, epsilon

@@ -13,8 +13,7 @@ per carry part, as flax.nnx does; ``num_feature_axes`` tells ``RNN`` where the t
 from __future__ import annotations
 
 import warnings
-from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +23,7 @@ from varjax.functional import recurrent as F
 from varjax.functional.activations import sigmoid, tanh
 from varjax.ir.typing import Dtype, Initializer, Metadata, PRNGKey, PyTree, Shape
 from varjax.nnx.call_options import first_from
-from varjax.nnx.linear import Linear, default_kernel_init
+from varjax.nnx.linear import NO_METADATA, Linear, default_kernel_init
 from varjax.nnx.linear import promote_dtype as default_promote_dtype
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
@@ -35,7 +34,6 @@ __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCel
 
 Array = jax.Array
 Carry = PyTree
-_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
 def modified_orthogonal(key: PRNGKey, shape: Shape, dtype: Dtype = jnp.float32) -> Array:
@@ -137,9 +135,9 @@ class LSTMCell(_VectorCell):
                  param_dtype: Dtype = jnp.float32, carry_init: Initializer | None = None,
                  promote_dtype: Callable[..., Any] = default_promote_dtype,
                  keep_rngs: bool = False, rngs: Rngs,
-                 kernel_metadata: Metadata = _NO_METADATA,
-                 recurrent_kernel_metadata: Metadata = _NO_METADATA,
-                 bias_metadata: Metadata = _NO_METADATA):
+                 kernel_metadata: Metadata = NO_METADATA,
+                 recurrent_kernel_metadata: Metadata = NO_METADATA,
+                 bias_metadata: Metadata = NO_METADATA):
         self._options(in_features, hidden_features, dtype, param_dtype, promote_dtype,
                       keep_rngs, rngs)
         self.gate_fn, self.activation_fn = gate_fn, activation_fn
@@ -182,9 +180,9 @@ class OptimizedLSTMCell(_VectorCell):
                  param_dtype: Dtype = jnp.float32, carry_init: Initializer | None = None,
                  promote_dtype: Callable[..., Any] = default_promote_dtype,
                  keep_rngs: bool = False, rngs: Rngs,
-                 kernel_metadata: Metadata = _NO_METADATA,
-                 recurrent_kernel_metadata: Metadata = _NO_METADATA,
-                 bias_metadata: Metadata = _NO_METADATA):
+                 kernel_metadata: Metadata = NO_METADATA,
+                 recurrent_kernel_metadata: Metadata = NO_METADATA,
+                 bias_metadata: Metadata = NO_METADATA):
         self._options(in_features, hidden_features, dtype, param_dtype, promote_dtype,
                       keep_rngs, rngs)
         self.gate_fn, self.activation_fn = gate_fn, activation_fn
@@ -228,9 +226,9 @@ class GRUCell(_VectorCell):
                  param_dtype: Dtype = jnp.float32, carry_init: Initializer | None = None,
                  promote_dtype: Callable[..., Any] = default_promote_dtype,
                  keep_rngs: bool = False, rngs: Rngs,
-                 kernel_metadata: Metadata = _NO_METADATA,
-                 recurrent_kernel_metadata: Metadata = _NO_METADATA,
-                 bias_metadata: Metadata = _NO_METADATA):
+                 kernel_metadata: Metadata = NO_METADATA,
+                 recurrent_kernel_metadata: Metadata = NO_METADATA,
+                 bias_metadata: Metadata = NO_METADATA):
         self._options(in_features, hidden_features, dtype, param_dtype, promote_dtype,
                       keep_rngs, rngs)
         self.gate_fn, self.activation_fn = gate_fn, activation_fn
@@ -269,9 +267,9 @@ class SimpleCell(_VectorCell):
                  bias_init: Initializer = initializers.zeros_init(),
                  promote_dtype: Callable[..., Any] = default_promote_dtype,
                  keep_rngs: bool = False, rngs: Rngs,
-                 kernel_metadata: Metadata = _NO_METADATA,
-                 recurrent_kernel_metadata: Metadata = _NO_METADATA,
-                 bias_metadata: Metadata = _NO_METADATA):
+                 kernel_metadata: Metadata = NO_METADATA,
+                 recurrent_kernel_metadata: Metadata = NO_METADATA,
+                 bias_metadata: Metadata = NO_METADATA):
         self._options(in_features, hidden_features, dtype, param_dtype, promote_dtype,
                       keep_rngs, rngs)
         self.residual, self.activation_fn = residual, activation_fn

@@ -1,0 +1,82 @@
+"""The layer-library review's fixes (issue 36), against flax.nnx 0.12.8 where it behaves:
+axes out of range, immutable static mappings, the checks shared by both frontends."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx as flax_nnx
+
+from varjax import errors, nnx
+from varjax.functional.linear import AxisError, dense_general_axes
+from varjax.nnx.linear import LinearGeneral
+
+X = jnp.ones((2, 3, 4))
+
+
+# -- LinearGeneral / dense_general_axes: axes must lie within the input's rank -------------
+
+@pytest.mark.parametrize("axis", [5, 3, -4])
+def test_linear_general_axis_out_of_range_is_a_type_error_as_flax_nnx(axis):
+    """``a % ndim`` used to contract another axis silently (axis=5 of a rank-3 input: 2)."""
+    with pytest.raises(TypeError):
+        flax_nnx.LinearGeneral(4, 5, axis=axis, rngs=flax_nnx.Rngs(0))(X)
+    layer = LinearGeneral(4, 5, axis=axis, rngs=nnx.Rngs(0))
+    with pytest.raises(AxisError, match=f"axis {axis} is out of range") as info:
+        layer(X)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, errors.ConfigError)
+    assert info.value.path == ("axis",)
+    assert "test_nnx_layers_review.py" in info.value.source
+
+
+def test_linear_general_batch_axis_out_of_range_is_a_type_error_as_flax_nnx():
+    batch_axis = {0: 2, 1: 3, 2: 4, 3: 1}
+    with pytest.raises(TypeError):
+        flax_nnx.LinearGeneral(4, 5, batch_axis=batch_axis, rngs=flax_nnx.Rngs(0))(X)
+    layer = LinearGeneral(4, 5, batch_axis=batch_axis, rngs=nnx.Rngs(0))
+    with pytest.raises(AxisError, match="batch_axis 3 is out of range") as info:
+        layer(X)
+    assert info.value.path == ("batch_axis",)
+
+
+def test_linear_general_axis_needs_only_the_call_s_rank():
+    """The range is checked against the input, not a rank guessed at construction."""
+    layer = LinearGeneral(4, 5, axis=4, rngs=nnx.Rngs(0))
+    theirs = flax_nnx.LinearGeneral(4, 5, axis=4, rngs=flax_nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (1, 2, 1, 3, 4))
+    np.testing.assert_allclose(layer(x), theirs(x), rtol=1e-6)
+
+
+def test_dense_general_axes_refuses_out_of_range_axes_under_the_layer_s_names():
+    assert dense_general_axes(3, (-3, 2), (0,)) == ((0, 2), (0,))
+    with pytest.raises(TypeError) as info:
+        dense_general_axes(3, 3, names=("axis", "batch_dims"))
+    assert info.value.path == ("axis",)
+
+
+def test_linen_dense_general_refuses_an_axis_out_of_range():
+    from varjax.nn import DenseGeneral
+    with pytest.raises(TypeError, match="axis 5 is out of range"):
+        DenseGeneral(3, axis=5).init(jax.random.key(0), X)
+
+
+# -- LinearGeneral.batch_axis is immutable, as flax.nnx's FrozenDict -----------------------
+
+def test_linear_general_batch_axis_is_immutable_and_hashes_into_one_graphdef():
+    one = LinearGeneral(4, 5, batch_axis={0: 2}, rngs=nnx.Rngs(0))
+    other = LinearGeneral(4, 5, batch_axis={0: 2}, rngs=nnx.Rngs(1))
+    with pytest.raises(TypeError):
+        one.batch_axis[0] = 3
+    assert dict(one.batch_axis) == dict(flax_nnx.LinearGeneral(
+        4, 5, batch_axis={0: 2}, rngs=flax_nnx.Rngs(0)).batch_axis)
+    assert nnx.graphdef(one) == nnx.graphdef(other)
+    assert hash(nnx.graphdef(one)) == hash(nnx.graphdef(other))
+    traces = []
+
+    @nnx.jit
+    def apply(layer, x):
+        traces.append(1)
+        return layer(x)
+    x = jnp.ones((2, 3, 4))
+    np.testing.assert_array_equal(apply(one, x), one(x))
+    apply(other, x)
+    assert len(traces) == 1
