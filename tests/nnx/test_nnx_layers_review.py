@@ -80,3 +80,45 @@ def test_linear_general_batch_axis_is_immutable_and_hashes_into_one_graphdef():
     np.testing.assert_array_equal(apply(one, x), one(x))
     apply(other, x)
     assert len(traces) == 1
+
+
+# -- nnx.nn's submodules hold flax's helpers that ported code imports ----------------------
+
+HELPERS = {"recurrent": ["flip_sequences", "modified_orthogonal", "RNNBase",
+                         "default_kernel_init", "default_bias_init"],
+           "linear": ["default_kernel_init", "default_bias_init", "default_embed_init",
+                      "canonicalize_padding"],
+           "lora": ["default_a_initializer", "default_b_initializer"]}
+
+
+@pytest.mark.parametrize("sub", sorted(HELPERS))
+def test_nnx_nn_submodules_hold_flax_s_helpers_as_attributes_not_exports(sub):
+    import varjax.nnx.nn as nnx_nn
+    ours, theirs = getattr(nnx_nn, sub), getattr(flax_nnx.nn, sub)
+    for name in HELPERS[sub]:
+        assert hasattr(theirs, name) and hasattr(ours, name), name
+        assert name not in ours.__all__
+        obj = getattr(ours, name)
+        if name.startswith("default_"):
+            key, shape = jax.random.key(3), (3, 4)
+            np.testing.assert_array_equal(obj(key, shape, jnp.float32),
+                                          getattr(theirs, name)(key, shape, jnp.float32))
+
+
+def test_nnx_nn_recurrent_helpers_compute_as_flax_s():
+    from varjax.nnx.nn import recurrent
+    theirs = flax_nnx.nn.recurrent
+    key = jax.random.key(4)
+    np.testing.assert_array_equal(recurrent.modified_orthogonal(key, (4, 4)),
+                                  theirs.modified_orthogonal(key, (4, 4)))
+    x, lengths = jnp.arange(2 * 3 * 1.0).reshape(2, 3, 1), jnp.array([2, 3])
+    np.testing.assert_array_equal(recurrent.flip_sequences(x, lengths, 1, False),
+                                  theirs.flip_sequences(x, lengths, 1, False))
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID", "CIRCULAR", 1, (1, 2), [(1, 2), (0, 1)]])
+def test_nnx_nn_linear_canonicalize_padding_as_flax_s(padding):
+    from varjax.nnx.nn import linear
+    got, want = (m.canonicalize_padding(padding, 2) for m in (linear, flax_nnx.nn.linear))
+    assert (got if isinstance(got, str) else [tuple(p) for p in got]) == \
+        (want if isinstance(want, str) else [tuple(p) for p in want])
