@@ -856,7 +856,21 @@ def _nnx_layers_in_a_plain_list():
     Stack()
 
 
+def _nnx_method_not_callable():
+    from varjax import nnx
+    from varjax.nnx import bridge
+
+    class Scaled(nnx.Module):
+        scale = 2.0
+
+        def __call__(self, x):
+            return self.scale * x
+    bridge.ToLinen(Scaled, skip_rng=True).init(KEY, X, nnx_method="scale")
+
+
 OTHERS = {
+    "ToLinen nnx_method not callable": Case(_nnx_method_not_callable, errors.NotCallableError,
+                                            module="ToLinen"),
     "object passed at two vmap axes": Case(_alias_with_two_axes, errors.InconsistentAliasError,
                                            path=("a",)),
     "nnx data in a static attribute": Case(_nnx_layers_in_a_plain_list, errors.StaticDataError,

@@ -273,6 +273,67 @@ def test_to_nnx_refuses_one_name_in_two_collections():
     assert e.value.path == ("w",)
 
 
+@both
+def to_nnx_passed_alongside(lib):
+    class Uses(lib.nnx.Module):
+        def __init__(self, rngs):
+            self.dot = lib.bridge.ToNNX(linen_dot(lib.nn)(5), rngs=rngs)
+
+        def __call__(self, x, other):
+            return self.dot(x) + other(x)
+
+    trained = lib.bridge.lazy_init(
+        lib.bridge.ToNNX(linen_dot(lib.nn)(5), rngs=lib.nnx.Rngs(1)), X)
+    trained.w[...] = jnp.ones((6, 5))
+    model = lib.bridge.lazy_init(Uses(lib.nnx.Rngs(0)), X, trained)
+    return dict(trained=pure(lib, trained), model=pure(lib, model), y=model(X, trained))
+
+
+def test_lazy_init_initializes_only_the_to_nnx_modules_of_its_models_graph():
+    (ours, theirs) = to_nnx_passed_alongside()
+    assert jnp.array_equal(ours["trained"]["w"], jnp.ones((6, 5)))   # kept its weights
+    assert_same(ours, theirs)
+
+
+def test_to_nnx_rngs_and_module_are_flaxs_deprecated_names():
+    for lib in (VARJAX, FLAX):
+        model = lib.bridge.ToNNX(lib.nn.Dense(2), rngs=lib.nnx.Rngs(0))
+        with pytest.warns(DeprecationWarning, match="`ToNNX.rngs` is deprecated.*to_nnx__rngs"):
+            assert model.rngs is model.to_nnx__rngs
+        with pytest.warns(DeprecationWarning, match="`ToNNX.module` is deprecated.*to_nnx__mod"):
+            assert model.module is model.to_nnx__module
+
+
+@both
+def to_nnx_mutable_from_linen(lib):
+    x = jnp.arange(8.0).reshape(2, 4)      # BatchNorm's output exact in both libraries
+
+    class NNXInner(lib.nnx.Module):
+        def __init__(self, rngs):
+            self.bn = lib.bridge.ToNNX(lib.nn.BatchNorm(use_running_average=False), rngs=rngs)
+            lib.bridge.lazy_init(self.bn, x)
+
+        def __call__(self, x):
+            return self.bn(x)                  # mutable=None: the enclosing Linen call's
+
+    model = lib.bridge.ToLinen(NNXInner)
+    variables = model.init(jax.random.key(0), x)
+    y, changed = model.apply(variables, 2 * x, mutable=["batch_stats"])
+    alone = lib.bridge.lazy_init(
+        lib.bridge.ToNNX(lib.nn.Dense(2), rngs=lib.nnx.Rngs(0)), X4)
+    return dict(variables=variables, y=y, changed=changed,
+                none=alone(X4, mutable=None), default=alone(X4))
+
+
+def test_to_nnx_mutable_none_is_the_enclosing_linen_calls_as_flax():
+    (ours, theirs) = to_nnx_mutable_from_linen()
+    assert sorted(ours["changed"]) == ["batch_stats"]
+    assert not jnp.array_equal(ours["changed"]["batch_stats"]["bn"]["mean"],
+                               ours["variables"]["batch_stats"]["bn"]["mean"])
+    assert_same(ours["none"], ours["default"])        # outside Linen: False, one output
+    assert_same(ours, theirs)
+
+
 def test_to_nnx_takes_a_key_for_params():
     key = jax.random.key(3)
     ours = vbridge.ToNNX(vlinen.Dense(2), rngs=key).lazy_init(X4)
@@ -377,11 +438,49 @@ def test_to_linen_takes_flaxs_abstract_init_without_passing_it_on():
     assert_same(variables, to_linen_basics()[0]["variables"])
 
 
-def test_to_linen_refuses_an_nnx_method_that_is_not_one():
-    model = vbridge.to_linen(nnx_dot(vnnx), 6, 5)
+def nnx_dot_with_constant(nnx: Any) -> type:
+    class NNXDotWithConstant(nnx_dot(nnx)):
+        scale = 2.0
+    return NNXDotWithConstant
+
+
+@pytest.mark.parametrize("method,flax_error,ours", [
+    ("nope", AttributeError, errors.UnknownMethodError),
+    ("scale", TypeError, errors.NotCallableError),
+    (3, TypeError, errors.NotCallableError)])
+def test_to_linen_refuses_an_nnx_method_that_is_not_one_with_flaxs_exception_type(
+        method, flax_error, ours):
     variables = to_linen_basics()[0]["variables"]
-    with pytest.raises(errors.ConfigError, match="nnx_method 'nope'"):
-        model.apply(variables, X, nnx_method="nope")
+    with pytest.raises(flax_error):
+        fnnx.bridge.to_linen(nnx_dot_with_constant(fnnx), 6, 5).apply(
+            variables, X, nnx_method=method)
+    with pytest.raises(ours, match=f"nnx_method {method!r}") as e:
+        vbridge.to_linen(nnx_dot_with_constant(vnnx), 6, 5).apply(
+            variables, X, nnx_method=method)
+    assert isinstance(e.value, flax_error) and "test_nnx_bridge.py" in e.value.source
+
+
+@both
+def to_linen_attributes(lib):
+    class LinenTwice(lib.nn.Module):
+        @lib.nn.compact
+        def __call__(self, x):
+            dot = lib.bridge.to_linen(nnx_dot(lib.nnx), x.shape[-1], out_dim=5)
+            return dot.twice(x), dot.out_dim
+
+    (y, out_dim), variables = LinenTwice().init_with_output(jax.random.key(0), X)
+    unbound = lib.bridge.to_linen(nnx_dot(lib.nnx), 6, out_dim=5)
+    return dict(y=y, out_dim=out_dim, variables=variables,
+                applied=LinenTwice().apply(variables, X)[0], unbound=unbound.out_dim,
+                missing=hasattr(unbound, "nope"))
+
+
+def test_to_linen_forwards_kwargs_and_nnx_methods_as_flax():
+    (ours, theirs) = to_linen_attributes()
+    assert ours["out_dim"] == ours["unbound"] == 5 and not ours["missing"]
+    assert_same(ours, theirs)
+    w = ours["variables"]["params"]["ToLinen_0"]["w"]
+    assert_same(ours["y"], 2 * (X @ w))                     # NNXDot.twice ran
 
 
 @both
@@ -538,6 +637,33 @@ def test_nnx_sharding_crosses_into_linen_as_an_nnxmeta_box():
     assert_same(ours["applied"], theirs["applied"])
 
 
+@both
+def logical_partitioning(lib):
+    rules = (("in", None), ("out", None))
+
+    class LinenLogical(lib.nn.Module):
+        @lib.nn.compact
+        def __call__(self, x):
+            init = lib.nn.with_logical_partitioning(lib.nn.initializers.lecun_normal(),
+                                                    ("in", "out"), rules=rules)
+            return x @ self.param("w", init, (x.shape[-1], 5))
+
+    with jax.set_mesh(MESH):
+        model = lib.bridge.lazy_init(lib.bridge.ToNNX(LinenLogical(), rngs=lib.nnx.Rngs(0)), X)
+        meta = model.w.get_metadata()
+        back = lib.bridge.variables.to_linen_var(model.w)
+    return dict(metadata=(meta["out_sharding"], meta["sharding_rules"]),
+                back=(type(back).__name__, back.names, back.rules), w=model.w.get_value())
+
+
+def test_linen_logical_rules_are_the_nnx_variables_sharding_rules_and_back():
+    (ours, theirs) = logical_partitioning()
+    rules = (("in", None), ("out", None))
+    assert ours["metadata"] == theirs["metadata"] == (("in", "out"), rules)
+    assert ours["back"] == theirs["back"] == ("LogicallyPartitioned", ("in", "out"), rules)
+    assert_same(ours["w"], theirs["w"])
+
+
 def test_bridge_with_partitioning_gives_linen_a_partitioned_box_and_back():
     (ours, theirs) = partition_metadata()
     assert ours["boxed"] == theirs["boxed"] == ("Partitioned", ("in", "out"))
@@ -558,6 +684,14 @@ def test_functional_inits_and_applies_an_nnx_class():
 def test_functional_apply_before_init_is_refused():
     with pytest.raises(errors.ConfigError, match="before init"):
         vbridge.functional(vnnx.Linear)(6, 2).apply({})
+
+
+@pytest.mark.parametrize("fn", [vbridge.lazy_init, vbridge.ToNNX.__call__,
+                                vbridge.ToLinen.__call__, vbridge.ToLinen])
+def test_bridge_signatures_name_what_they_take_not_bare_any(fn):
+    variadic = {"args", "kwargs"} if fn is not vbridge.ToLinen else set()
+    hints = {k: v for k, v in fn.__annotations__.items() if k not in variadic}
+    assert hints and not [k for k, v in hints.items() if "Any" in str(v)], hints
 
 
 def test_bridge_names_are_flax_nnx_bridges():

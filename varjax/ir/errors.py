@@ -73,7 +73,7 @@ __all__ = [
     "VariableCreationError",
     "VariableStructureError", "TransformError", "UnsupportedPrimitiveError",
     "PipelineError", "PassError", "VerificationError", "ModuleError", "UnknownMethodError",
-    "NameInUseError",
+    "NotCallableError", "NameInUseError",
     "AssignSubModuleError", "UnboundModuleError", "InvalidScopeError", "FrozenModuleError",
     "ConfigError", "StaticDataError", "InconsistentAliasError", "NotProvidedError",
     "TRACEBACK_FILTERING_ENV", "api_boundary",
@@ -399,6 +399,11 @@ class ModuleError(VarjaxError):
 class UnknownMethodError(ModuleError, AttributeError):
     """``apply``/``init`` was given ``method=`` a name that is neither a method nor a
     submodule field of the module.  Also an ``AttributeError``, as Linen raises there."""
+
+
+class NotCallableError(ModuleError, TypeError):
+    """A method to call (``ToLinen``'s ``nnx_method=``) names something that is not
+    callable.  Also a ``TypeError``, as Flax raises there."""
 
 
 class NameInUseError(ModuleError):

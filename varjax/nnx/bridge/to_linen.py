@@ -10,6 +10,7 @@ draws anew each call), where those collections may change.
 """
 from __future__ import annotations
 
+import functools
 import typing as tp
 import warnings
 
@@ -33,9 +34,9 @@ class ToLinen(LinenModule):
 
     nnx_class: tp.Callable[..., Module]
     """The NNX module class (or any callable making one) built inside every call."""
-    args: tp.Sequence[tp.Any] = ()
+    args: tp.Sequence[PyTree] = ()
     """Positional arguments of ``nnx_class``."""
-    kwargs: tp.Mapping[str, tp.Any] = FrozenDict({})
+    kwargs: tp.Mapping[str, PyTree] = FrozenDict({})
     """Keyword arguments of ``nnx_class`` (``rngs`` is added unless ``skip_rng``)."""
     skip_rng: bool = False
     """Build the module without ``rngs`` (a class that takes none)."""
@@ -44,8 +45,8 @@ class ToLinen(LinenModule):
     box where it has metadata; None: the bare value)."""
 
     @compact
-    def __call__(self, *args: tp.Any, nnx_method: tp.Callable[..., tp.Any] | str | None = None,
-                 **kwargs: tp.Any) -> tp.Any:
+    def __call__(self, *args: tp.Any, nnx_method: tp.Callable[..., PyTree] | str | None = None,
+                 **kwargs: tp.Any) -> PyTree:
         module = self.nnx_class(*self.args, **self._module_kwargs())
         method = _method(module, nnx_method)
         if self.is_initializing():     # init keeps the values made, before the call (Flax)
@@ -56,7 +57,27 @@ class ToLinen(LinenModule):
         self._store(module)
         return out
 
-    def _module_kwargs(self) -> dict[str, tp.Any]:
+    def __getattr__(self, name: str) -> PyTree:
+        """As flax.nnx's: a keyword argument of ``nnx_class`` by its name
+        (``to_linen(NNXDot, 6, out_dim=5).out_dim``), and a method of ``nnx_class`` as this
+        module's call of it (``dot.twice(x)`` is ``dot(x, nnx_method=NNXDot.twice)``).
+        Dunder names are not forwarded, so copying and pickling see the module's own."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("__"):
+                raise
+        kwargs = self.__dict__.get("kwargs", {})
+        if name in kwargs:
+            return kwargs[name]
+        method = getattr(self.__dict__.get("nnx_class"), name, None)
+        if not callable(method):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        bound = functools.partial(self.__call__, nnx_method=method)
+        bound.__self__ = self                         # type: ignore[attr-defined]
+        return bound
+
+    def _module_kwargs(self) -> dict[str, PyTree]:
         kwargs = dict(self.kwargs)
         if not self.skip_rng:
             names = self.scope.context(self, "bridge.ToLinen").rng_streams
@@ -103,20 +124,28 @@ def _merged(states: list[dict[str, tp.Any]]) -> dict[tuple, tp.Any]:
     return flat
 
 
-def _method(module: Module, method: tp.Callable[..., tp.Any] | str | None) -> tp.Callable:
-    """The unbound method ``nnx_method`` names (``__call__`` by default)."""
+def _method(module: Module, method: tp.Callable[..., PyTree] | str | None) -> tp.Callable:
+    """The unbound method ``nnx_method`` names (``__call__`` by default).  A name the class
+    lacks is an ``AttributeError``, a value that cannot be called a ``TypeError``, as the
+    errors flax.nnx raises."""
     if method is None:
         method = "__call__"
-    found = getattr(type(module), method, None) if isinstance(method, str) else method
+    if isinstance(method, str) and not hasattr(type(module), method):
+        raise errors.UnknownMethodError(
+            f"nnx_method {method!r} of ToLinen is not an attribute of "
+            f"{type(module).__name__}.", **errors.where(),
+            fix="pass a method name of the NNX class, or the method itself")
+    found = getattr(type(module), method) if isinstance(method, str) else method
     if not callable(found):
-        raise errors.ConfigError(
-            f"nnx_method {method!r} of ToLinen is not a method of {type(module).__name__}.",
-            **errors.where(), fix="pass a method name of the NNX class, or the method itself")
+        raise errors.NotCallableError(
+            f"nnx_method {method!r} of ToLinen is a {type(found).__name__} of "
+            f"{type(module).__name__}, not a method.", **errors.where(),
+            fix="pass a method name of the NNX class, or the method itself")
     return found
 
 
 def to_linen(nnx_class: tp.Callable[..., Module], *args: tp.Any,
-             metadata_fn: tp.Callable[[variablelib.Variable], tp.Any] | None = to_linen_var,
+             metadata_fn: tp.Callable[[variablelib.Variable], PyTree] | None = to_linen_var,
              name: str | None = None, skip_rng: bool = False, abstract_init: bool = True,
              **kwargs: tp.Any) -> ToLinen:
     """``ToLinen(nnx_class, args=args, kwargs=kwargs, ...)``: ``to_linen(NNXDot, 32, 64)``.

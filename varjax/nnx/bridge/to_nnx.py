@@ -10,16 +10,17 @@ collections it is allowed to change (``mutable``) come back into them.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import typing as tp
+import warnings
 
 import jax
 
 from varjax.ir import errors, streams
+from varjax.ir.typing import CollectionFilter, PyTree
 from varjax.nn.module import Module as LinenModule
-from varjax.nnx import traversals
+from varjax.nn.module.lifecycle import module_stack
+from varjax.nnx import state_ops, traversals
 from varjax.nnx.bridge.variables import linen_vars_to_nnx_attrs, nnx_attrs_to_linen_vars
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import data
@@ -28,33 +29,51 @@ from varjax.trace.rngs import Rngs
 
 __all__ = ["ToNNX", "lazy_init"]
 
-# Whether a ToNNX call now makes its variables.  A flag of the call, not of the objects:
-# a transform inside the initializing call may run on rebuilt copies of the modules.
-_INITIALIZING: contextvars.ContextVar[bool] = contextvars.ContextVar("bridge_init", default=False)
+# The static attribute marking a ToNNX that ``lazy_init`` is initializing.  A mark on the
+# objects of ``fn``'s graph, not a flag of the call, so a ToNNX from outside that graph
+# (a trained model passed as an argument) keeps its variables; static, so the copies a
+# transform inside ``fn`` rebuilds from the graph carry it (flax.nnx's ``initializing``).
+_INITIALIZING = "_to_nnx__initializing"
 
-F = tp.TypeVar("F", bound=tp.Callable[..., tp.Any])
+F = tp.TypeVar("F", bound=tp.Callable[..., PyTree])
 
 
-@contextlib.contextmanager
-def _initializing() -> tp.Iterator[None]:
-    token = _INITIALIZING.set(True)
-    try:
-        yield
-    finally:
-        _INITIALIZING.reset(token)
+def _set_initializing(module: Module, initializing: bool) -> None:
+    for _, node in state_ops.iter_graph(module, graph=True):
+        if isinstance(node, ToNNX):
+            if initializing:
+                setattr(node, _INITIALIZING, True)
+            elif _INITIALIZING in vars(node):
+                delattr(node, _INITIALIZING)
 
 
 def lazy_init(fn: F, *args: tp.Any, **kwargs: tp.Any) -> F:
     """Calls ``fn`` (an NNX module, or a bound method of one) once on a sample input with
-    every ``ToNNX`` initializing, so each creates its Linen variables; returns ``fn``.  This
-    is where Linen code calls ``module.init``."""
-    if not isinstance(fn, Module) and not isinstance(getattr(fn, "__self__", None), Module):
+    every ``ToNNX`` of its module's graph initializing, so each creates its Linen variables;
+    returns ``fn``.  This is where Linen code calls ``module.init``."""
+    module = fn if isinstance(fn, Module) else getattr(fn, "__self__", None)
+    if not isinstance(module, Module):
         raise errors.ConfigError(
             f"lazy_init takes an NNX module or a method of one, not {type(fn).__name__}.",
             **errors.where(), fix="bridge.lazy_init(model, x) or bridge.lazy_init(model.method, x)")
-    with _initializing():
+    _set_initializing(module, True)
+    try:
         fn(*args, **kwargs)
+    finally:
+        _set_initializing(module, False)
     return fn
+
+
+def _enclosing_mutable() -> CollectionFilter:
+    """The collections the Linen call around this one may change (its ``mutable``), as a
+    ToNNX inside a Linen module (or a ToLinen) defaults to; False outside any."""
+    stack = module_stack()
+    scope = stack[-1].scope if stack else None
+    if scope is None:
+        return False
+    if scope.eager():
+        return scope.root.mutable
+    return scope.context(stack[-1], "bridge.ToNNX").mutable
 
 
 def _keys(rngs: Rngs | jax.Array | None) -> dict[str, jax.Array]:
@@ -79,11 +98,25 @@ class ToNNX(Module):
         self.to_nnx__rngs = (Rngs(params=rngs) if isinstance(rngs, jax.Array)
                              else rngs.fork() if isinstance(rngs, Rngs) else rngs)
 
+    @property
+    def rngs(self) -> Rngs | None:
+        """Deprecated (as in flax.nnx): ``to_nnx__rngs``."""
+        warnings.warn("`ToNNX.rngs` is deprecated. Please use `to_nnx__rngs` instead.",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_nnx__rngs
+
+    @property
+    def module(self) -> LinenModule:
+        """Deprecated (as in flax.nnx): ``to_nnx__module``."""
+        warnings.warn("`ToNNX.module` is deprecated. Please use `to_nnx__module` instead.",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_nnx__module
+
     def lazy_init(self, *args: tp.Any, **kwargs: tp.Any) -> ToNNX:
         """``bridge.lazy_init(self, *args, **kwargs)``."""
         return lazy_init(self, *args, **kwargs)
 
-    def __getattr__(self, name: str) -> tp.Any:
+    def __getattr__(self, name: str) -> tp.Callable[..., PyTree]:
         """The Linen module's other methods, run as ``apply(..., method=...)``."""
         method = getattr(type(self.__dict__.get("to_nnx__module")), name, None)
         if name.startswith("_") or not callable(method):
@@ -93,15 +126,18 @@ class ToNNX(Module):
         return bound
 
     def __call__(self, *args: tp.Any, rngs: Rngs | jax.Array | None = None,
-                 method: tp.Callable[..., tp.Any] | str | None = None,
-                 mutable: tp.Any = False, **kwargs: tp.Any) -> tp.Any:
+                 method: tp.Callable[..., PyTree] | str | None = None,
+                 mutable: CollectionFilter | None = None, **kwargs: tp.Any) -> PyTree:
         """The Linen module's ``init_with_output`` inside ``lazy_init``, else its ``apply``
-        over this module's Variables; ``mutable`` as in Linen's ``apply``."""
+        over this module's Variables; ``mutable`` as in Linen's ``apply`` (None: the
+        enclosing Linen call's, or False outside one)."""
         keys = _keys(self.to_nnx__rngs if rngs is None else rngs)
         linen = self.to_nnx__module
-        if _INITIALIZING.get():
+        if self.__dict__.get(_INITIALIZING, False):
             out, updates = linen.init_with_output(keys, *args, method=method, **kwargs)
         else:
+            if mutable is None:
+                mutable = _enclosing_mutable()
             variables = nnx_attrs_to_linen_vars(self._linen_attrs())
             try:
                 out = linen.apply(variables, *args, rngs=keys, method=method, mutable=mutable,
@@ -119,11 +155,11 @@ class ToNNX(Module):
             self._take(linen_vars_to_nnx_attrs(updates))
         return out
 
-    def _linen_attrs(self) -> dict[str, tp.Any]:
+    def _linen_attrs(self) -> dict[str, PyTree]:
         return {k: v for k, v in vars(self).items()
                 if not k.startswith(("to_nnx__", "_"))}
 
-    def _take(self, attrs: dict[str, tp.Any]) -> None:
+    def _take(self, attrs: dict[str, PyTree]) -> None:
         """Writes the Variables a Linen call returned: an existing Variable of the same type
         keeps its identity and takes the value; new names and paths become attributes."""
         for name, new in attrs.items():

@@ -27,9 +27,10 @@ A = tp.TypeVar("A")
 
 # Metadata every NNX Variable may carry without it being "metadata" worth a box.
 _PLAIN_METADATA = frozenset({"hijax", "ref", "eager_sharding"})
-# A Linen box's field <-> the NNX metadata of the same meaning (``nn.Partitioned.names``
-# is a Variable's ``out_sharding``).
-_NNX_NAMES = {"names": "out_sharding"}
+# A Linen box's field <-> the NNX metadata of the same meaning, as flax's boxes'
+# ``to_nnx_metadata``/``from_nnx_metadata``: ``nn.Partitioned.names`` is a Variable's
+# ``out_sharding``, ``nn.LogicallyPartitioned.rules`` its ``sharding_rules``.
+_NNX_NAMES = {"names": "out_sharding", "rules": "sharding_rules"}
 _LINEN_NAMES = {v: k for k, v in _NNX_NAMES.items()}
 
 
