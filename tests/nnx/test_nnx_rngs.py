@@ -535,3 +535,21 @@ def test_a_stream_carried_by_a_state_axes_in_nnx_scan_advances_every_step_as_fla
         seen[lib.__name__] = (draws.tolist(), int(m.rngs.noise.count[...]))
     assert seen["varjax.nnx"] == seen["flax.nnx"]
     assert len(set(seen["varjax.nnx"][0])) == 3
+
+
+def test_a_module_and_one_merged_from_its_state_draw_from_one_stream_in_a_transform_as_flax_nnx():
+    """Both hold the same RngCount (the merged stream is over the state's views), so a
+    transform given both draws two keys from one count, as flax.nnx's one Variable."""
+    seen = {}
+    for lib in (vnnx, fnnx):
+        class Holder(lib.Module):
+            def __init__(self):
+                self.rngs = lib.Rngs(0, noise=1)
+        original = Holder()
+        merged = lib.merge(*lib.split(original))
+        draws = lib.jit(lambda a, b: jnp.stack([a.rngs.noise.normal(()),
+                                                b.rngs.noise.normal(())]))(original, merged)
+        seen[lib.__name__] = (draws.tolist(), int(original.rngs.noise.count[...]),
+                              int(merged.rngs.noise.count[...]))
+    assert seen["varjax.nnx"] == seen["flax.nnx"]
+    assert seen["varjax.nnx"][1:] == (2, 2)

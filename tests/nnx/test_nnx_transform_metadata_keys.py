@@ -182,3 +182,21 @@ def test_other_keys_without_a_partition_name_change_nothing_as_flax():
     ours, theirs = _both(run)
     assert ours == theirs and ours[0] == []
     assert ours[1]["extra"] == (("x", "y"), ("z",))
+
+
+def test_a_variable_held_at_two_places_has_its_axis_taken_out_once_as_flax():
+    def run(lib):
+        calls = []
+
+        class Twice(lib.Module):
+            def __init__(self):
+                shared = lib.Param(jnp.ones((2, 3)), extra=("E", "x"),
+                                   on_remove_axis=lambda v, i, n: calls.append(("rm", i, n)))
+                self.a, self.b = shared, shared
+        m = Twice()
+        tm = {lib.PARTITION_NAME: "L", "extra": "E"}
+        y = lib.vmap(lambda m, x: x * m.a[...], in_axes=(0, 0), transform_metadata=tm)(
+            m, jnp.ones((2, 3)))
+        return calls, m.a.get_metadata()["extra"], y.tolist()
+    ours, theirs = _both(run)
+    assert ours == theirs and ours[0] == [("rm", 0, "L")]

@@ -249,3 +249,24 @@ def test_sharding_names_is_out_sharding_under_its_deprecated_name_as_flax_nnx():
     assert later.get_metadata("out_sharding") == ("b",)
     with pytest.warns(DeprecationWarning):
         assert made.sharding_names == ("a",)
+
+
+def test_item_writes_keep_the_value_kind_shape_and_dtype_as_flax_nnx():
+    import warnings
+
+    import jax
+
+    def run(lib):
+        with warnings.catch_warnings(), jax.numpy_dtype_promotion("standard"):
+            warnings.simplefilter("ignore")     # JAX warns of the float32 -> bfloat16 cast
+            stat = lib.BatchStat(jnp.ones((2,), jnp.bfloat16))
+            stat[...] = jnp.zeros((2,), jnp.float32) + 0.3
+        param = lib.Param(jnp.ones((2,)))
+        param[...] = 5.0
+        param[0] = 1.0
+        mapping, items, host = lib.Variable({"a": 1}), lib.Variable([1, 2]), lib.Variable(np.ones(2))
+        mapping["a"], items[0], host[...] = 2, 5, 3.0
+        return (str(stat.get_value().dtype), param.get_value().tolist(), mapping.get_value(),
+                items.get_value(), type(host.get_value()).__name__, host.get_value().tolist())
+    assert run(nnx) == run(fnnx) == ("bfloat16", [1.0, 5.0], {"a": 2}, [5, 2], "ndarray",
+                                     [3.0, 3.0])

@@ -25,7 +25,7 @@ from varjax.ir import errors
 from varjax.ir.typing import Node, StateLike
 from varjax.nnx.config import resolve
 from varjax.nnx.pytree import Pytree, flatten_node, in_order, is_node
-from varjax.nnx.rng_variables import plain_type
+from varjax.nnx.rng_variables import VariableStream, plain_type
 from varjax.nnx.statelib import State
 from varjax.objects.graph import structure_changed
 from varjax.trace.rngs import Rngs, RngStream
@@ -242,10 +242,9 @@ def build(g: GraphDef, value_at: Callable[[Path], Any], *, copy: bool = False,
         built[d.index] = obj       # before its children, which may refer to it
         kids = {k: build_(c) for k, c in d.children}
         fresh = d.treedef.unflatten([kids[k] for k in d.keys])
-        if type(fresh) is not d.type:
-            # Its children made it another class: an RNG stream over the Variables it is
-            # merged from (``rng_variables.VariableStream``).  The caller's own stream got
-            # its values through its views already.
+        if isinstance(fresh, VariableStream) and type(obj) is not VariableStream:
+            # An RNG stream merged over the Variables of a state (``VariableStream``); the
+            # caller's own stream got its values through its views already.
             if reuse:
                 return obj
             obj.__class__ = type(fresh)

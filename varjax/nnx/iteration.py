@@ -26,9 +26,10 @@ flax.nnx, when the function returns each carry object in the place it came in (w
 updates, new objects holding the caller's Variables, as flax.nnx returns them then); one
 that returns them in other places is refused with ``CarryIdentityError`` (a ``ValueError``,
 as flax.nnx's; ``carry_moves``); a structural change inside is a ``TransformError``, as
-flax.nnx refuses it too; elsewhere
-``transform_checks`` refuses what object mode cannot keep (an argument's object returned
-as an output).  ``transform_metadata={nnx.PARTITION_NAME: name}`` removes the scanned axis's
+flax.nnx refuses it too.  An argument's module returned among the stacked outputs along
+the axis it is scanned along is the caller's own (``graph_updates.given_back``/``resolved``);
+at another axis, or broadcast, it is flax.nnx's ``ValueError`` (``InconsistentAliasError``).
+``transform_metadata={nnx.PARTITION_NAME: name}`` removes the scanned axis's
 name from a Variable's ``out_sharding`` as it enters a step and adds it as it leaves
 (``metadata_option``); ``_split_transpose`` is passed on to ``jax.lax.scan`` (which, in JAX
 0.10, takes it and ignores it).  A module (or state) scanned along an axis other than 0 is

@@ -58,6 +58,16 @@ def _field(name: str) -> property:
     return property(get, set_)
 
 
+def _identity(name: str) -> Any:
+    """A view's identity as a variable of a transform's graph: its stream's field, so a
+    stream and the views of it (an ``nnx.state`` passed beside its module) are one."""
+    def identity(self: Variable) -> Any:
+        stream = getattr(self, "_stream", None)
+        return Variable._varjax_identity(self) if stream is None else \
+            stream._varjax_identity(name)
+    return identity
+
+
 def _repr(self: Variable) -> str:
     """Shown as the Variable of NNX's type it stands for, with the stream's value."""
     return repr(held(plain_type(self), self.collection, self.value, self.get_metadata()))
@@ -68,6 +78,7 @@ class RngKeyView(RngKey):
 
     __slots__ = ("_stream",)
     value = _field("key")
+    _varjax_identity = _identity("key")
     __repr__ = _repr
 
 
@@ -76,6 +87,7 @@ class RngCountView(RngCount):
 
     __slots__ = ("_stream",)
     value = _field("count")
+    _varjax_identity = _identity("count")
     __repr__ = _repr
 
 
@@ -96,6 +108,9 @@ class VariableStream(RngStream):
                    lambda self, value: setattr(self._variables["key"], "value", value))
     count = property(lambda self: self._variables["count"].value,
                      lambda self, value: setattr(self._variables["count"], "value", value))
+
+    def _varjax_identity(self, field: str) -> Any:
+        return self._variables[field]._varjax_identity()
 
 
 # JAX copies it as any stream: a plain one holding the two values.

@@ -14,6 +14,7 @@ trace, as ``vj.Variable``'s are: the same class, not a second mechanism.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import types
@@ -21,6 +22,7 @@ import warnings
 from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 import jax
+import numpy as np
 
 from varjax.ir import errors
 from varjax.ir.typing import Metadata, PyTree
@@ -165,7 +167,7 @@ class Variable(core.Variable, collection="Variable"):
                  ref: bool | None = None, **metadata: Any):
         _refuse_mode(f"nnx.{type(self).__name__}", hijax, ref)
         if isinstance(value, VariableMetadata):
-            _no_value_hooks(dataclasses.asdict(value))
+            _no_value_hooks({k: getattr(value, k) for k in _VALUE_HOOKS})
             hooks = {k: _as_tuple(getattr(value, k)) for k in _AXIS_HOOKS if getattr(value, k)}
             value, metadata = value.raw_value, {**hooks, **metadata, **value.metadata}
         metadata = _renamed(metadata)
@@ -184,17 +186,23 @@ class Variable(core.Variable, collection="Variable"):
         return self.value if index is Ellipsis else self.value[index]
 
     def __setitem__(self, index: Any, new: Any) -> None:
-        """``v[...] = x`` keeps an array value's shape and dtype, as flax.nnx's: ``x`` takes
-        its place as it is only when it is an array of that shape and dtype, else it is
-        written into it (``.at[...].set``: cast and broadcast), so a float written to a
-        bfloat16 statistic stays bfloat16."""
-        if index is Ellipsis:
-            old = self.value
-            if isinstance(old, jax.Array) and not (
-                    isinstance(new, jax.Array) and new.shape == old.shape
-                    and new.dtype == old.dtype):
+        """``v[i] = x`` as flax.nnx's: an array value keeps its shape and dtype (``x``
+        takes its place as it is only when it is a JAX array of that shape and dtype, else
+        it is written into it, ``.at[i].set``: cast and broadcast, so a float written to a
+        bfloat16 statistic stays bfloat16); any other value (a NumPy array, a dict, a list)
+        has the item set in a copy, written back whole, so it stays one write."""
+        old = self.value
+        if isinstance(old, jax.Array):
+            if index is Ellipsis and not (isinstance(new, jax.Array) and new.shape == old.shape
+                                          and new.dtype == old.dtype):
                 new = old.at[...].set(new)
-        super().__setitem__(index, new)
+            super().__setitem__(index, new)
+        elif index is Ellipsis and not isinstance(old, np.ndarray):
+            self.value = new
+        else:
+            changed = copy.copy(old)
+            changed[index] = new
+            self.value = changed
 
     def set_value(self, value: PyTree) -> None:
         self.value = value

@@ -30,7 +30,8 @@ _IS_ALIASED: dict[type, bool] = {}
 
 def register_aliased(type_: type) -> None:
     """Instances of ``type_`` met at several places of a transform's arguments are one
-    object inside it, as outside."""
+    object inside it, as outside (a node, which ``Graph.places`` keeps one already, is
+    not counted as one)."""
     _ALIASED.append(type_)
     _IS_ALIASED.clear()
 
@@ -49,7 +50,7 @@ class RepeatWatch:
         t = type(x)
         aliased = _IS_ALIASED.get(t)
         if aliased is None:
-            aliased = _IS_ALIASED[t] = issubclass(t, tuple(_ALIASED))
+            aliased = _IS_ALIASED[t] = issubclass(t, tuple(_ALIASED)) and not is_node(x)
         if aliased:
             self.count += 1
             if id(x) in self.seen:
@@ -80,7 +81,7 @@ def object_places(tree: Any) -> tuple[int, ...]:
 
     def enter(x: Any) -> None:
         for leaf in _contents(x, aliased)[0]:
-            if isinstance(leaf, aliased):
+            if isinstance(leaf, aliased) and not is_node(leaf):
                 first = seen.setdefault(id(leaf), len(firsts))
                 firsts.append(first)
                 if first == len(firsts) - 1:
@@ -107,7 +108,7 @@ def shared_again(tree: Any, firsts: tuple[int, ...]) -> Any:
         leaves, treedef = _contents(x, aliased)
         changed = False
         for i, leaf in enumerate(leaves):
-            if isinstance(leaf, aliased):
+            if isinstance(leaf, aliased) and not is_node(leaf):
                 k = next(count)
                 new = built[firsts[k]] if firsts[k] != k else enter(leaf)
                 built[k] = new

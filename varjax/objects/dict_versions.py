@@ -35,7 +35,11 @@ def _behaves_as_tag() -> bool:
     probe.a, probe.b = 1, 2
     d = vars(probe)
     word = _reader(d)
+
+    def assign() -> None:                                 # STORE_ATTR, specialised when hot
+        probe.a = object()
     changes: list[Callable[[], Any]] = [
+        assign,
         lambda: d.__setitem__("a", object()),             # a value replaced, size unchanged
         lambda: object.__setattr__(probe, "b", object()),
         lambda: (d.pop("a"), d.__setitem__("c", 3)),      # a key renamed, size unchanged
@@ -44,7 +48,7 @@ def _behaves_as_tag() -> bool:
         lambda: d.setdefault("e", 5),
         lambda: d.clear(),
     ]
-    for change in changes:
+    for change in changes * 8:          # repeated: CPython specialises the hot paths
         before = word.value
         _ = (len(d), list(d.items()), "a" in d, probe.__dict__)      # reads change nothing
         if word.value != before:

@@ -35,6 +35,8 @@ class Layout:
     paths: tuple[tuple[str, ...], ...]
     statics: tuple[tuple[type, Any], ...]
     objects: tuple[int, ...] = ()     # ``Graph.objects``
+    # Whether an object repeats in ``objects`` (``aliasing.repeats``), set when made.
+    shares_objects: bool = dataclasses.field(init=False, compare=False, repr=False)
 
     def named(self, names: Sequence[str]) -> "Layout":
         """This layout of ``(args, kwargs)`` with each node's prefix named by a function's

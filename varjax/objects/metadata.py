@@ -77,15 +77,23 @@ def _change(var: Variable, axis: int, params: dict, add: bool) -> None:
 
 
 def _variables(axes: Any, tree: Any, what: str) -> list[tuple[Variable, int]]:
-    """The ``vj.Variable`` objects of ``tree`` with their axis from the prefix ``axes``."""
-    found: list[tuple[Variable, int]] = []
+    """The ``vj.Variable`` objects of ``tree`` with their axis from the prefix ``axes``,
+    each once: a Variable held at two places (a submodule shared by two modules) has its
+    axis named and unnamed once, and two different axes for it are refused."""
+    found: dict[int, tuple[Variable, int]] = {}
 
     def visit(axis: Any, sub: Any) -> None:
         for leaf in jax.tree.leaves(sub, is_leaf=lambda x: isinstance(x, Variable) or is_node(x)):
             if axis is None:
                 continue
             if isinstance(leaf, Variable):
-                found.append((leaf, axis))
+                seen = found.setdefault(id(leaf), (leaf, axis))
+                if seen[1] != axis:
+                    raise errors.TransformError(
+                        f"vj.transform_metadata: {what} holds one {type(leaf).__name__} at "
+                        f"two places with different axes ({seen[1]} and {axis}).",
+                        collection=leaf.collection, **errors.where(),
+                        fix="give every place of a shared module the same axis")
             elif is_node(leaf) and any(map(axis_metadata.is_axis_metadata, jax.tree.leaves(
                     leaf, is_leaf=axis_metadata.is_axis_metadata))):
                 raise errors.NotProvidedError(
@@ -95,7 +103,7 @@ def _variables(axes: Any, tree: Any, what: str) -> list[tuple[Variable, int]]:
                                           "metadata_params={nn.PARTITION_NAME: ...}")
     jax.tree.map(visit, axes, tree, is_leaf=lambda x: x is None or isinstance(x, Variable)
                  or is_node(x))
-    return found
+    return list(found.values())
 
 
 def _prefix(axes: Any, n: int) -> tuple:

@@ -154,7 +154,7 @@ class VariableKind:
         return True
 
     def cells(self, node: Variable) -> list[Cell]:
-        identity = id(node) if node.path is None else \
+        identity = node._varjax_identity() if node.path is None else \
             (id(node._origin if node._store is None else node._store), node.key)
         def set_(value: Any) -> None:
             node.value = value
@@ -225,8 +225,10 @@ def _stream_cells(stream: RngStream, name: str | None) -> list[Cell]:
     def set_count(v: Any) -> None:
         stream.count = v
     at = () if name is None else (name,)
-    return [Cell((id(stream), "key"), streams.STATE, (*at, "key"), lambda: stream.key, set_key),
-            Cell((id(stream), "count"), streams.STATE, (*at, "count"), lambda: stream.count,
+    return [Cell(stream._varjax_identity("key"), streams.STATE, (*at, "key"), lambda: stream.key,
+                 set_key),
+            Cell(stream._varjax_identity("count"), streams.STATE, (*at, "count"),
+                 lambda: stream.count,
                  set_count)]
 
 

@@ -30,7 +30,7 @@ Sharp edges:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Hashable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -177,6 +177,12 @@ class RngStream(_Samplers):
         key = self()
         shape = (k,) if isinstance(k, int) else tuple(k)
         return RngStream(jnp.broadcast_to(key, shape + jnp.shape(key)), tag=self.tag)
+
+    def _varjax_identity(self, field: str) -> Hashable:
+        """The identity of this stream's ``field`` (``"key"``/``"count"``) as a variable of
+        a transform's graph (``Variable._varjax_identity``): the stream's own field, unless
+        the stream keeps it in another object."""
+        return (id(self), field)
 
     def _varjax_replace(self, key: Any, count: Any = None) -> None:
         """Give this stream a new key (in its own kind) and count, in place: what

@@ -38,7 +38,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import Any, Iterator, Mapping, Protocol
+from typing import Any, Hashable, Iterator, Mapping, Protocol
 
 import jax
 
@@ -325,6 +325,12 @@ class Variable:
 
     def __jax_array__(self) -> Any:
         return self.value
+
+    def _varjax_identity(self) -> Hashable:
+        """What makes two held objects one variable for a transform's graph (the cells of
+        one variable are read once and written once): the Variable itself.  A Variable
+        that stands for another's storage (NNX's views of an RNG stream) says so."""
+        return id(self)
 
     def get_metadata(self) -> dict[str, Any]:
         """The metadata given at construction (``out_sharding=...`` and the like)."""
