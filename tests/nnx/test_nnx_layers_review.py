@@ -122,3 +122,93 @@ def test_nnx_nn_linear_canonicalize_padding_as_flax_s(padding):
     got, want = (m.canonicalize_padding(padding, 2) for m in (linear, flax_nnx.nn.linear))
     assert (got if isinstance(got, str) else [tuple(p) for p in got]) == \
         (want if isinstance(want, str) else [tuple(p) for p in want])
+
+
+# -- one copy of the normalization rules, raised at the user's line by both frontends ------
+
+def test_batch_norm_and_instance_norm_axes_are_one_rule():
+    from varjax.functional.normalization import batch_norm_axes, instance_norm_axes
+    assert batch_norm_axes(4, (1, -1)) == ((1, 3), (0, 2))
+    assert instance_norm_axes(4, (1, -1)) == ((1, 3), (2,))
+
+
+def test_instance_norm_batch_axis_feature_is_the_same_config_error_in_both_frontends():
+    from varjax import nn
+    from varjax.nnx.normalization import InstanceNorm
+    x = jnp.ones((2, 3, 4))
+    with pytest.raises(errors.ConfigError, match="include axis 0, which is the batch") as ours:
+        InstanceNorm(4, feature_axes=(0, -1), rngs=nnx.Rngs(0))(x)
+    with pytest.raises(errors.ConfigError, match="include axis 0, which is the batch") as linen:
+        nn.InstanceNorm(feature_axes=(0, -1)).init(jax.random.key(0), x)
+    for info in (ours, linen):
+        assert "test_nnx_layers_review.py" in info.value.source
+
+
+def test_spectral_norm_error_on_non_matrix_is_one_rule_in_both_frontends():
+    from varjax import nn
+    from varjax.nnx.convolution import Conv
+    from varjax.nnx.weight_normalization import SpectralNorm
+    with pytest.raises(ValueError, match="3D but error_on_non_matrix"):
+        flax_nnx.SpectralNorm(flax_nnx.Conv(2, 3, (2,), rngs=flax_nnx.Rngs(0)),
+                              error_on_non_matrix=True, rngs=flax_nnx.Rngs(1))
+    with pytest.raises(errors.ConfigError, match="3D but error_on_non_matrix") as ours:
+        SpectralNorm(Conv(2, 3, (2,), rngs=nnx.Rngs(0)), error_on_non_matrix=True,
+                     rngs=nnx.Rngs(1))
+    assert ours.value.path == ("kernel",)
+    layer = nn.SpectralNorm(nn.Conv(3, (2,)), error_on_non_matrix=True)
+    with pytest.raises(errors.ConfigError, match="3D but error_on_non_matrix") as linen:
+        layer.init(jax.random.key(0), jnp.ones((1, 4, 2)), update_stats=False)
+    assert linen.value.path[-1] == "kernel"
+    assert "test_nnx_layers_review.py" in linen.value.source
+
+
+def test_spectral_norm_writes_keep_the_variables_dtypes_as_flax_nnx():
+    """``v[...] = x`` casts, so a bfloat16 ``u``/``sigma`` stays bfloat16 after a float32
+    power iteration, and the kernel keeps its dtype."""
+    from varjax.nnx.linear import Linear
+    from varjax.nnx.weight_normalization import SpectralNorm
+    ours = SpectralNorm(Linear(3, 4, rngs=nnx.Rngs(0)), param_dtype=jnp.bfloat16,
+                        dtype=jnp.float32, rngs=nnx.Rngs(1))
+    theirs = flax_nnx.SpectralNorm(flax_nnx.Linear(3, 4, rngs=flax_nnx.Rngs(0)),
+                                   param_dtype=jnp.bfloat16, dtype=jnp.float32,
+                                   rngs=flax_nnx.Rngs(1))
+    x = jax.random.normal(jax.random.key(2), (2, 3))
+    with jax.numpy_dtype_promotion("standard"):
+        want = theirs(x)
+    np.testing.assert_array_equal(ours(x), want)
+    for path in (("kernel", "u"), ("kernel", "sigma")):
+        got, exp = ours.batch_stats[path][...], theirs.batch_stats[path][...]
+        assert got.dtype == exp.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(got, exp)
+    assert ours.layer_instance.kernel.dtype == theirs.layer_instance.kernel.dtype
+
+
+# -- F.ema blends in the promoted dtype, as flax.nnx's EMA and BatchNorm ---------------------
+
+def test_ema_adds_in_the_promoted_dtype_then_casts_once_as_flax():
+    from varjax.functional.normalization import ema
+    old = jax.random.normal(jax.random.key(5), (64,), jnp.bfloat16)
+    new = jax.random.normal(jax.random.key(6), (64,), jnp.float32)
+    got = ema(old, new, 0.9)
+    want = ((0.9 * old).astype(jnp.float32) + (1 - 0.9) * new).astype(jnp.bfloat16)
+    cast_first = 0.9 * old + (1 - 0.9) * new.astype(jnp.bfloat16)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got, cast_first)
+
+
+def test_nnx_ema_of_bfloat16_params_with_float32_updates_matches_flax_nnx():
+    from varjax.nnx.ema import EMA
+    from varjax.nnx.linear import Linear
+    averaged = Linear(2, 3, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    update = Linear(2, 3, rngs=nnx.Rngs(1))
+    flax_averaged = flax_nnx.Linear(2, 3, param_dtype=jnp.bfloat16, rngs=flax_nnx.Rngs(0))
+    flax_update = flax_nnx.Linear(2, 3, rngs=flax_nnx.Rngs(1))
+    ours, theirs = EMA(averaged, 0.9), flax_nnx.EMA(flax_averaged, 0.9)
+    ours.update(update)
+    with jax.numpy_dtype_promotion("standard"):
+        theirs.update(flax_update)
+    for name in ("kernel", "bias"):
+        got, want = ours.params[name][...], theirs.params[name][...]
+        assert got.dtype == want.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(got, want)

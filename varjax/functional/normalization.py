@@ -25,7 +25,8 @@ from jax import lax
 from varjax.functional.dtypes import canonicalize_dtype, cast, promote_dtype
 from varjax.ir import errors
 
-__all__ = ["canonical_axes", "feature_shape", "moments", "group_count", "group_reduction_axes",
+__all__ = ["canonical_axes", "feature_shape", "batch_norm_axes", "instance_norm_axes", "moments",
+           "group_count", "group_reduction_axes",
            "group_moments", "normalize", "ema"]
 
 Axes = int | Iterable[int]
@@ -39,6 +40,26 @@ def canonical_axes(ndim: int, axes: Axes) -> tuple[int, ...]:
 def feature_shape(shape: Sequence[int], feature_axes: Axes) -> tuple[int, ...]:
     """The shape of ``scale`` and ``bias`` for an input of ``shape``: its ``feature_axes``."""
     return tuple(shape[a] for a in canonical_axes(len(shape), feature_axes))
+
+
+def batch_norm_axes(ndim: int, axis: Axes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """BatchNorm's ``(feature_axes, reduction_axes)``: ``axis`` canonical, and every other
+    axis (the statistics are shared across the batch and any other non-feature axis)."""
+    feature_axes = canonical_axes(ndim, axis)
+    return feature_axes, tuple(a for a in range(ndim) if a not in feature_axes)
+
+
+def instance_norm_axes(ndim: int, feature_axes: Axes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """InstanceNorm's ``(feature_axes, reduction_axes)``: ``feature_axes`` canonical, and every
+    axis but those and the batch axis 0 (each example gets its own statistics).  A feature
+    axis 0 would be the batch axis: a ``ConfigError`` at the user's line."""
+    axes = canonical_axes(ndim, feature_axes)
+    if 0 in axes:
+        raise errors.ConfigError(
+            f"InstanceNorm's feature_axes {feature_axes!r} include axis 0, which is the batch "
+            "axis.", **errors.where(),
+            fix="give feature axes among 1..ndim-1 (the default is the last axis)")
+    return axes, tuple(a for a in range(1, ndim) if a not in axes)
 
 
 def _abs_sq(x: jax.Array) -> jax.Array:
@@ -180,5 +201,10 @@ def normalize(x: jax.Array, mean: jax.Array, var: jax.Array, scale: jax.Array | 
 
 
 def ema(old: jax.Array, new: jax.Array, momentum: float) -> jax.Array:
-    """``momentum * old + (1 - momentum) * new``, kept in ``old``'s dtype (a running statistic's)."""
-    return jnp.asarray(momentum * old + (1 - momentum) * jnp.asarray(new, old.dtype), old.dtype)
+    """``momentum * old + (1 - momentum) * new``, kept in ``old``'s dtype (a running average
+    keeps its dtype).  Computed as flax writes it (``v[...] = decay * v + (1 - decay) * new``):
+    each term in its array's dtype (a Python float keeps it), their sum in the promotion of
+    the two, cast once when written.  Casting ``new`` first would round a float32 update to
+    a bfloat16 average's precision before the blend."""
+    kept, added = promote_dtype(momentum * old, (1 - momentum) * new, inexact=False)
+    return cast(kept + added, old.dtype)

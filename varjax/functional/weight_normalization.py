@@ -8,15 +8,16 @@ frontend code (Linen's ``WeightNorm``/``SpectralNorm`` run the wrapped layer und
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from varjax.functional.dtypes import canonicalize_dtype, promote_dtype
+from varjax.ir import errors
 
-__all__ = ["l2_normalize", "weight_norm", "spectral_norm"]
+__all__ = ["l2_normalize", "weight_norm", "spectral_norm", "spectral_norm_applies"]
 
 
 def l2_normalize(x: jax.Array, axis: Any = None, eps: float = 1e-12) -> jax.Array:
@@ -56,3 +57,20 @@ def spectral_norm(w: jax.Array, u: jax.Array, *, n_steps: int = 1, epsilon: floa
     sigma = (v @ w @ u.T)[0, 0]
     w = w / jnp.where(sigma != 0, sigma, jnp.ones((), sigma.dtype))
     return jnp.asarray(jnp.reshape(w, shape), canonicalize_dtype(w, u, v, sigma, dtype=dtype)), u, sigma
+
+
+def spectral_norm_applies(ndim: int, *, n_steps: int, error_on_non_matrix: bool,
+                          path: Sequence[str] | None = None) -> bool:
+    """Whether SpectralNorm normalizes a weight of rank ``ndim``: not a vector or a scalar,
+    and nothing when ``n_steps < 1``.  A weight of more than 2 dimensions is flattened to a
+    matrix, or refused when ``error_on_non_matrix``: a ``ConfigError`` (a ``ValueError``, as
+    Flax raises) naming the weight's ``path``, at the user's line.  One rule for both
+    frontends."""
+    if ndim <= 1 or n_steps < 1:
+        return False
+    if ndim > 2 and error_on_non_matrix:
+        raise errors.ConfigError(
+            f"Layer instance parameter is {ndim}D but error_on_non_matrix is True.", path=path,
+            **errors.where(),
+            fix="pass error_on_non_matrix=False to SpectralNorm to flatten its leading axes")
+    return True

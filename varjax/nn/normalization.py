@@ -43,7 +43,6 @@ import jax
 import jax.numpy as jnp
 
 from varjax.functional import normalization as F
-from varjax.ir import errors
 from varjax.nn import initializers
 from varjax.nn.dtypes import merge_param
 from varjax.nn.module import Module, compact
@@ -55,7 +54,6 @@ from varjax.nn.typing import PRNGKey as PRNGKey
 from varjax.nn.typing import Shape as Shape
 from varjax.nn.weight_normalization import SpectralNorm as SpectralNorm
 from varjax.nn.weight_normalization import WeightNorm as WeightNorm
-from varjax.trace.context import site
 
 __all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "SpectralNorm", "WeightNorm"]
 
@@ -134,8 +132,7 @@ class BatchNorm(Module):
                  mask: jax.Array | None = None) -> jax.Array:
         use_running_average = merge_param("use_running_average", self.use_running_average,
                                           use_running_average)
-        feature_axes = F.canonical_axes(x.ndim, self.axis)
-        reduction_axes = tuple(a for a in range(x.ndim) if a not in feature_axes)
+        feature_axes, reduction_axes = F.batch_norm_axes(x.ndim, self.axis)
         feature_shape = tuple(x.shape[a] for a in feature_axes)
         stats_dtype = jnp.float32 if self.force_float32_reductions else self.param_dtype
         ra_mean = self.variable("batch_stats", "mean", jnp.zeros, feature_shape, stats_dtype)
@@ -324,11 +321,6 @@ class InstanceNorm(Module):
 
     @compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
-        feature_axes = F.canonical_axes(x.ndim, self.feature_axes)
-        if 0 in feature_axes:
-            raise errors.ConfigError(
-                f"InstanceNorm's feature_axes {self.feature_axes!r} include axis 0, which is the batch axis.",
-                **site(), fix="give feature axes among 1..ndim-1 (the default is the last axis).")
-        reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
+        feature_axes, reduction_axes = F.instance_norm_axes(x.ndim, self.feature_axes)
         mean, var = _moments(self, x, reduction_axes, axis_name=self.axis_name, mask=mask)
         return _normalized(self, x, mean, var, reduction_axes, feature_axes, self.use_bias)

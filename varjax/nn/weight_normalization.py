@@ -31,11 +31,9 @@ import jax.numpy as jnp
 
 from varjax.functional import weight_normalization as F
 from varjax.functional.normalization import canonical_axes
-from varjax.ir import errors
 from varjax.nn import initializers
 from varjax.nn.module import Module, compact, nowrap
 from varjax.nn.typing import Axes, Dtype, Initializer
-from varjax.trace.context import site
 from varjax.transforms.calls import map_variables
 
 __all__ = ["WeightNorm", "SpectralNorm"]
@@ -138,13 +136,11 @@ class SpectralNorm(Module):
     def _normalized(self, path: tuple, value: jax.Array, update_stats: bool) -> jax.Array:
         value = jnp.asarray(value)
         shape = value.shape
-        if value.ndim <= 1 or self.n_steps < 1:
-            return value
         name = _wrapped_name(self.layer_instance, path)
-        if value.ndim > 2 and self.error_on_non_matrix:
-            raise errors.ConfigError(
-                f"SpectralNorm got the {value.ndim}-D variable {name!r} but error_on_non_matrix=True.",
-                **site(), fix="set error_on_non_matrix=False to flatten its leading axes.")
+        if not F.spectral_norm_applies(value.ndim, n_steps=self.n_steps,
+                                       error_on_non_matrix=self.error_on_non_matrix,
+                                       path=name.split("/")):
+            return value
         rng = None if self.has_variable(self.collection_name, name + "/u") else self.make_rng("params")
         u_var = self.variable(self.collection_name, name + "/u", _normal_or_zeros, rng, (1, shape[-1]),
                               self.param_dtype)

@@ -6,7 +6,9 @@ selected ones (same type and metadata, so the same paths and collections), as it
 attribute ``params``: an ``nnx.jit`` train step taking the ``EMA`` writes ``update``'s
 blends back to it.  ``apply_to(model)`` merges the model's structure over those Variables,
 so the evaluation model it returns reads the averages themselves and follows later updates
-without being rebuilt.  EMA computes no layer math: the blend is its whole rule.
+without being rebuilt.  The blend is ``functional.normalization.ema``, the running average
+BatchNorm keeps too (in the promoted dtype, cast to the average's when written, as
+flax.nnx's).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import TypeVar
 
 import jax.numpy as jnp
 
+from varjax.functional.normalization import ema
 from varjax.ir import errors
 from varjax.ir.typing import Filter, Node, PathParts
 from varjax.nnx.graph import merge, split, state
@@ -66,7 +69,7 @@ class EMA(Pytree):
                 "averages and the update.", path=tuple(map(str, differ)), **errors.where(),
                 fix="pass a model of the structure the EMA was made from")
         for path, average in averages.items():
-            average[...] = self.decay * average[...] + (1.0 - self.decay) * news[path][...]
+            average[...] = ema(average[...], news[path][...], self.decay)
 
     def apply_to(self, model: M) -> M:
         """A new object of ``model``'s structure whose tracked Variables are the averages

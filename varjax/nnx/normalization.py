@@ -17,7 +17,6 @@ import jax.numpy as jnp
 
 from varjax.functional import initializers
 from varjax.functional import normalization as F
-from varjax.ir import errors
 from varjax.ir.typing import Dtype, Initializer, Metadata
 from varjax.nnx.call_options import first_from
 from varjax.nnx.linear import NO_METADATA
@@ -139,8 +138,7 @@ class BatchNorm(Module):
             use_running_average, self.use_running_average, name="use_running_average",
             fix="pass use_running_average= to BatchNorm or its call, or call "
                 "model.train()/eval()")
-        feature_axes = F.canonical_axes(x.ndim, self.axis)
-        reduction_axes = tuple(a for a in range(x.ndim) if a not in feature_axes)
+        feature_axes, reduction_axes = F.batch_norm_axes(x.ndim, self.axis)
         x, mean, var, scale, bias = self.promote_dtype(
             (x, self.mean[...], self.var[...], _value(self.scale), _value(self.bias)),
             dtype=self.dtype)
@@ -256,13 +254,7 @@ class InstanceNorm(Module):
         self.use_fast_variance, self.promote_dtype = use_fast_variance, promote_dtype
 
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
-        feature_axes = F.canonical_axes(x.ndim, self.feature_axes)
-        if 0 in feature_axes:
-            raise errors.ConfigError(
-                f"InstanceNorm's feature_axes {self.feature_axes!r} include axis 0, which is the "
-                "batch axis.", **errors.where(),
-                fix="give feature axes among 1..ndim-1 (the default is the last axis)")
-        reduction_axes = tuple(a for a in range(1, x.ndim) if a not in feature_axes)
+        feature_axes, reduction_axes = F.instance_norm_axes(x.ndim, self.feature_axes)
         x, scale, bias = self.promote_dtype((x, _value(self.scale), _value(self.bias)),
                                             dtype=self.dtype)
         mean, var = F.moments(x, reduction_axes, dtype=self.dtype, axis_name=self.axis_name,

@@ -48,9 +48,11 @@ def _changed(wrapper: str, path: PathParts, what: str) -> WrappedLayerChangedErr
 
 
 def _store(variable: Variable, value: jax.Array) -> None:
-    """``variable[...] = value`` as flax.nnx's ``Variable`` does it: a value of another dtype
-    is cast to the Variable's (flax.nnx's ``.at[...].set``), so a ``bfloat16`` ``u`` stays one
-    when the iteration ran in float32."""
+    """``variable[...] = value`` cast to the Variable's dtype first, so a ``bfloat16`` ``u``
+    stays one when the iteration ran in float32, as in flax.nnx.  ``v[...] = x`` alone would
+    cast through ``.at[...].set``, which JAX refuses under ``jax_numpy_dtype_promotion=
+    'strict'`` and warns about (a ``FutureWarning``) under ``'standard'``: flax.nnx's own
+    call warns there."""
     variable[...] = jnp.asarray(value, variable.dtype)
 
 
@@ -127,7 +129,7 @@ class SpectralNorm(Module):
         self.use_running_average = not update_stats
         batch_stats: dict[PathParts, BatchStat] = {}
         for path, param in to_flat_state(state(layer_instance, Param)):
-            if self._skips(path, param.ndim):
+            if not self._applies(path, param.ndim):
                 continue
             key = rngs.params()
             batch_stats[path + ("u",)] = BatchStat(
@@ -135,23 +137,16 @@ class SpectralNorm(Module):
             batch_stats[path + ("sigma",)] = BatchStat(initializers.ones(key, (), param_dtype))
         self.batch_stats = data(batch_stats)
 
-    def _skips(self, path: PathParts, ndim: int) -> bool:
-        """A vector or scalar (or ``n_steps < 1``) is left as it is; a tensor of more than 2
-        dimensions is refused when ``error_on_non_matrix``."""
-        if ndim <= 1 or self.n_steps < 1:
-            return True
-        if ndim > 2 and self.error_on_non_matrix:
-            raise errors.ConfigError(
-                f"Layer instance parameter is {ndim}D but error_on_non_matrix is True.",
-                path=[str(p) for p in path], **errors.where(),
-                fix="pass error_on_non_matrix=False to SpectralNorm to flatten its leading axes")
-        return False
+    def _applies(self, path: PathParts, ndim: int) -> bool:
+        return F.spectral_norm_applies(ndim, n_steps=self.n_steps,
+                                       error_on_non_matrix=self.error_on_non_matrix,
+                                       path=[str(p) for p in path])
 
     def __call__(self, x: jax.Array, update_stats: bool | None = None) -> PyTree:
         if update_stats is None:
             update_stats = not self.use_running_average
         for path, param in to_flat_state(state(self.layer_instance, Param)):
-            if not self._skips(path, param.ndim):
+            if self._applies(path, param.ndim):
                 self._normalize_in_place(path, param, update_stats)
         return self.layer_instance(x)
 
