@@ -17,8 +17,8 @@ from typing import Any, Callable, NoReturn
 import jax
 
 from varjax.ir import errors
+from varjax.nnx.graph_updates import is_object
 from varjax.nnx.pytree import Pytree
-from varjax.objects.nodes import is_node
 
 __all__ = ["refuse_moved", "WHY_FORI", "WHY_SCAN", "WHY_WHILE"]
 
@@ -33,17 +33,13 @@ WHY_WHILE = ("the number of steps is not known while tracing, so neither is wher
              "ends (flax.nnx refuses it too).")
 
 
-def _is_object(x: Any) -> bool:
-    return isinstance(x, Pytree) or is_node(x)
-
-
 def _placed(tree: Any, at: str = "") -> list[tuple[str, Any]]:
     """``(place, object)`` for every NNX object and Variable in ``tree``, modules before their
     children, the place as ``jax.tree_util.keystr`` writes it."""
     found: list[tuple[str, Any]] = []
     for path, x in jax.tree_util.tree_leaves_with_path(
-            tree, is_leaf=lambda y: y is not tree and _is_object(y)):
-        if _is_object(x):
+            tree, is_leaf=lambda y: y is not tree and is_object(y)):
+        if is_object(x):
             place = at + jax.tree_util.keystr(path)
             found.append((place, x))
             if isinstance(x, Pytree):

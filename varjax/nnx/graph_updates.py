@@ -46,7 +46,7 @@ from varjax.nnx.pytree import Dict, List, Pytree, check_pytree
 from varjax.objects.graph import key_name, structure_changed
 from varjax.objects.nodes import is_node
 
-__all__ = ["carrying", "entries_of_objects", "finish", "gathered", "given_back",
+__all__ = ["carrying", "is_object", "entries_of_objects", "finish", "gathered", "given_back",
            "objects_with_paths", "per_object", "resolved", "restored", "shared_output"]
 
 
@@ -110,7 +110,9 @@ jax.tree_util.register_pytree_node(_Changes, lambda c: (c.children, c.places),
                                    lambda places, children: _Changes(tuple(children), places))
 
 
-def _is_object(x: Any) -> bool:
+def is_object(x: Any) -> bool:
+    """An NNX object or an object-mode node (Variable, ``Rngs``): what the transforms
+    track by identity."""
     return isinstance(x, Pytree) or is_node(x)
 
 
@@ -122,9 +124,9 @@ def objects_with_paths(tree: Any) -> list[tuple[tuple[str, ...], Any]]:
 
     def walk(t: Any, prefix: tuple[str, ...]) -> None:
         flat = jax.tree_util.tree_flatten_with_path(
-            t, is_leaf=lambda y: y is not t and _is_object(y))[0]
+            t, is_leaf=lambda y: y is not t and is_object(y))[0]
         for key_path, x in flat:
-            if _is_object(x):
+            if is_object(x):
                 path = prefix + tuple(key_name(k) for k in key_path)
                 found.append((path, x))
                 if isinstance(x, Pytree):
@@ -170,7 +172,7 @@ def _walk(tree: Any, number: Callable[[Any], "int | _Same"],
     def one(x: Any) -> Any:
         if isinstance(x, _Same):
             return made[x.index]
-        if not _is_object(x) or opaque(x):
+        if not is_object(x) or opaque(x):
             return x
         n = number(x)
         if isinstance(n, _Same):
@@ -184,7 +186,7 @@ def _walk(tree: Any, number: Callable[[Any], "int | _Same"],
 
 
 def _marked(x: Any) -> bool:
-    return isinstance(x, _Same) or _is_object(x)
+    return isinstance(x, _Same) or is_object(x)
 
 
 def _strip(tree: Any, opaque: Callable[[Any], bool]) -> tuple[Any, bool]:

@@ -19,14 +19,11 @@ import jax
 from varjax.ir import errors
 from varjax.ir.caches import LRU
 from varjax.nnx.graph import graphdef
+from varjax.nnx.graph_updates import is_object
 from varjax.nnx.module import Module
 from varjax.nnx.pytree import Pytree
 from varjax.objects.nodes import is_node
 from varjax.trace.unprovided import not_provided
-
-
-def _is_object(x: Any) -> bool:
-    return isinstance(x, Pytree) or is_node(x)
 
 
 def objects_in(tree: Any) -> list[Any]:
@@ -35,8 +32,8 @@ def objects_in(tree: Any) -> list[Any]:
     found: list[Any] = []
 
     def walk(t: Any) -> None:
-        for x in jax.tree.leaves(t, is_leaf=lambda y: y is not t and _is_object(y)):
-            if _is_object(x):
+        for x in jax.tree.leaves(t, is_leaf=lambda y: y is not t and is_object(y)):
+            if is_object(x):
                 found.append(x)
                 if isinstance(x, Pytree):
                     walk(x)
@@ -45,7 +42,7 @@ def objects_in(tree: Any) -> list[Any]:
 
 
 def _top_objects(tree: Any) -> list[Any]:
-    return [x for x in jax.tree.leaves(tree, is_leaf=_is_object) if _is_object(x)]
+    return [x for x in jax.tree.leaves(tree, is_leaf=is_object) if is_object(x)]
 
 
 def _structures(tree: Any) -> list[Any]:
@@ -139,8 +136,8 @@ def as_given(init: Any, final: Any, same: bool = True) -> Any:
     objects = iter(_top_objects(init) if same else
                    [x if is_node(x) else jax.tree.map(lambda v: v, x, is_leaf=is_node)
                     for x in _top_objects(init)])
-    leaves, tree = jax.tree.flatten(final, is_leaf=_is_object)
-    return jax.tree.unflatten(tree, [next(objects) if _is_object(x) else x for x in leaves])
+    leaves, tree = jax.tree.flatten(final, is_leaf=is_object)
+    return jax.tree.unflatten(tree, [next(objects) if is_object(x) else x for x in leaves])
 
 
 def positional(f: Callable, args: tuple, kwargs: dict) -> tuple:
