@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal
 
 from varjax.ir import errors
+from varjax.objects.aliasing import shared_again
 from varjax.objects.graph import ArgumentGraphs, Graph
 from varjax.objects.object_transforms import dealias
 from varjax.objects.run import Result, arg_names, graph_of, run
@@ -158,6 +159,8 @@ def _primal_call(fwd: Callable, args: tuple, layout: Any) -> tuple[Any, Result]:
     of its updates: each Variable whose value ``fwd`` replaced, by cell."""
     graph = Graph.copies(layout, (args, {}))
     before = [cell.get() for _, cell in graph.cells]
+    if layout.shares_objects:      # a module held twice is one inside, as in every trace
+        args, _ = shared_again((args, {}), layout.objects)
     out = fwd(*args)
     updates = [None if (now := cell.get()) is was else now
                for (_, cell), was in zip(graph.cells, before)]
