@@ -322,9 +322,13 @@ def test_attention_weights_broadcast_dropout_matches_flax_nnx_bitwise():
     (Q[..., :3, :], K, V, "must be multiple of"),
 ])
 def test_bad_attention_shapes_are_value_errors_with_flax_nnx_wording(q, k, v, match):
-    for fn in (A.dot_product_attention, flax_nnx.dot_product_attention):
-        with pytest.raises(ValueError, match=match):
-            standard(fn, q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(0))
+    with pytest.raises(ValueError, match=match):
+        standard(flax_nnx.dot_product_attention, q, k, v, dropout_rate=0.1,
+                 dropout_rng=jax.random.key(0))
+    with pytest.raises(errors.ConfigError, match=match) as info:
+        standard(A.dot_product_attention, q, k, v, dropout_rate=0.1,
+                 dropout_rng=jax.random.key(0))
+    assert "test_nnx_layers_attention.py" in info.value.source
 
 
 def test_mha_bad_inputs_are_value_errors_naming_the_argument(plain):
@@ -351,11 +355,12 @@ def test_mha_without_a_decode_mode_is_a_value_error_naming_decode():
     close(ours(X, decode=False), standard(theirs, X, decode=False))
 
 
-def test_mha_sharding_call_arguments_are_not_provided(plain):
+def test_mha_sharding_call_arguments_are_not_provided_naming_the_argument(plain):
     ours, _ = plain
     for option in ("out_sharding", "qkv_sharding"):
-        with pytest.raises(errors.NotProvidedError, match="out_sharding"):
+        with pytest.raises(errors.NotProvidedError, match=rf"\(\.\.\., {option}=") as info:
             ours(X, **{option: ("data",)})
+        assert f"leave {option}=None" in str(info.value)
 
 
 def test_mha_grouped_decode_step_caches_the_kv_heads_as_flax_nnx(grouped):

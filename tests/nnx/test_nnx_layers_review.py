@@ -212,3 +212,23 @@ def test_nnx_ema_of_bfloat16_params_with_float32_updates_matches_flax_nnx():
         got, want = ours.params[name][...], theirs.params[name][...]
         assert got.dtype == want.dtype == jnp.bfloat16
         np.testing.assert_array_equal(got, want)
+
+
+# -- argument checks -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("group_size", [0, -2, 1.5])
+def test_group_norm_group_size_must_be_a_positive_int(group_size):
+    from varjax.nnx.normalization import GroupNorm
+    with pytest.raises(errors.ConfigError, match="must be a positive int") as info:
+        GroupNorm(4, num_groups=None, group_size=group_size, rngs=nnx.Rngs(0))
+    assert info.value.path == ("group_size",)
+    assert "test_nnx_layers_review.py" in info.value.source
+
+
+@pytest.mark.parametrize("key, want", [("3", 3), ("-2", -2), ("+1", 1), ("kernel", "kernel"),
+                                       ("1.5", "1.5"), (" 3", " 3"), ("1_0", "1_0"),
+                                       ("", ""), (1.5, 1.5), (None, None), (4, 4)])
+def test_int_or_key_converts_only_a_string_of_digits(key, want):
+    from varjax.nnx.statelib import int_or_key
+    got = int_or_key(key)
+    assert got == want and type(got) is type(want)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from varjax.functional import dtypes
+from varjax.ir import errors
 from varjax.ir.typing import Dtype, PrecisionLike
 
 __all__ = ["dot_product_attention_weights", "dot_product_attention", "fused_dot_product_attention",
@@ -151,7 +152,8 @@ def fused_dot_product_attention(query: Array, key: Array, value: Array, bias: Ar
 
 
 def _check_query_key(query: Array, key: Array, grouped: bool) -> None:
-    """``ValueError`` unless ``query`` and ``key`` agree on rank, batch axes, heads and
+    """``ConfigError`` (a ``ValueError``, as flax raises) at the user's line unless ``query``
+    and ``key`` agree on rank, batch axes, heads and
     depth; ``grouped``, the key's heads need only divide the query's.  The reason in
     parentheses is worded as flax's, so a ported test's match still finds it."""
     heads, key_heads = query.shape[-2], key.shape[-2]
@@ -167,16 +169,18 @@ def _check_query_key(query: Array, key: Array, grouped: bool) -> None:
         reason = "q, k num_heads must match"
     else:
         return
-    raise ValueError(f"query {query.shape} and key {key.shape} must agree on batch dims, heads and "
-                     f"depth ({reason})")
+    raise errors.ConfigError(
+        f"query {query.shape} and key {key.shape} must agree on batch dims, heads and depth "
+        f"({reason})", **errors.where(), fix="give query and key of matching shapes")
 
 
 def _check_key_value(key: Array, value: Array) -> None:
     if key.ndim != value.ndim or key.shape[:-1] != value.shape[:-1]:
         reason = "k, v lengths must match" if key.ndim == value.ndim and \
             key.shape[-3] != value.shape[-3] else "k, v rank, batch dims and heads must match"
-        raise ValueError(f"key {key.shape} and value {value.shape} must agree on all but the depth "
-                         f"axis ({reason})")
+        raise errors.ConfigError(
+            f"key {key.shape} and value {value.shape} must agree on all but the depth axis "
+            f"({reason})", **errors.where(), fix="give key and value of matching shapes")
 
 
 def _scores(einsum: Callable[..., Array], query: Array, key: Array) -> Array:

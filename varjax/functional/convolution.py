@@ -21,6 +21,7 @@ from jax import lax
 
 from varjax.functional import dtypes
 from varjax.functional.linear import add_bias
+from varjax.ir import errors
 
 __all__ = ["canonicalize_padding", "conv_kernel_shape", "conv", "conv_local_shapes", "conv_local",
            "conv_transpose"]
@@ -91,12 +92,16 @@ def _pad_input(x: jax.Array, padding: PaddingLike, kernel_size: tuple[int, ...],
 
 
 def _masked(kernel: jax.Array, mask: jax.Array | None) -> jax.Array:
-    """``kernel * mask`` (a mask zeroes connections, e.g. for autoregressive convolutions)."""
+    """``kernel * mask`` (a mask zeroes connections, e.g. for autoregressive convolutions).
+    A mask of another shape is a ``ConfigError`` (a ``ValueError``, Flax's type and wording)
+    at the user's line, for both frontends."""
     if mask is None:
         return kernel
     if tuple(mask.shape) != tuple(kernel.shape):
-        raise ValueError(f"Mask needs to have the same shape as weights. Shapes are: {tuple(mask.shape)}, "
-                         f"{tuple(kernel.shape)}")
+        raise errors.ConfigError(
+            f"Mask needs to have the same shape as weights. Shapes are: {tuple(mask.shape)}, "
+            f"{tuple(kernel.shape)}", path=("mask",), **errors.where(),
+            fix=f"give a mask of the kernel's shape {tuple(kernel.shape)}")
     # A float32 mask on a float16 kernel widens it, as Flax's ``kernel * mask`` does
     # (standard promotion, explicitly).
     kernel, mask = dtypes.promote_dtype(kernel, mask, inexact=False)

@@ -124,6 +124,9 @@ def group_count(channels: int, num_groups: int | None, group_size: int | None) -
             "Give exactly one of GroupNorm's num_groups and group_size; to use group_size, "
             "pass num_groups=None (it defaults to 32).", **errors.where(), fix=fix)
     if group_size is not None:
+        if not isinstance(group_size, int) or group_size <= 0:
+            raise errors.ConfigError(f"group_size ({group_size!r}) must be a positive int.",
+                                     path=("group_size",), **errors.where(), fix=fix)
         if channels % group_size:
             raise errors.ConfigError(f"Number of channels ({channels}) is not a multiple of "
                                      f"group_size ({group_size}).", **errors.where(), fix=fix)

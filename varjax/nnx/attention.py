@@ -191,7 +191,7 @@ class MultiHeadAttention(Module):
         ``deterministic``, ``rngs`` and ``decode`` override the module's; ``sow_weights``
         keeps the attention weights as the ``Intermediate`` ``attention_weights``."""
         no_out_sharding("MultiHeadAttention", out_sharding)
-        no_out_sharding("MultiHeadAttention", qkv_sharding)
+        no_out_sharding("MultiHeadAttention", qkv_sharding, name="qkv_sharding")
         if inputs_k is None:
             if inputs_v is not None:
                 raise _bad_input("inputs_k cannot be None when inputs_v is given.", "inputs_k",

@@ -25,10 +25,11 @@ def first_from(*options: Any, name: str, fix: str) -> Any:
                              "module's attribute.", path=(name,), **errors.where(), fix=fix)
 
 
-def no_out_sharding(layer: str, out_sharding: Any) -> None:
-    """NNX's ``out_sharding`` call argument places the output on a mesh; not built here."""
+def no_out_sharding(layer: str, out_sharding: Any, *, name: str = "out_sharding") -> None:
+    """NNX's ``out_sharding`` call argument places the output on a mesh; not built here.
+    ``name`` is the argument's name where a layer calls it otherwise (``qkv_sharding``)."""
     if out_sharding is not None:
-        not_provided(f"{layer}(..., out_sharding=...)",
+        not_provided(f"{layer}(..., {name}=...)",
                      "placing a layer's output by a call argument is not built yet.",
-                     "leave out_sharding=None and constrain the result with "
+                     f"leave {name}=None and constrain the result with "
                      "jax.lax.with_sharding_constraint", by="varjax.nnx")

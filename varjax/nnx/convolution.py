@@ -16,7 +16,6 @@ from jax import lax
 
 from varjax.functional import initializers
 from varjax.functional.convolution import PaddingLike, conv, conv_kernel_shape, conv_transpose
-from varjax.ir import errors
 from varjax.ir.typing import Dtype, Initializer, Metadata, PrecisionLike, ShardingLike
 from varjax.nnx.call_options import no_out_sharding
 from varjax.nnx.linear import NO_METADATA, default_kernel_init, functional_promote
@@ -29,16 +28,6 @@ from varjax.trace.rngs import Rngs
 __all__ = ["Conv", "ConvTranspose"]
 
 PerAxis = None | int | Sequence[int]
-
-
-def _check_mask(layer: str, mask: jax.Array | None, kernel_shape: tuple[int, ...]) -> None:
-    """A mask of another shape than the kernel: a ``ConfigError`` (a ``ValueError``, as NNX
-    raises) naming the layer and the call's line, before the shared math would refuse it."""
-    if mask is not None and tuple(mask.shape) != tuple(kernel_shape):
-        raise errors.ConfigError(
-            f"{layer}'s mask needs to have the same shape as weights. Shapes are: "
-            f"{tuple(mask.shape)}, {tuple(kernel_shape)}", path=("mask",), **errors.where(),
-            fix=f"give {layer} a mask of the kernel's shape {tuple(kernel_shape)}")
 
 
 class Conv(Module):
@@ -76,7 +65,6 @@ class Conv(Module):
 
     def __call__(self, inputs: jax.Array, out_sharding: ShardingLike = None) -> jax.Array:
         no_out_sharding("Conv", out_sharding)
-        _check_mask("Conv", self.mask, self.kernel_shape)
         convolve = self.conv_general_dilated
         if self.preferred_element_type is not None:
             convolve = functools.partial(convolve,
@@ -125,7 +113,6 @@ class ConvTranspose(Module):
         self.promote_dtype, self.preferred_element_type = promote_dtype, preferred_element_type
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
-        _check_mask("ConvTranspose", self.mask, self.kernel_shape)
         bias = self.bias[...] if self.bias is not None else None
         return conv_transpose(inputs, self.kernel[...], bias, strides=self.strides,
                               padding=self.padding, kernel_dilation=self.kernel_dilation,

@@ -8,6 +8,7 @@ what ``jax.jit`` takes where NNX code passes one.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 
 import jax
@@ -249,12 +250,13 @@ def _nested(v: Any) -> bool:
     return isinstance(v, (dict, State))
 
 
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
 def int_or_key(k: Any) -> Any:
-    """``k`` as an int if it reads as one (a list index a checkpoint stored as a string)."""
-    try:
-        return int(k)
-    except ValueError:
-        return k
+    """``k`` as an int if it is a string of digits (a list index a checkpoint stored as a
+    string), optionally signed; any other key (an int, a float, a name, None) unchanged."""
+    return int(k) if isinstance(k, str) and _INT_TEXT.fullmatch(k) else k
 
 
 def _order(s: State) -> list:
