@@ -81,7 +81,8 @@ class _VectorCell(RNNCellBase):
             self.rngs = data(None)
 
     def _keep_carry_init(self, carry_init: Initializer | None) -> None:
-        # Set last, as flax.nnx does, so the attribute order of the two frontends agrees.
+        """Keeps ``carry_init``; one given here is warned about, as flax.nnx does: the function
+        is static data, so it is part of the graphdef."""
         if carry_init:
             warnings.warn("carry_init is provided in __init__. Please, use carry_init argument "
                           "in `initialize_carry` method instead to initialize the carry. "
