@@ -1,5 +1,8 @@
 """The layer-library review's fixes (issue 36), against flax.nnx 0.12.8 where it behaves:
 axes out of range, immutable static mappings, the checks shared by both frontends."""
+import copy
+import pickle
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,6 +69,9 @@ def test_linear_general_batch_axis_is_immutable_and_hashes_into_one_graphdef():
     other = LinearGeneral(4, 5, batch_axis={0: 2}, rngs=nnx.Rngs(1))
     with pytest.raises(TypeError):
         one.batch_axis[0] = 3
+    # It copies and pickles, as flax.nnx's FrozenDict (a MappingProxyType does neither).
+    for copied in (copy.deepcopy(one).batch_axis, pickle.loads(pickle.dumps(one.batch_axis))):
+        assert copied == one.batch_axis and hash(copied) == hash(one.batch_axis)
     assert dict(one.batch_axis) == dict(flax_nnx.LinearGeneral(
         4, 5, batch_axis={0: 2}, rngs=flax_nnx.Rngs(0)).batch_axis)
     assert nnx.graphdef(one) == nnx.graphdef(other)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -87,6 +87,33 @@ class Linear(Module):
                      promote_dtype=functional_promote(self.promote_dtype))
 
 
+class BatchAxes(Mapping[int, int]):
+    """``LinearGeneral.batch_axis``: an immutable, hashable mapping (flax.nnx holds a
+    ``FrozenDict`` there), as static data of the graphdef must be, and one that copies and
+    pickles as flax.nnx's layer does (``types.MappingProxyType`` does neither).  Linen's
+    ``FrozenDict`` lives in ``varjax.nn``, which ``varjax.nnx`` may not import."""
+
+    __slots__ = ("_axes",)
+
+    def __init__(self, axes: Mapping[int, int]):
+        self._axes = dict(axes)
+
+    def __getitem__(self, axis: int) -> int:
+        return self._axes[axis]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._axes)
+
+    def __len__(self) -> int:
+        return len(self._axes)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._axes.items()))
+
+    def __repr__(self) -> str:
+        return f"BatchAxes({self._axes!r})"
+
+
 def _as_tuple(x: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(x) if isinstance(x, Sequence) else (x,)
 
@@ -123,8 +150,7 @@ class LinearGeneral(Module):
                  kernel_metadata: Metadata = NO_METADATA,
                  bias_metadata: Metadata = NO_METADATA):
         self.in_features, self.out_features = _as_tuple(in_features), _as_tuple(out_features)
-        # Immutable, as flax.nnx's FrozenDict: the mapping is static data of the graphdef.
-        self.axis, self.batch_axis = _as_tuple(axis), MappingProxyType(dict(batch_axis))
+        self.axis, self.batch_axis = _as_tuple(axis), BatchAxes(batch_axis)
         if len(self.in_features) != len(self.axis):
             raise errors.ConfigError(
                 f"LinearGeneral's in_features {self.in_features} and axis {self.axis} must "
