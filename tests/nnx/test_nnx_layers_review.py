@@ -238,3 +238,14 @@ def test_int_or_key_converts_only_a_string_of_digits(key, want):
     from varjax.nnx.statelib import int_or_key
     got = int_or_key(key)
     assert got == want and type(got) is type(want)
+
+
+def test_a_normalization_axis_out_of_range_is_an_error_not_another_axis_in_both_frontends():
+    from varjax import nn as linen
+    with pytest.raises(IndexError, match="axis 5 is out of range") as caught:
+        nnx.LayerNorm(4, reduction_axes=5, rngs=nnx.Rngs(0))(jnp.ones((2, 4)))
+    assert __file__ in str(caught.value)
+    with pytest.raises(IndexError):                   # flax.nnx's own, from the shape lookup
+        flax_nnx.LayerNorm(4, reduction_axes=5, rngs=flax_nnx.Rngs(0))(jnp.ones((2, 4)))
+    with pytest.raises(IndexError, match="axis -3 is out of range"):
+        linen.LayerNorm(reduction_axes=-3).init(jax.random.key(0), jnp.ones((2, 4)))

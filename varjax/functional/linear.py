@@ -51,10 +51,11 @@ def _as_tuple(x: int | Iterable[int]) -> tuple[int, ...]:
     return tuple(x) if isinstance(x, Iterable) else (x,)
 
 
-class AxisError(errors.ConfigError, TypeError):
-    """An axis outside the input's rank.  Also a ``TypeError``, the type flax raises (from
-    ``lax.dot_general``); a ``ConfigError`` (``ValueError``) as varjax's other layer
-    arguments, so either ``except`` catches it."""
+class AxisError(errors.ConfigError, TypeError, IndexError):
+    """An axis outside the input's rank.  Also a ``TypeError`` and an ``IndexError``, the
+    types flax raises (from ``lax.dot_general``, from a normalization's shape lookup); a
+    ``ConfigError`` (``ValueError``) as varjax's other layer arguments, so each ``except``
+    catches it."""
 
 
 def leading_batch_dims(batch_dims: int | Iterable[int], *, name: str = "batch_dims"

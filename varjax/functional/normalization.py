@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from varjax.functional.dtypes import canonicalize_dtype, cast, promote_dtype
+from varjax.functional.linear import AxisError
 from varjax.ir import errors
 
 __all__ = ["canonical_axes", "feature_shape", "batch_norm_axes", "instance_norm_axes", "moments",
@@ -33,8 +34,14 @@ Axes = int | Iterable[int]
 
 
 def canonical_axes(ndim: int, axes: Axes) -> tuple[int, ...]:
-    """Non-negative, sorted, deduplicated axes."""
-    return tuple(sorted({a % ndim for a in (axes if isinstance(axes, Iterable) else (axes,))}))
+    """Non-negative, sorted, deduplicated axes; one outside ``[-ndim, ndim)`` is an
+    ``AxisError`` (it would otherwise wrap to another axis)."""
+    given = tuple(axes) if isinstance(axes, Iterable) else (axes,)
+    for a in given:
+        if not -ndim <= a < ndim:
+            raise AxisError(f"axis {a} is out of range for an input of rank {ndim}.",
+                            **errors.where(), fix=f"give axes in [-{ndim}, {ndim})")
+    return tuple(sorted({a % ndim for a in given}))
 
 
 def feature_shape(shape: Sequence[int], feature_axes: Axes) -> tuple[int, ...]:
