@@ -79,6 +79,9 @@ class RngKeyView(RngKey):
     __slots__ = ("_stream",)
     value = _field("key")
     _varjax_identity = _identity("key")
+
+    def _varjax_pickled_type(self) -> type[Variable]:
+        return RngKey
     __repr__ = _repr
 
 
@@ -88,6 +91,9 @@ class RngCountView(RngCount):
     __slots__ = ("_stream",)
     value = _field("count")
     _varjax_identity = _identity("count")
+
+    def _varjax_pickled_type(self) -> type[Variable]:
+        return RngCount
     __repr__ = _repr
 
 
@@ -111,6 +117,10 @@ class VariableStream(RngStream):
 
     def _varjax_identity(self, field: str) -> Any:
         return self._variables[field]._varjax_identity()
+
+    def __reduce__(self) -> tuple:
+        """Pickled as a plain stream holding the two values."""
+        return RngStream._varjax_rebuilt, (self.tag, self.key, self.count)
 
 
 # JAX copies it as any stream: a plain one holding the two values.

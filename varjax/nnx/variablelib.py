@@ -24,6 +24,7 @@ from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 import jax
 import numpy as np
 
+from varjax import _jax
 from varjax.ir import errors
 from varjax.ir.typing import Metadata, PyTree
 from varjax.trace import variable as core
@@ -191,11 +192,11 @@ class Variable(core.Variable, collection="Variable"):
         it is written into it, ``.at[i].set``: cast and broadcast, so a float written to a
         bfloat16 statistic stays bfloat16); any other value (a NumPy array, a dict, a list)
         has the item set in a copy, written back whole, so it stays one write."""
-        old = self.value
-        if isinstance(old, jax.Array):
+        old = self.value_type()     # inside a trace: no read of the value for this
+        if isinstance(old, (jax.Array, _jax.ShapedArray)):
             if index is Ellipsis and not (isinstance(new, jax.Array) and new.shape == old.shape
                                           and new.dtype == old.dtype):
-                new = old.at[...].set(new)
+                new = self.value.at[...].set(new)
             super().__setitem__(index, new)
         elif index is Ellipsis and not isinstance(old, np.ndarray):
             self.value = new

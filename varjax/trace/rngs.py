@@ -219,6 +219,15 @@ class RngStream(_Samplers):
         stream.tag, stream.key, stream.count, stream._made = tag, key, count, _jax.trace_ref()
         return stream
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as its tag, key and count (an NNX view of it is made again when asked
+        for; the trace it was made in is not data)."""
+        return {"tag": self.tag, "key": self.key, "count": self.count}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.tag, self.key, self.count = state["tag"], state["key"], state["count"]
+        self._made = _jax.trace_ref()
+
     def __repr__(self) -> str:
         return f"RngStream(key={_show(self.key)}, count={_show(self.count)})"
 

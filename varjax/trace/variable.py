@@ -320,11 +320,35 @@ class Variable:
     def __getitem__(self, index: Any) -> Any:
         return self.value[index]
 
+    def value_type(self) -> Any:
+        """The value, or for a handle its type (``ShapedArray``s in the value's structure)
+        where the trace knows it, read off the variable's type with no read in the IR: what
+        a write that depends only on the old value's shape and dtype needs."""
+        if self.path is None:
+            return self.value
+        vt = self._ctx("Variable.value_type").variables.get(self.key)
+        return self.value if vt is None else jax.tree.unflatten(vt.tree, vt.avals)
+
     def __setitem__(self, index: Any, new: Any) -> None:
         self.value = new if index is Ellipsis else self.value.at[index].set(new)
 
     def __jax_array__(self) -> Any:
         return self.value
+
+    def __reduce__(self) -> tuple:
+        """Pickled as a held Variable of its class holding its value and metadata (the
+        trace it was made in is not data: the copy belongs to the trace that loads it);
+        a handle, a name of a running trace's variable, has nothing to pickle."""
+        if self.path is not None:
+            raise errors.TransformError(
+                f"a {type(self).__name__} handle of a running trace ({self.collection}:"
+                f"{'/'.join(map(str, self.path))}) cannot be pickled.", collection=self.collection,
+                path=self.path, **errors.where(), fix="pickle the module outside the transform")
+        return held, (self._varjax_pickled_type(), self.collection, self.value, self._metadata)
+
+    def _varjax_pickled_type(self) -> type["Variable"]:
+        """The class a pickled copy is made as: its own (NNX's stream views say theirs)."""
+        return type(self)
 
     def _varjax_identity(self) -> Hashable:
         """What makes two held objects one variable for a transform's graph (the cells of
