@@ -320,7 +320,7 @@ class Variable:
     def __getitem__(self, index: Any) -> Any:
         return self.value[index]
 
-    def value_type(self) -> Any:
+    def value_type(self) -> PyTree:
         """The value, or for a handle its type (``ShapedArray``s in the value's structure)
         where the trace knows it, read off the variable's type with no read in the IR: what
         a write that depends only on the old value's shape and dtype needs."""
