@@ -80,3 +80,13 @@ def test_a_bound_module_with_boxed_variables_is_refused():
     model = Dense().bind(Dense().init(jax.random.key(0), jnp.ones((1, 3))))
     with pytest.raises(errors.NotProvidedError, match="metadata_params"):
         vj.transform_metadata(lambda m: 0, partition="layers")(model)
+
+
+def test_one_variable_given_at_two_axes_is_refused_naming_its_collection():
+    shared = vj.Variable(jnp.ones((2, 2)), collection="params", out_sharding=("a", "b"))
+    body = vj.transform_metadata(lambda x, y: x.value, in_axes=(0, 1), out_axes=0,
+                                 partition="a")
+    with pytest.raises(errors.TransformError, match="two places with different axes") as caught:
+        body(shared, shared)
+    assert caught.value.collection == "params" and __file__ in str(caught.value)
+    assert shared.get_metadata()["out_sharding"] == ("a", "b")     # nothing was changed

@@ -150,19 +150,15 @@ def _mapped(fn: Callable, what: str, prefix_of: Callable[[tuple], Any], unmapped
     refuse_bound_method(fn, what)
     pure = objects._Pure(per_object(carrying(fn, what, *modes)), arg_names(fn),
                          donated=donated)
-    known: dict[int, tuple[Any, tuple]] = {}     # id(graph) -> (graph, its objects' entries)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         prefix = prefix_of(args)
         graph = pure.originals(args, kwargs)
         nodes = objects._node_axes(prefix, args, kwargs, graph, f"nnx.{what}")
         cells = objects._cell_axes(graph, nodes, f"nnx.{what}")
-        hit = known.get(id(graph))
-        if hit is None or hit[0] is not graph:
-            if len(known) >= 4:
-                known.clear()
-            hit = known[id(graph)] = (graph, _object_entries(prefix, args, kwargs, 0))
-        entries = hit[1]
+        entries = graph.memo.get("object_entries")     # once per (kept) argument graph
+        if entries is None:
+            entries = graph.memo["object_entries"] = _object_entries(prefix, args, kwargs, 0)
         changes = (tuple(unmapped if e is _BY_FILTER else e for e in entries), unmapped)
         result = Result(cells, nodes, unmapped)
         (out, per), result = pure.get(

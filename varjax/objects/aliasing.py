@@ -21,10 +21,9 @@ import jax
 
 from varjax.objects.nodes import is_node
 
-# Types whose instances keep their identity through a transform.
+# Types whose instances keep their identity through a transform, and per type met whether
+# it is one of them.
 _ALIASED: list[type] = []
-
-
 _IS_ALIASED: dict[type, bool] = {}
 
 
